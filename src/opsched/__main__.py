@@ -1,0 +1,3 @@
+from opsched.cli.main import main
+
+raise SystemExit(main())

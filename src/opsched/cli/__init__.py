@@ -1,0 +1,1 @@
+"""The ``opsched`` command line."""

@@ -1,0 +1,56 @@
+"""What both frontends share: the conversion context and the report of opaque nodes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from opsched.ir import Graph, GraphBuilder, TensorType
+
+__all__ = ["Unsupported", "ConversionContext", "report_opaque"]
+
+log = logging.getLogger("opsched.frontends")
+
+
+class Unsupported(Exception):
+    """Raised by a converter for a configuration it does not handle (internal signal)."""
+
+
+class ConversionContext:
+    """A :class:`GraphBuilder` plus parameter de-duplication, handed to every converter."""
+
+    def __init__(self, name: str) -> None:
+        self.b = GraphBuilder(name)
+        # id() of a source tensor -> (name, the tensor): holding the tensor keeps its id unique
+        self._param_ids: dict[int, tuple[str, torch.Tensor]] = {}
+
+    def param(self, name: str, tensor: torch.Tensor) -> str:
+        """Register a parameter once per tensor object (shared weights stay shared)."""
+        key = id(tensor)
+        if key in self._param_ids:
+            return self._param_ids[key][0]
+        name = name if name not in self.b.params else self.b.fresh(name)
+        self.b.param(name, tensor)
+        self._param_ids[key] = (name, tensor)
+        return name
+
+    def add(self, op: str, inputs: Sequence[str], *, name: str | None = None, params: Sequence[str] = (),
+            out: TensorType | None = None, fn: Callable[..., Any] | None = None, **attrs: Any) -> str:
+        if name is not None and name in self.b._types:
+            name = self.b.fresh(name)
+        return self.b.add(op, inputs, name=name, params=params, out=out, fn=fn, **attrs)
+
+    def type(self, value: str) -> TensorType:
+        return self.b.type(value)
+
+
+def report_opaque(graph: Graph, source: str) -> None:
+    opaque = [n for n in graph.nodes if n.op == "opaque"]
+    if opaque:
+        listing = ", ".join(f"{n.name} ({n.attr('target')})" for n in opaque)
+        log.warning("%s: %d call(s) have no converter and run as opaque nodes (they execute the "
+                    "original callable but cannot be merged or costed analytically): %s",
+                    source, len(opaque), listing)

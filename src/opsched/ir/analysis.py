@@ -1,0 +1,164 @@
+"""Pure analyses over a graph's node DAG (graph inputs excluded): reachability, width,
+topological generations, critical path. All walks are explicit worklists."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from opsched.ir.graph import Graph
+
+__all__ = [
+    "descendants", "ancestors", "width", "max_antichain", "generations", "critical_path", "total_flops",
+    "parameter_count",
+]
+
+
+def descendants(graph: Graph) -> list[int]:
+    """Per node index, a bitmask of the node indices reachable from it (itself excluded)."""
+    masks = [0] * len(graph.nodes)
+    for i in range(len(graph.nodes) - 1, -1, -1):  # nodes are topological: successors come later
+        m = 0
+        for s in graph.succs[i]:
+            m |= masks[s] | (1 << s)
+        masks[i] = m
+    return masks
+
+
+def ancestors(graph: Graph) -> list[int]:
+    masks = [0] * len(graph.nodes)
+    for i in range(len(graph.nodes)):
+        m = 0
+        for p in graph.preds[i]:
+            m |= masks[p] | (1 << p)
+        masks[i] = m
+    return masks
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def max_antichain(graph: Graph) -> list[int]:
+    """A largest set of mutually independent nodes (no path between any two).
+
+    Dilworth: its size equals the minimum number of chains covering the transitive closure,
+    ``n - M`` for a maximum matching M in the bipartite graph (u -> v iff v is reachable from
+    u). Hopcroft-Karp finds M; Koenig's theorem turns the minimum vertex cover into the
+    antichain (nodes with neither side in the cover).
+    """
+    n = len(graph.nodes)
+    adj = [_bits(m) for m in descendants(graph)]
+    match_l, match_r = [-1] * n, [-1] * n
+    inf = n + 1
+    while True:  # Hopcroft-Karp phases
+        dist = [inf] * n
+        q = deque(u for u in range(n) if match_l[u] == -1)
+        for u in q:
+            dist[u] = 0
+        found = False
+        while q:
+            u = q.popleft()
+            for v in adj[u]:
+                w = match_r[v]
+                if w == -1:
+                    found = True
+                elif dist[w] == inf:
+                    dist[w] = dist[u] + 1
+                    q.append(w)
+        if not found:
+            break
+        for root in range(n):
+            if match_l[root] != -1:
+                continue
+            # iterative DFS along the layered graph
+            stack = [(root, iter(adj[root]))]
+            path: list[tuple[int, int]] = []
+            while stack:
+                u, it = stack[-1]
+                advanced = False
+                for v in it:
+                    w = match_r[v]
+                    if w == -1:
+                        path.append((u, v))
+                        for pu, pv in path:
+                            match_l[pu], match_r[pv] = pv, pu
+                        stack.clear()
+                        advanced = True
+                        break
+                    if dist[w] == dist[u] + 1:
+                        path.append((u, v))
+                        stack.append((w, iter(adj[w])))
+                        advanced = True
+                        break
+                if not advanced and stack:
+                    dist[u] = inf
+                    stack.pop()
+                    if path:
+                        path.pop()
+    # Koenig: alternating reachability from free left vertices.
+    vis_l, vis_r = [False] * n, [False] * n
+    q = deque(u for u in range(n) if match_l[u] == -1)
+    for u in q:
+        vis_l[u] = True
+    while q:
+        u = q.popleft()
+        for v in adj[u]:
+            if not vis_r[v]:
+                vis_r[v] = True
+                w = match_r[v]
+                if w != -1 and not vis_l[w]:
+                    vis_l[w] = True
+                    q.append(w)
+    # cover = (L not visited) + (R visited); antichain = nodes in neither side of the cover
+    return [i for i in range(n) if vis_l[i] and not vis_r[i]]
+
+
+def width(graph: Graph) -> int:
+    """Size of the largest set of mutually independent nodes: the headroom for concurrency."""
+    return len(max_antichain(graph)) if graph.nodes else 0
+
+
+def generations(graph: Graph) -> list[list[int]]:
+    """Kahn's wavefronts: generation k holds the nodes whose longest path from a source is k."""
+    level = [0] * len(graph.nodes)
+    for i, ps in enumerate(graph.preds):
+        level[i] = max((level[p] + 1 for p in ps), default=0)
+    out: list[list[int]] = [[] for _ in range(max(level, default=-1) + 1)]
+    for i, lv in enumerate(level):
+        out[lv].append(i)
+    return out
+
+
+def critical_path(graph: Graph, weight: Callable[[int], float] | Sequence[float]) -> tuple[float, list[int]]:
+    """Longest weighted path through the node DAG: (its length, its node indices)."""
+    w = weight if callable(weight) else weight.__getitem__
+    best = [0.0] * len(graph.nodes)
+    back = [-1] * len(graph.nodes)
+    for i, ps in enumerate(graph.preds):
+        p = max(ps, key=lambda j: best[j], default=-1)
+        best[i] = w(i) + (best[p] if p >= 0 else 0.0)
+        back[i] = p
+    if not best:
+        return 0.0, []
+    end = max(range(len(best)), key=best.__getitem__)
+    path = []
+    while end >= 0:
+        path.append(end)
+        end = back[end]
+    return max(best), path[::-1]
+
+
+def total_flops(graph: Graph) -> int:
+    from opsched.ir.ops import node_flops
+
+    return sum(node_flops(n, graph.input_types(n), graph.node_param_types(n)) for n in graph.nodes)
+
+
+def parameter_count(graph: Graph) -> int:
+    return sum(int(t.numel()) for t in graph.params.values())

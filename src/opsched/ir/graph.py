@@ -1,0 +1,215 @@
+"""The graph: nodes in topological order, graph inputs, outputs, and parameters beside them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from opsched.errors import (
+    CycleError,
+    DanglingInputError,
+    DuplicateNameError,
+    GraphError,
+    OpschedError,
+    ShapeMismatchError,
+)
+from opsched.ir.node import Node
+from opsched.ir.ops import infer_type
+from opsched.ir.types import TensorType
+
+__all__ = ["Graph", "GraphInput", "tensor_type"]
+
+
+def tensor_type(t: torch.Tensor) -> TensorType:
+    return TensorType(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInput:
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """An inference graph. Frozen: transforms return new graphs.
+
+    ``params`` maps parameter names to tensors (weights stay out of the nodes, so structure and
+    values can be hashed, printed and replaced separately); ``callables`` holds, for each
+    ``opaque`` node, the Python callable that computes it from its input tensors.
+    """
+
+    name: str
+    inputs: tuple[GraphInput, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    params: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    callables: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+    # --- derived facts (computed once) ----------------------------------------------------
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Node name -> position in :attr:`nodes`."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def types(self) -> dict[str, TensorType]:
+        """Value name (graph input or node) -> its type."""
+        types = {i.name: i.type for i in self.inputs}
+        types.update((n.name, n.out) for n in self.nodes)
+        return types
+
+    @cached_property
+    def param_types(self) -> dict[str, TensorType]:
+        return {k: tensor_type(v) for k, v in self.params.items()}
+
+    @cached_property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        """Per node index, the indices of the nodes it reads (graph inputs excluded, no repeats)."""
+        idx = self.index
+        return tuple(tuple(dict.fromkeys(idx[v] for v in n.inputs if v in idx)) for n in self.nodes)
+
+    @cached_property
+    def succs(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for i, ps in enumerate(self.preds):
+            for p in ps:
+                out[p].append(i)
+        return tuple(tuple(s) for s in out)
+
+    def node(self, name: str) -> Node:
+        try:
+            return self.nodes[self.index[name]]
+        except KeyError:
+            raise GraphError(f"graph {self.name!r} has no node {name!r}") from None
+
+    def input_types(self, node: Node) -> list[TensorType]:
+        return [self.types[v] for v in node.inputs]
+
+    def node_param_types(self, node: Node) -> list[TensorType]:
+        return [self.param_types[p] for p in node.params]
+
+    def replace(self, **changes: Any) -> Graph:
+        fields = {f: getattr(self, f) for f in ("name", "inputs", "nodes", "outputs", "params", "callables")}
+        fields.update(changes)
+        return Graph(**fields)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        from opsched.ir.printer import format_graph
+
+        return format_graph(self)
+
+    def structural_hash(self) -> str:
+        """SHA-256 of the structure: ops, attrs, types, wiring; not weight values, not names."""
+        from opsched.ir.hashing import structural_hash
+
+        return structural_hash(self)
+
+    # --- the checker ----------------------------------------------------------------------
+    def verify(self) -> Graph:
+        """Check every invariant of the IR and return ``self``.
+
+        Raises :class:`DuplicateNameError`, :class:`DanglingInputError`, :class:`CycleError`,
+        :class:`ShapeMismatchError` or :class:`GraphError` naming the offending node.
+        """
+        seen: set[str] = set()
+        for name in [i.name for i in self.inputs] + [n.name for n in self.nodes]:
+            if name in seen:
+                raise DuplicateNameError(f"graph {self.name!r}: the name {name!r} is defined twice")
+            seen.add(name)
+        for n in self.nodes:
+            for v in n.inputs:
+                if v not in seen:
+                    raise DanglingInputError(
+                        f"graph {self.name!r}: node {n.name!r} ({n.op}) reads {v!r}, which nothing defines")
+            for p in n.params:
+                if p not in self.params:
+                    raise DanglingInputError(
+                        f"graph {self.name!r}: node {n.name!r} ({n.op}) uses parameter {p!r}, which is missing")
+            if n.op == "opaque" and n.name not in self.callables:
+                raise GraphError(f"graph {self.name!r}: opaque node {n.name!r} has no callable")
+        for v in self.outputs:
+            if v not in seen:
+                raise DanglingInputError(f"graph {self.name!r}: output {v!r} is not defined")
+        _check_acyclic(self)
+        defined = {i.name for i in self.inputs}
+        for n in self.nodes:
+            late = [v for v in n.inputs if v not in defined]
+            if late:
+                raise GraphError(f"graph {self.name!r}: nodes are not in topological order: "
+                                 f"node {n.name!r} reads {late[0]!r}, defined after it")
+            defined.add(n.name)
+            try:
+                inferred = infer_type(n.op, self.input_types(n), n.attrs, self.node_param_types(n))
+            except OpschedError as e:
+                raise ShapeMismatchError(f"graph {self.name!r}: node {n.name!r}: {e}") from None
+            if inferred is not None and inferred != n.out:
+                raise ShapeMismatchError(f"graph {self.name!r}: node {n.name!r} ({n.op}) records output "
+                                         f"{n.out} but its inputs give {inferred}")
+        return self
+
+    def subgraph(self, names: Iterable[str], name: str | None = None) -> Graph:
+        """The nodes ``names`` as a graph of their own: values read from outside become inputs
+        (in order of first use), values used outside or graph outputs become outputs."""
+        keep = set(names)
+        nodes = tuple(n for n in self.nodes if n.name in keep)
+        missing = keep - {n.name for n in nodes}
+        if missing:
+            raise GraphError(f"graph {self.name!r} has no nodes {sorted(missing)}")
+        external: dict[str, None] = {}
+        for n in nodes:
+            for v in n.inputs:
+                if v not in keep:
+                    external.setdefault(v)
+        exported = set(self.outputs)
+        for n in self.nodes:
+            if n.name not in keep:
+                exported.update(v for v in n.inputs if v in keep)
+        outputs = tuple(n.name for n in nodes if n.name in exported)
+        used_params = {p for n in nodes for p in n.params}
+        return Graph(
+            name=name or f"{self.name}.sub",
+            inputs=tuple(GraphInput(v, self.types[v]) for v in external),
+            nodes=nodes,
+            outputs=outputs,
+            params={k: v for k, v in self.params.items() if k in used_params},
+            callables={k: v for k, v in self.callables.items() if k in keep},
+        )
+
+
+def _check_acyclic(graph: Graph) -> None:
+    """Kahn's algorithm over name references (the node order is not trusted here)."""
+    names = {n.name for n in graph.nodes}
+    indeg = {n.name: sum(1 for v in set(n.inputs) if v in names) for n in graph.nodes}
+    users: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for v in set(n.inputs):
+            if v in names:
+                users[v].append(n.name)
+    work = [k for k, d in indeg.items() if d == 0]
+    done = 0
+    while work:
+        v = work.pop()
+        done += 1
+        for u in users[v]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                work.append(u)
+    if done == len(names):
+        return
+    # Walk backwards from a blocked node until a name repeats: that is a cycle.
+    by_name = {n.name: n for n in graph.nodes}
+    cur = next(k for k, d in indeg.items() if d > 0)
+    path: list[str] = []
+    while cur not in path:
+        path.append(cur)
+        cur = next(v for v in by_name[cur].inputs if v in names and indeg[v] > 0)
+    cycle = path[path.index(cur):][::-1]
+    raise CycleError(f"graph {graph.name!r} has a cycle: {' -> '.join(cycle + [cycle[0]])}")

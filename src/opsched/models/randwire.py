@@ -1,0 +1,109 @@
+"""RandWire (Xie et al., 2019): stages wired by seeded Watts-Strogatz random graphs.
+
+Each graph node sums its predecessors' outputs, then applies ReLU -> separable 3x3 conv
+(depthwise + pointwise) -> batch norm; source nodes read the stage input with stride 2; the
+stage output sums the sink nodes (IOS uses this plain sum instead of the paper's weighted
+average, and so do we). Graphs are undirected WS(n, k, p) graphs from :func:`watts_strogatz`
+with every edge oriented from the lower to the higher node index.
+
+``randwire_large`` is the IOS "large" configuration: C = 154, stem 3x3/2 conv to C/2, stage
+graphs WS(16,4,0.75) at C then WS(32,4,0.75) at 2C, 4C, 8C, then ReLU, 1x1 conv to 1280 and
+global pooling (we add the linear classifier). IOS counts 120 schedule units (a ReLU-SepConv
+"Sequential" is one unit; 344 primitives); opsched sees each ReLU, depthwise and pointwise
+conv, and each n-ary sum, as operators of their own. The graphs come from our generator with
+fixed seeds, not IOS's stored files, so the wiring (and the exact counts) differ.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import nn
+
+from opsched.models._blocks import ConvBN, SepConv
+
+__all__ = ["RandWire", "watts_strogatz", "dag_from_edges"]
+
+
+def watts_strogatz(n: int, k: int, p: float, seed: int) -> list[tuple[int, int]]:
+    """Undirected Watts-Strogatz small-world graph as sorted (u, v) pairs, u < v.
+
+    Start from a ring lattice where each node links to its k/2 nearest neighbours on each
+    side; then, going round the ring once per neighbour distance, rewire each lattice edge
+    (u, u+j) with probability p to (u, w) for a uniformly chosen w that is neither u nor
+    already a neighbour of u.
+    """
+    if k % 2 or k >= n:
+        raise ValueError(f"Watts-Strogatz needs an even k < n, got n={n}, k={k}")
+    rng = random.Random(seed)
+    adj: list[set[int]] = [set() for _ in range(n)]
+    for u in range(n):
+        for j in range(1, k // 2 + 1):
+            v = (u + j) % n
+            adj[u].add(v)
+            adj[v].add(u)
+    for j in range(1, k // 2 + 1):
+        for u in range(n):
+            v = (u + j) % n
+            if v in adj[u] and rng.random() < p:
+                choices = [w for w in range(n) if w != u and w not in adj[u]]
+                if choices:
+                    w = rng.choice(choices)
+                    adj[u].discard(v)
+                    adj[v].discard(u)
+                    adj[u].add(w)
+                    adj[w].add(u)
+    return sorted((u, v) for u in range(n) for v in adj[u] if u < v)
+
+
+def dag_from_edges(n: int, edges: list[tuple[int, int]]) -> list[list[int]]:
+    """Predecessor lists of the DAG that orients every edge from lower to higher index."""
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges:
+        preds[max(u, v)].append(min(u, v))
+    return [sorted(p) for p in preds]
+
+
+class RandomStage(nn.Module):
+    def __init__(self, cin: int, cout: int, n: int, k: int, p: float, seed: int) -> None:
+        super().__init__()
+        self.preds = dag_from_edges(n, watts_strogatz(n, k, p, seed))
+        has_succ = {q for ps in self.preds for q in ps}
+        self.sinks = [i for i in range(n) if i not in has_succ]
+        self.nodes = nn.ModuleList(
+            SepConv(cin, cout, 3, stride=2) if not ps else SepConv(cout, cout, 3) for ps in self.preds)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs: list[torch.Tensor] = []
+        for ps, node in zip(self.preds, self.nodes):
+            if not ps:
+                inp = x
+            else:
+                inp = outs[ps[0]]
+                for q in ps[1:]:
+                    inp = inp + outs[q]
+            outs.append(node(inp))
+        y = outs[self.sinks[0]]
+        for s in self.sinks[1:]:
+            y = y + outs[s]
+        return y
+
+
+class RandWire(nn.Module):
+    def __init__(self, channels: int = 154, nodes: tuple[int, ...] = (16, 32, 32, 32), k: int = 4,
+                 p: float = 0.75, seed: int = 0, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = ConvBN(3, channels // 2, 3, stride=2, padding=1, relu=False)
+        stages = []
+        cin = channels // 2
+        for i, n in enumerate(nodes):
+            cout = channels * 2 ** i
+            stages.append(RandomStage(cin, cout, n, k, p, seed + i))
+            cin = cout
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.ReLU(), nn.Conv2d(cin, 1280, 1), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(1280, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.head(self.stages(self.stem(x))), 1))

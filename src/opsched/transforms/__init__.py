@@ -1,0 +1,28 @@
+"""Graph rewrites, one pass per module; :func:`canonicalize` is the pipeline frontends run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from opsched.ir import Graph
+from opsched.transforms.eliminate_identity import eliminate_identity
+from opsched.transforms.flatten_sums import flatten_sums
+from opsched.transforms.fold_batch_norm import fold_batch_norm
+from opsched.transforms.fuse_activation import fuse_activation
+
+__all__ = [
+    "CANONICAL_PIPELINE", "canonicalize", "eliminate_identity", "flatten_sums", "fold_batch_norm",
+    "fuse_activation",
+]
+
+Pass = Callable[[Graph], Graph]
+
+#: Order matters: a batch norm must be folded before the ReLU after it can fuse into the conv.
+CANONICAL_PIPELINE: tuple[Pass, ...] = (eliminate_identity, fold_batch_norm, fuse_activation, flatten_sums)
+
+
+def canonicalize(graph: Graph, passes: Sequence[Pass] = CANONICAL_PIPELINE) -> Graph:
+    """Run ``passes`` in order, verifying the graph after each one."""
+    for p in passes:
+        graph = p(graph).verify()
+    return graph

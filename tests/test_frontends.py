@@ -1,0 +1,179 @@
+"""Frontend behaviour beyond the zoo: converters, opaque fallback, and every bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+from torch import nn
+
+from opsched import from_onnx, from_torch
+from opsched.errors import FrontendError, InputMismatchError, MalformedModelError, UnsupportedOpError, UntraceableModuleError
+from opsched.runtime import run_graph
+from opsched.testing import assert_close
+
+
+class DataDependent(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # control flow on tensor data: fx cannot trace this
+            return x * 2
+        return x
+
+
+class WithDataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.odd = DataDependent()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.odd(self.conv(x)))
+
+
+def test_untraceable_module_names_the_construct_and_the_fix() -> None:
+    with pytest.raises(UntraceableModuleError) as info:
+        from_torch(WithDataDependent(), torch.randn(1, 3, 8, 8))
+    msg = str(info.value)
+    assert "'odd' (DataDependent)" in msg and "leaf_modules=[DataDependent]" in msg and "from_onnx" in msg
+
+
+def test_leaf_module_runs_opaquely_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    model, x = WithDataDependent().eval(), torch.randn(1, 3, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="opsched.frontends"):
+        graph = from_torch(model, x, leaf_modules=[DataDependent])
+    opaque = [n for n in graph.nodes if n.op == "opaque"]
+    assert [n.attr("target") for n in opaque] == ["DataDependent odd"]
+    reports = [r for r in caplog.records if "opaque" in r.getMessage()]
+    assert len(reports) == 1 and "odd" in reports[0].getMessage()
+    assert_close(run_graph(graph, [x]), [model(x)])
+
+
+class Functional(nn.Module):
+    """Functional calls, methods, getitem slicing, chunk, pads, softmax, and an unconverted op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding="same")
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+        self.scale = nn.Parameter(torch.randn(1, 8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(self.conv(x)) * self.scale
+        a, b = y.chunk(2, dim=1)
+        z = torch.cat([torch.sigmoid(a), b.tanh(), F.gelu(a), F.silu(b)], 1)[:, :8]
+        z = F.pad(z, (0, 1, 0, 1))[:, :, 1:, 1:]
+        z = F.max_pool2d(z, 2) + F.avg_pool2d(z, 2, ceil_mode=True)
+        z = torch.cumsum(z, dim=1)  # no converter: runs opaquely
+        flat = z.view(z.size(0), -1)
+        return F.softmax(self.fc(flat), dim=-1) + flat.mean(dim=1, keepdim=True)
+
+
+def test_functional_model_converts_and_matches() -> None:
+    model, x = Functional().eval(), torch.randn(2, 4, 8, 8)
+    graph = from_torch(model, x)
+    ops = {n.op for n in graph.nodes}
+    assert {"slice", "pad", "concat", "mul", "softmax", "mean", "reshape", "opaque"} <= ops
+    assert [n.attr("target") for n in graph.nodes if n.op == "opaque"] == ["cumsum"]
+    with torch.no_grad():
+        assert_close(run_graph(graph, [x]), [model(x)])
+
+
+def test_canonical_graph_folds_and_fuses() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(), nn.Flatten()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 8, 8)
+    graph = from_torch(model, x)
+    assert [(n.op, n.attr("act")) for n in graph.nodes] == [("conv2d", "relu"), ("flatten", None)]
+    raw = from_torch(model, x, canonical=False)
+    assert [n.op for n in raw.nodes] == ["conv2d", "batch_norm", "relu", "identity", "flatten"]
+    with torch.no_grad():
+        assert_close(run_graph(graph, [x]), [model(x)])
+
+
+def test_wrong_number_of_example_inputs() -> None:
+    with pytest.raises(FrontendError, match="takes 1 inputs .*2 example inputs"):
+        from_torch(nn.ReLU(), (torch.randn(1), torch.randn(1)))
+
+
+def test_wrong_input_shape_at_run_time() -> None:
+    graph = from_torch(nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8))
+    with pytest.raises(InputMismatchError, match=r"expected f32\[1,3,8,8\].*got shape \(2, 3, 8, 8\)"):
+        run_graph(graph, [torch.randn(2, 3, 8, 8)])
+    with pytest.raises(InputMismatchError, match="float64"):
+        run_graph(graph, [torch.randn(1, 3, 8, 8, dtype=torch.float64)])
+    with pytest.raises(InputMismatchError, match="takes 1 inputs"):
+        run_graph(graph, [])
+
+
+# --- ONNX bad inputs ----------------------------------------------------------------------
+def test_missing_empty_garbage_and_truncated_onnx_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MalformedModelError, match="cannot read ONNX file"):
+        from_onnx(tmp_path / "missing.onnx")
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    with pytest.raises(MalformedModelError, match="empty"):
+        from_onnx(tmp_path / "empty.onnx")
+    (tmp_path / "garbage.onnx").write_bytes(b"\xff\xfe this is not a protobuf at all \x00\x01")
+    with pytest.raises(MalformedModelError, match="garbage.onnx"):
+        from_onnx(tmp_path / "garbage.onnx")
+    good = tmp_path / "good.onnx"
+    torch.onnx.export(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), (torch.randn(1, 3, 8, 8),), str(good),
+                      dynamo=False)
+    data = good.read_bytes()
+    (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(MalformedModelError, match="truncated.onnx"):
+        from_onnx(tmp_path / "truncated.onnx")
+
+
+def _model(nodes: list[onnx.NodeProto], opset: int = 17, dims: list[object] | None = None) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims or [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims or [1, 4])
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_all_unsupported_onnx_ops_listed_in_one_error() -> None:
+    model = _model([
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Erf", ["a"], ["b"], name="erf1"),
+        helper.make_node("Erf", ["b"], ["c"]),
+        helper.make_node("Neg", ["c"], ["y"], name="neg"),
+    ])
+    with pytest.raises(UnsupportedOpError) as info:
+        from_onnx(model)
+    assert info.value.ops == ["Erf", "Neg"]
+    assert "Erf x2 (e.g. node 'erf1')" in str(info.value) and "Neg x1" in str(info.value)
+
+
+def test_invalid_onnx_graph_is_malformed() -> None:
+    model = _model([helper.make_node("Relu", ["nothing_defines_this"], ["y"])])
+    with pytest.raises(MalformedModelError, match="not a valid ONNX model"):
+        from_onnx(model)
+
+
+def test_dynamic_onnx_dimension_needs_input_shapes() -> None:
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], dims=["batch", 4])
+    with pytest.raises(FrontendError, match="dynamic dimension 'batch'.*input_shapes"):
+        from_onnx(model)
+    graph = from_onnx(model, input_shapes={"x": (3, 4)})
+    assert graph.inputs[0].type.shape == (3, 4)
+
+
+def test_opset_versions_choose_their_converter() -> None:
+    # Clip changed from attributes (opset 6) to inputs (opset 11): both forms read as ReLU6.
+    old = _model([helper.make_node("Clip", ["x"], ["y"], min=0.0, max=6.0)], opset=9)
+    new = _model([
+        helper.make_node("Constant", [], ["lo"], value=helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0])),
+        helper.make_node("Constant", [], ["hi"], value=helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])),
+        helper.make_node("Clip", ["x", "lo", "hi"], ["y"]),
+    ], opset=13)
+    for m in (old, new):
+        graph = from_onnx(m)
+        assert [n.op for n in graph.nodes] == ["relu6"]
+        x = torch.randn(1, 4) * 10
+        assert_close(run_graph(graph, [x]), [F.relu6(x)])

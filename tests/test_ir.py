@@ -1,0 +1,192 @@
+"""IR invariants: verify() names every broken invariant; hashes see structure only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opsched.errors import (
+    CycleError, DanglingInputError, DuplicateNameError, GraphError, ShapeMismatchError, UnknownOpError,
+)
+from opsched.ir import FrozenAttrs, Graph, GraphBuilder, Node, TensorType
+from opsched.ir.analysis import critical_path, generations, max_antichain, width
+from opsched.testing import random_dag
+
+
+def conv(b: GraphBuilder, x: str, cout: int, k: int = 1, name: str | None = None, seed: int = 0) -> str:
+    cin = b.type(x).shape[1]
+    w = b.param(b.fresh("w"), torch.randn(cout, cin, k, k, generator=torch.Generator().manual_seed(seed)))
+    return b.add("conv2d", [x], name=name, params=[w], padding=k // 2, act="relu")
+
+
+def inception_like(b: GraphBuilder, x: str, seed: int) -> str:
+    a = conv(b, x, 8, 1, seed=seed)
+    c = conv(b, conv(b, x, 4, 1, seed=seed + 1), 8, 3, seed=seed + 2)
+    p = b.add("max_pool2d", [x], kernel=3, stride=1, padding=1)
+    return b.add("concat", [a, c, p], axis=1)
+
+
+def diamond() -> Graph:
+    b = GraphBuilder("diamond")
+    x = b.input("x", (1, 4, 8, 8))
+    a = b.add("relu", [x], name="a")
+    l = b.add("sigmoid", [a], name="l")
+    r = b.add("tanh", [a], name="r")
+    d = b.add("add", [l, r], name="d")
+    return b.build([d])
+
+
+def test_builder_graph_verifies_and_prints() -> None:
+    g = diamond().verify()
+    text = str(g)
+    assert text.splitlines()[0] == "graph diamond(%x: f32[1,4,8,8]) {"
+    assert "%d = add(%l, %r) : f32[1,4,8,8]" in text
+    assert text.splitlines()[-2] == "  return %d"
+
+
+def test_duplicate_name_is_rejected() -> None:
+    g = diamond()
+    nodes = g.nodes + (g.nodes[1].replace(),)
+    with pytest.raises(DuplicateNameError, match="'l' is defined twice"):
+        g.replace(nodes=nodes).verify()
+
+
+def test_dangling_input_is_rejected() -> None:
+    g = diamond()
+    bad = g.nodes[3].replace(inputs=("l", "ghost"))
+    with pytest.raises(DanglingInputError, match="node 'd' \\(add\\) reads 'ghost'"):
+        g.replace(nodes=g.nodes[:3] + (bad,)).verify()
+
+
+def test_dangling_output_and_param_are_rejected() -> None:
+    g = diamond()
+    with pytest.raises(DanglingInputError, match="output 'nope'"):
+        g.replace(outputs=("nope",)).verify()
+    bad = g.nodes[0].replace(params=("missing_w",))
+    with pytest.raises(DanglingInputError, match="parameter 'missing_w'"):
+        g.replace(nodes=(bad,) + g.nodes[1:]).verify()
+
+
+def test_cycle_is_rejected_with_its_nodes() -> None:
+    g = diamond()
+    a = g.nodes[0].replace(inputs=("d",))  # a <- d <- l <- a
+    with pytest.raises(CycleError, match="has a cycle: ") as info:
+        g.replace(nodes=(a,) + g.nodes[1:]).verify()
+    cycle = str(info.value).split(": ")[-1].split(" -> ")
+    assert cycle[0] == cycle[-1] and set(cycle) == {"a", "l", "d"}
+
+
+def test_non_topological_order_is_rejected() -> None:
+    g = diamond()
+    with pytest.raises(GraphError, match="not in topological order"):
+        g.replace(nodes=(g.nodes[1], g.nodes[0]) + g.nodes[2:]).verify()
+
+
+def test_shape_mismatch_is_rejected() -> None:
+    g = diamond()
+    bad = g.nodes[1].replace(out=TensorType((1, 5, 8, 8)))
+    with pytest.raises(ShapeMismatchError, match="node 'l' \\(sigmoid\\) records output f32\\[1,5,8,8\\]"):
+        g.replace(nodes=(g.nodes[0], bad) + g.nodes[2:]).verify()
+
+
+def test_conv_weight_mismatch_names_the_node() -> None:
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 8, 8))
+    w = b.param("w", torch.randn(8, 3, 3, 3))
+    g = b.build([x])
+    node = Node("c", "conv2d", (x,), TensorType((1, 8, 8, 8)), FrozenAttrs(padding=1), ("w",))
+    with pytest.raises(ShapeMismatchError, match="node 'c'.*weight f32\\[8,3,3,3\\]"):
+        g.replace(nodes=(node,), params={"w": b.params[w]}).verify()
+
+
+def test_unknown_op_is_rejected() -> None:
+    g = diamond()
+    bad = g.nodes[1].replace(op="frobnicate")
+    with pytest.raises(ShapeMismatchError, match="unknown op kind 'frobnicate'"):
+        g.replace(nodes=(g.nodes[0], bad) + g.nodes[2:]).verify()
+    with pytest.raises(UnknownOpError):
+        GraphBuilder("g").add("frobnicate", [])
+
+
+def test_attrs_are_frozen_and_hashable() -> None:
+    a = FrozenAttrs(stride=[2, 2], act="relu")
+    assert a["stride"] == (2, 2) and hash(a) == hash(FrozenAttrs(act="relu", stride=(2, 2)))
+    with pytest.raises(TypeError):
+        a["act"] = "none"  # type: ignore[index]
+    with pytest.raises(TypeError, match="attribute 'w'"):
+        FrozenAttrs(w=torch.zeros(1))
+
+
+def test_structural_hash_ignores_names_and_weights() -> None:
+    def build(seed: int, prefix: str) -> Graph:
+        b = GraphBuilder(prefix)
+        b._count = 100 * seed  # different node names
+        x = b.input(f"{prefix}_in", (1, 16, 8, 8))
+        return b.build([inception_like(b, x, seed)])
+
+    g1, g2 = build(1, "first"), build(7, "second")
+    assert [n.name for n in g1.nodes] != [n.name for n in g2.nodes]
+    assert not torch.equal(next(iter(g1.params.values())), next(iter(g2.params.values())))
+    assert g1.structural_hash() == g2.structural_hash()
+
+
+def test_two_identical_blocks_in_one_graph_hash_the_same() -> None:
+    b = GraphBuilder("two_blocks")
+    x = b.input("x", (1, 16, 8, 8))
+    start1 = len(b.nodes)
+    y = inception_like(b, x, 1)
+    y = conv(b, y, 16)
+    start2 = len(b.nodes)
+    z = inception_like(b, y, 2)
+    g = b.build([z]).verify()
+    block1 = [n.name for n in g.nodes[start1:start1 + 5]]
+    block2 = [n.name for n in g.nodes[start2:start2 + 5]]
+    assert g.subgraph(block1).structural_hash() == g.subgraph(block2).structural_hash()
+
+
+@pytest.mark.parametrize("change", ["kernel", "channels", "wiring", "dtype"])
+def test_structural_hash_sees_structure(change: str) -> None:
+    def build(variant: str) -> Graph:
+        b = GraphBuilder("g")
+        x = b.input("x", (1, 16, 8, 8), "float16" if variant == "dtype" else "float32")
+        a = conv(b, x, 8, 3 if variant == "kernel" else 1)
+        c = conv(b, x, 12 if variant == "channels" else 8, 1)
+        d = b.add("concat", [a, c] if variant != "wiring" else [a, a], axis=1)
+        return b.build([d])
+
+    assert build(change).structural_hash() != build("base").structural_hash()
+
+
+def test_width_generations_and_critical_path_on_a_diamond() -> None:
+    g = diamond()
+    assert width(g) == 2
+    assert sorted(g.nodes[i].name for i in max_antichain(g)) == ["l", "r"]
+    assert [[g.nodes[i].name for i in gen] for gen in generations(g)] == [["a"], ["l", "r"], ["d"]]
+    length, path = critical_path(g, [1.0, 5.0, 2.0, 1.0])
+    assert length == 7.0 and [g.nodes[i].name for i in path] == ["a", "l", "d"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_width_equals_brute_force_max_antichain(seed: int) -> None:
+    from itertools import combinations
+
+    from opsched.ir.analysis import descendants
+
+    g = random_dag(9, seed)
+    desc = descendants(g)
+    n = len(g.nodes)
+
+    def independent(s: tuple[int, ...]) -> bool:
+        return all(not (desc[a] >> b) & 1 and not (desc[b] >> a) & 1 for a, b in combinations(s, 2))
+
+    best = max(k for k in range(1, n + 1) if any(independent(s) for s in combinations(range(n), k)))
+    antichain = max_antichain(g)
+    assert len(antichain) == best and independent(tuple(antichain))
+
+
+def test_subgraph_inputs_and_outputs() -> None:
+    g = diamond()
+    sub = g.subgraph(["l", "r"])
+    assert [i.name for i in sub.inputs] == ["a"]
+    assert sub.outputs == ("l", "r")
+    sub.verify()
