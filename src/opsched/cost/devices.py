@@ -1,0 +1,79 @@
+"""Device presets for the analytic cost model.
+
+Figures are vendor peak numbers (dense fp32 without tensor cores, HBM/DRAM bandwidth), and
+occupancy figures from the architecture manuals; launch and synchronisation overheads are
+typical measured values for CUDA 11-12 and for a Python thread hand-off. They are a model,
+not a measurement: the measured cost model is what a real search should use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from opsched.errors import CostModelError
+
+__all__ = ["DeviceSpec", "DEVICES", "device_spec"]
+
+_GPU_EFFICIENCY = MappingProxyType({"conv": 0.65, "depthwise": 0.12, "gemm": 0.7, "default": 0.5})
+_CPU_EFFICIENCY = MappingProxyType({"conv": 0.55, "depthwise": 0.15, "gemm": 0.6, "default": 0.4})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """What the analytic model needs to know about a device.
+
+    ``slots`` are SMs (GPU) or cores (CPU). Dense convolutions and GEMMs run as tiles of
+    ``tile`` = (output pixels, output channels), ``tiles_per_slot`` resident per slot: an
+    operator with fewer tiles than ``slots * tiles_per_slot`` occupies only that fraction of the
+    device (a 56x56x154 convolution at batch 1 is 50 tiles of 128x64: 31% of a V100). Other
+    operators are spread over threads, ``saturation`` output elements per slot.
+    ``overlap`` is how much of the other groups' time hides behind the longest group when
+    operators run at once (1 = perfectly, 0 = not at all): co-running kernels contend for
+    caches, bandwidth and the block scheduler even when the device has room.
+    ``async_launch``: kernels are issued by a host thread and run asynchronously (GPUs), so
+    issue overhead overlaps execution; on a CPU each operator's dispatch is on its own thread.
+    """
+
+    name: str
+    kind: str  # "gpu" or "cpu"
+    peak_gflops: float
+    mem_gbps: float
+    slots: int
+    saturation: int
+    tile: tuple[int, int]
+    tiles_per_slot: int
+    launch_us: float
+    sync_us: float
+    async_launch: bool
+    efficiency: Mapping[str, float] = field(default_factory=lambda: _GPU_EFFICIENCY)
+    overlap: float = 0.5
+
+    @property
+    def capacity(self) -> int:
+        return self.slots * self.saturation
+
+    @property
+    def tile_capacity(self) -> int:
+        return self.slots * self.tiles_per_slot
+
+
+DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
+    DeviceSpec("V100", "gpu", 15_700, 900, 80, 4096, (64, 64), 2, 4.0, 6.0, True),
+    DeviceSpec("A100", "gpu", 19_500, 1_555, 108, 4096, (64, 64), 2, 4.0, 6.0, True),
+    DeviceSpec("H100", "gpu", 67_000, 3_350, 132, 4096, (64, 64), 2, 3.0, 5.0, True),
+    DeviceSpec("H200", "gpu", 67_000, 4_800, 132, 4096, (64, 64), 2, 3.0, 5.0, True),
+    DeviceSpec("RTX3090", "gpu", 35_600, 936, 82, 3072, (64, 64), 2, 4.0, 6.0, True),
+    DeviceSpec("K80", "gpu", 2_800, 240, 13, 4096, (64, 64), 2, 7.0, 10.0, True),
+    # a 2-core AVX2 server (two FMA units x 8 fp32 lanes x 2 flops x ~2.5 GHz per core)
+    DeviceSpec("CPU2", "cpu", 160, 20, 2, 4096, (64, 16), 4, 8.0, 25.0, False, _CPU_EFFICIENCY),
+    DeviceSpec("CPU16", "cpu", 1_280, 80, 16, 4096, (64, 16), 4, 8.0, 40.0, False, _CPU_EFFICIENCY),
+)}
+
+
+def device_spec(name: str) -> DeviceSpec:
+    for key, spec in DEVICES.items():
+        if key.lower() == name.lower():
+            return spec
+    raise CostModelError(f"no device preset {name!r}; presets: {', '.join(DEVICES)}")

@@ -1,0 +1,97 @@
+"""Schedules and schedulers.
+
+Every scheduler is a function ``(graph, cost, **options) -> Schedule`` registered by name::
+
+    from opsched.schedule import schedule
+    sched = schedule(graph, "ios", AnalyticCostModel("V100"), max_group_size=3, max_groups=8)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from opsched.cost.base import CostModel
+from opsched.errors import ScheduleError
+from opsched.ir import Graph
+from opsched.schedule.coster import StageCoster
+from opsched.schedule.greedy import greedy_stages
+from opsched.schedule.ios import SearchStats, ios_stages
+from opsched.schedule.sequential import sequential_stages
+from opsched.schedule.types import Schedule, Stage
+from opsched.schedule.units import UnitGraph
+
+__all__ = ["SCHEDULERS", "Schedule", "Stage", "estimate", "register_scheduler", "schedule", "scheduler_names"]
+
+Scheduler = Callable[..., Schedule]
+SCHEDULERS: dict[str, Scheduler] = {}
+
+
+def register_scheduler(name: str) -> Callable[[Scheduler], Scheduler]:
+    def deco(fn: Scheduler) -> Scheduler:
+        SCHEDULERS[name] = fn
+        return fn
+    return deco
+
+
+def scheduler_names() -> list[str]:
+    return list(SCHEDULERS)
+
+
+def schedule(graph: Graph, scheduler: str, cost: CostModel, **options: Any) -> Schedule:
+    """Run scheduler ``scheduler`` on ``graph``; the result is validated before it is returned."""
+    graph.verify()
+    try:
+        fn = SCHEDULERS[scheduler]
+    except KeyError:
+        raise ScheduleError(f"no scheduler {scheduler!r}; available: {', '.join(SCHEDULERS)}") from None
+    accepted = [p for p in inspect.signature(fn).parameters if p not in ("graph", "cost")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ScheduleError(f"scheduler {scheduler!r} has no option(s) {unknown}; it takes {accepted}")
+    return fn(graph, cost, **options).validate(graph)
+
+
+def estimate(graph: Graph, stages: list[Stage], cost: CostModel | StageCoster) -> float:
+    """The cost model's latency of a stage list: the sum of its stages (the IOS model)."""
+    coster = cost if isinstance(cost, StageCoster) else StageCoster(graph, cost)
+    return sum(coster.latency(s) for s in stages)
+
+
+def _make(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: dict[str, Any],
+          stats: dict[str, Any] | None = None, coster: StageCoster | None = None) -> Schedule:
+    batch = graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
+    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=batch,
+                    device=cost.device, scheduler=name, options=options,
+                    estimated_ms=estimate(graph, stages, coster or cost), stats=stats or {})
+
+
+@register_scheduler("sequential")
+def sequential_scheduler(graph: Graph, cost: CostModel) -> Schedule:
+    """One unit per stage, in topological order."""
+    return _make(graph, cost, sequential_stages(graph), "sequential", {})
+
+
+@register_scheduler("greedy")
+def greedy_scheduler(graph: Graph, cost: CostModel, max_streams: int = 10) -> Schedule:
+    """IOS's wavefront: every ready unit at once, at most ``max_streams`` per stage."""
+    return _make(graph, cost, greedy_stages(graph, max_streams), "greedy", {"max_streams": max_streams})
+
+
+@register_scheduler("ios")
+def ios_scheduler(graph: Graph, cost: CostModel, max_group_size: int = 3, max_groups: int = 8, max_part_size: int = 50,
+        strategies: tuple[str, ...] = ("parallel", "merge"), budget_s: float | None = None,
+        max_stage_costs: int | None = None,
+        progress: Callable[[int, int, str], None] | None = None) -> Schedule:
+    """The IOS dynamic program; see :mod:`opsched.schedule.ios`."""
+    coster = StageCoster(graph, cost)
+    stages, stats = ios_stages(graph, cost, max_group_size=max_group_size, max_groups=max_groups,
+                               max_part_size=max_part_size, strategies=tuple(strategies), budget_s=budget_s,
+                               max_stage_costs=max_stage_costs, coster=coster, progress=progress)
+    options = {"max_group_size": max_group_size, "max_groups": max_groups, "max_part_size": max_part_size,
+               "strategies": list(strategies), "budget_s": budget_s, "max_stage_costs": max_stage_costs}
+    return _make(graph, cost, stages, "ios", options, stats.as_dict(), coster)
+
+
+__all__ += ["SearchStats", "UnitGraph"]

@@ -1,0 +1,301 @@
+"""The IOS dynamic program (Ding et al., MLSys 2021), with correct endings and shared pricing.
+
+For a set S of units still to schedule, ``cost(S) = min over endings S' of cost(S - S') +
+L(S')``, ``cost({}) = 0``, where S' is a valid last stage (:mod:`opsched.schedule.endings`)
+and ``L`` prices it with the better of two strategies: *parallel* (its weakly connected
+components run at once, one lane each) and *merge* (two or more sink convolutions that read
+one tensor, as one wider convolution; :mod:`opsched.schedule.merge`). States are down-sets of
+a part; the number of states is at most (n/d + 1)^d for n units of width d, and the pruning
+P(r, s) (``max_group_size``, ``max_groups``) bounds the endings per state.
+
+What makes it cheap:
+
+* the graph is cut into parts automatically (:mod:`opsched.schedule.partition`) and units
+  (:mod:`opsched.schedule.units`) absorb light operators into their neighbours;
+* structurally identical parts (repeated NASNet cells) are solved once and the solution is
+  mapped onto the others (same structure, same prices, so the same optimum);
+* every stage is priced once per *structure* (:mod:`opsched.schedule.coster`);
+* branch and bound, for cost models that declare themselves ``monotone``: a stage is never
+  faster than any part of it, ``L(S') >= L(S'')`` for every subset S'' of its groups (true of
+  the analytic model by construction, and physically of any device: adding work to a stage
+  cannot speed up what was there). Endings are visited in increasing order of
+  ``cost(S - S') + max_g L({g})``; once that bound reaches the best cost found, no later
+  ending can win and none of them is priced. An ending that passes is priced through its
+  prefixes: the sub-stage of its two most expensive groups, then three... stopping as soon as
+  a prefix shows it cannot win. Prefixes are shared by many endings (and priced once per
+  structure), so many-group endings are often discarded on the price of a small, common
+  sub-stage. The optimum is unchanged. Merge stages are always priced (a merged convolution
+  can beat its slowest member alone).
+
+A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
+priced: measurements, for a measured cost model). When the budget runs out, parts already
+solved keep their optimum and the others fall back to the greedy schedule, so the call always
+returns a valid schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from opsched.cost.base import CostModel
+from opsched.errors import ScheduleError
+from opsched.ir import Graph
+from opsched.schedule.coster import StageCoster
+from opsched.schedule.endings import parallel_endings
+from opsched.schedule.greedy import wavefront
+from opsched.schedule.merge import merge_class
+from opsched.schedule.partition import partition
+from opsched.schedule.types import Stage, Strategy
+from opsched.schedule.units import UnitGraph
+
+__all__ = ["ios_stages", "SearchStats", "PartSolution"]
+
+log = logging.getLogger(__name__)
+
+# A stage in part-local terms: (strategy, groups as tuples of local unit indices).
+LocalStage = tuple[str, tuple[tuple[int, ...], ...]]
+
+
+#: Totals closer than this (ms) are ties: sums of the same prices in another order differ by
+#: rounding, and an ending that cannot beat the best by more than rounding cannot improve it.
+_TIE = 1e-9
+
+
+class _BudgetExhausted(Exception):
+    pass
+
+
+@dataclass
+class SearchStats:
+    parts: int = 0
+    parts_solved: int = 0
+    parts_reused: int = 0
+    parts_fallback: int = 0
+    states: int = 0
+    transitions: int = 0
+    pruned: int = 0  # states whose remaining endings the bound discarded unpriced
+    stage_requests: int = 0
+    distinct_stages: int = 0
+    structural_hits: int = 0
+    seconds: float = 0.0
+    budget_exhausted: bool = False
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PartSolution:
+    cost: float
+    stages: list[LocalStage] = field(default_factory=list)
+
+
+def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_groups: int = 8,
+               max_part_size: int = 50, strategies: Iterable[Strategy] = ("parallel", "merge"),
+               budget_s: float | None = None, max_stage_costs: int | None = None,
+               units: UnitGraph | None = None, coster: StageCoster | None = None,
+               progress: Callable[[int, int, str], None] | None = None) -> tuple[list[Stage], SearchStats]:
+    """Optimal stages under the IOS model and P(max_group_size, max_groups), part by part."""
+    strategies = tuple(strategies)
+    if not strategies or any(s not in ("parallel", "merge") for s in strategies):
+        raise ScheduleError(f"strategies must be a non-empty subset of ('parallel', 'merge'), got {strategies}")
+    if max_group_size < 1 or max_groups < 1:
+        raise ScheduleError(f"max_group_size and max_groups must be positive, got {max_group_size}, {max_groups}")
+    start = time.perf_counter()
+    ug = units or UnitGraph.build(graph)
+    coster = coster or StageCoster(graph, cost)
+    parts = partition(ug, max_part_size)
+    stats = SearchStats(parts=len(parts))
+    deadline = start + budget_s if budget_s is not None else None
+    base_distinct = coster.stats.distinct
+
+    def check_budget() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _BudgetExhausted
+        if max_stage_costs is not None and coster.stats.distinct - base_distinct >= max_stage_costs:
+            raise _BudgetExhausted
+
+    solved: dict[str, PartSolution] = {}
+    stages: list[Stage] = []
+    for k, part in enumerate(parts):
+        if progress:
+            progress(k, len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
+        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups)
+        solution = solved.get(key)
+        if solution is not None:
+            stats.parts_reused += 1
+        elif not stats.budget_exhausted:
+            try:
+                solution = _Solver(ug, part, coster, strategies, max_group_size, max_groups, check_budget,
+                                   stats).solve()
+                solved[key] = solution
+                stats.parts_solved += 1
+            except _BudgetExhausted:
+                stats.budget_exhausted = True
+                log.warning("search budget exhausted after %d of %d parts; the rest use the greedy schedule",
+                            k, len(parts))
+        if solution is None:
+            stats.parts_fallback += 1
+            local = [("parallel", tuple((u,) for u in st)) for st in
+                     wavefront(part, ug, max_groups)]
+            stages += [_to_stage(ug, part, st, local_ids=False) for st in local]
+            continue
+        stages += [_to_stage(ug, part, st) for st in solution.stages]
+    if progress:
+        progress(len(parts), len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
+    stats.stage_requests = coster.stats.requests
+    stats.distinct_stages = coster.stats.distinct
+    stats.structural_hits = coster.stats.structural_hits
+    stats.seconds = time.perf_counter() - start
+    return stages, stats
+
+
+def _part_key(graph: Graph, ug: UnitGraph, part: list[int], *options: object) -> str:
+    names = [v for u in part for v in ug.units[u]]
+    shape = tuple(len(ug.units[u]) for u in part)
+    return f"{graph.subgraph(names).structural_hash()}|{shape}|{options}"
+
+
+def _to_stage(ug: UnitGraph, part: list[int], st: LocalStage, local_ids: bool = True) -> Stage:
+    strategy, groups = st
+    resolve = (lambda i: part[i]) if local_ids else (lambda u: u)
+    return Stage(tuple(tuple(v for i in g for v in ug.units[resolve(i)]) for g in groups), strategy)  # type: ignore[arg-type]
+
+
+class _Solver:
+    """The DP over one part; unit indices are local (0..n-1, topological)."""
+
+    def __init__(self, ug: UnitGraph, part: list[int], coster: StageCoster, strategies: tuple[str, ...],
+                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats) -> None:
+        self.ug, self.part, self.coster = ug, part, coster
+        self.r, self.s, self.strategies = r, s, strategies
+        self.check_budget, self.stats = check_budget, stats
+        local = {u: i for i, u in enumerate(part)}
+        n = len(part)
+        self.succ = [sum(1 << local[v] for v in ug.succs[u] if v in local) for u in part]
+        self.anc = [0] * n
+        for i, u in enumerate(part):
+            for p in ug.preds[u]:
+                if p in local:
+                    self.anc[i] |= self.anc[local[p]] | (1 << local[p])
+        self.order = list(range(n - 1, -1, -1))
+        graph = ug.graph
+        self.merge_cls: list[object | None] = []
+        for u in part:
+            names = ug.units[u]
+            self.merge_cls.append(merge_class(graph, graph.node(names[0])) if len(names) == 1 else None)
+        self.memo: dict[int, tuple[float, LocalStage | None, int]] = {0: (0.0, None, 0)}
+        self.prices: dict[tuple[str, tuple[int, ...]], float] = {}
+        self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
+        self.n = n
+        self.monotone = bool(getattr(coster.cost, "monotone", False))
+
+    def price(self, strategy: str, comps: tuple[int, ...]) -> float:
+        key = (strategy, tuple(sorted(comps)))
+        value = self.prices.get(key)
+        if value is None:
+            self.check_budget()
+            groups = tuple(tuple(v for i in _bits(c) for v in self.ug.units[self.part[i]]) for c in comps)
+            value = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
+            self.prices[key] = value
+        return value
+
+    def single(self, comp: int) -> float:
+        value = self.singles[comp] = self.price("parallel", (comp,))
+        return value
+
+    def endings(self, state: int) -> list[tuple[str, int, tuple[int, ...]]]:
+        out: list[tuple[str, int, tuple[int, ...]]] = []
+        if "parallel" in self.strategies:
+            out += [("parallel", m, c) for m, c in
+                    parallel_endings(state, self.succ, self.anc, self.order, self.r, self.s)]
+        else:  # IOS-Merge alone: a stage is one sink unit, or a merge
+            out += [("parallel", 1 << i, (1 << i,)) for i in _bits(state) if not self.succ[i] & state]
+        if "merge" in self.strategies:
+            classes: dict[object, list[int]] = defaultdict(list)
+            for i in _bits(state):
+                if self.merge_cls[i] is not None and not self.succ[i] & state:
+                    classes[self.merge_cls[i]].append(i)
+            for members in classes.values():
+                for k in range(2, len(members) + 1):
+                    for sub in combinations(members, k):
+                        mask = sum(1 << i for i in sub)
+                        out.append(("merge", mask, tuple(1 << i for i in sub)))
+        return out
+
+    def solve(self) -> PartSolution:
+        full = (1 << self.n) - 1
+        # Iterative post-order over states (no recursion limit on deep parts).
+        single = self.singles
+        stack = [full]
+        waiting: dict[int, list[tuple[str, int, tuple[int, ...]]]] = {}  # endings of states on the stack
+        while stack:
+            state = stack[-1]
+            if state in self.memo:
+                stack.pop()
+                continue
+            endings = waiting.pop(state, None) or self.endings(state)
+            pending = [state & ~m for _, m, _ in endings if (state & ~m) not in self.memo]
+            if pending:
+                waiting[state] = endings
+                stack.extend(pending)
+                continue
+            stack.pop()
+            self.stats.states += 1
+            self.stats.transitions += len(endings)
+            if self.stats.states % 256 == 0:
+                self.check_budget()
+            best, choice, nxt = float("inf"), None, 0
+            bounded = []
+            for strategy, mask, comps in endings:
+                rest = state & ~mask
+                if strategy == "merge" or len(comps) == 1:
+                    total = self.memo[rest][0] + self.price(strategy, comps)
+                    if total < best:
+                        best, choice, nxt = total, (strategy, comps), rest
+                else:
+                    singles = [single[c] if c in single else self.single(c) for c in comps]
+                    bounded.append((self.memo[rest][0] + max(singles), rest, comps, singles))
+            bounded.sort(key=lambda e: e[0])
+            for bound, rest, comps, singles in bounded:
+                if not self.monotone:  # no bound holds: price every ending
+                    total = self.memo[rest][0] + self.price("parallel", comps)
+                    if total < best:
+                        best, choice, nxt = total, ("parallel", comps), rest
+                    continue
+                if bound >= best - _TIE:
+                    self.stats.pruned += 1
+                    break
+                done = self.memo[rest][0]
+                heavy = [c for _, c in sorted(zip(singles, comps), key=lambda e: -e[0])]
+                for t in range(2, len(heavy) + 1):
+                    total = done + self.price("parallel", tuple(heavy[:t]))
+                    if total >= best - _TIE:
+                        break
+                else:
+                    best, choice, nxt = total, ("parallel", comps), rest
+            assert choice is not None
+            self.memo[state] = (best, (choice[0], tuple(tuple(_bits(c)) for c in choice[1])), nxt)
+        stages: list[LocalStage] = []
+        state = full
+        while state:
+            _, choice, nxt = self.memo[state]
+            assert choice is not None
+            stages.append(choice)
+            state = nxt
+        stages.reverse()
+        return PartSolution(self.memo[full][0], stages)
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

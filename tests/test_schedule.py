@@ -1,0 +1,355 @@
+"""Schedulers: the DP against brute force, validation, JSON, merges, partitioning."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opsched import from_torch
+from opsched.cost import AnalyticCostModel, RandomCostModel
+from opsched.errors import (
+    CycleError, IllegalMergeError, InvalidScheduleError, ScheduleError, ScheduleMismatchError,
+)
+from opsched.ir import Graph, GraphBuilder
+from opsched.models import example_inputs, get_model
+from opsched.schedule import Schedule, Stage, estimate, schedule
+from opsched.schedule.coster import StageCoster
+from opsched.schedule.endings import parallel_endings
+from opsched.schedule.ios import ios_stages
+from opsched.schedule.merge import check_merge, merge_class, merged_conv, merged_parameters
+from opsched.schedule.partition import cut_units, partition
+from opsched.schedule.units import UnitGraph
+from opsched.testing import random_dag
+
+V100 = AnalyticCostModel("V100")
+
+
+# --- brute force over all stage schedules -------------------------------------------------
+def components(units: frozenset[int], ug: UnitGraph) -> list[frozenset[int]]:
+    left, comps = set(units), []
+    while left:
+        todo, comp = [left.pop()], set()
+        while todo:
+            u = todo.pop()
+            comp.add(u)
+            for v in (*ug.preds[u], *ug.succs[u]):
+                if v in left:
+                    left.discard(v)
+                    todo.append(v)
+        comps.append(frozenset(comp))
+    return comps
+
+
+def ordered_partitions(items: list[int]):  # type: ignore[no-untyped-def]
+    """Every sequence of disjoint non-empty blocks covering ``items``."""
+    if not items:
+        yield []
+        return
+    for k in range(1, len(items) + 1):
+        for first in itertools.combinations(items, k):
+            rest = [i for i in items if i not in first]
+            for tail in ordered_partitions(rest):
+                yield [frozenset(first), *tail]
+
+
+def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) -> float:
+    """Independent of the DP: all ordered partitions into stages, each checked from scratch.
+
+    The same pruning as the DP: P(r, s), and no stage spans two parts of the partition (a
+    stage that straddles a cut vertex is outside the search space by design, as in IOS).
+    """
+    ug = UnitGraph.build(graph)
+    part_of = {u: k for k, p in enumerate(partition(ug)) for u in p}
+    order = {u: i for i, u in enumerate(range(len(ug)))}
+    best = float("inf")
+    for blocks in ordered_partitions(list(range(len(ug)))):
+        where = {u: k for k, b in enumerate(blocks) for u in b}
+        if any(where[p] > where[u] for u in range(len(ug)) for p in ug.preds[u]):
+            continue  # a producer runs after its consumer
+        if any(len({part_of[u] for u in b}) > 1 for b in blocks):
+            continue
+        total = 0.0
+        for block in blocks:
+            comps = components(block, ug)
+            options = []
+            if len(comps) <= s and all(len(c) <= r for c in comps):
+                groups = tuple(tuple(v for u in sorted(c, key=order.get) for v in ug.units[u]) for c in comps)
+                options.append(coster.latency(Stage(groups)))
+            names = [ug.units[u] for u in block]
+            if merge and len(block) > 1 and len(comps) == len(block) and all(len(n) == 1 for n in names):
+                try:
+                    check_merge(graph, [n[0] for n in names])
+                    options.append(coster.latency(Stage(tuple(names), "merge")))
+                except IllegalMergeError:
+                    pass
+            if not options:
+                break
+            total += min(options)
+        else:
+            best = min(best, total)
+    return best
+
+
+def mergeable_dag(n: int, seed: int) -> Graph:
+    """Random DAG of convolutions in which siblings often read one tensor (merge candidates)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    b = GraphBuilder(f"merge{seed}")
+    values = [b.input("x", (1, 4, 8, 8))]
+    for i in range(n):
+        src = rng.choice(values[-3:])
+        k = rng.choice((1, 3))
+        w = b.param(f"w{i}", torch.randn(4, 4, k, k, generator=gen))
+        values.append(b.add("conv2d", [src], name=f"c{i}", params=[w], padding=k // 2, act="relu"))
+    used = {v for node in b.nodes for v in node.inputs}
+    sinks = [v for v in values[1:] if v not in used]
+    out = sinks[0] if len(sinks) == 1 else b.add("concat", sinks, axis=1)
+    return b.build([out]).verify()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 6), seed=st.integers(0, 10_000), r=st.integers(1, 3), s=st.integers(1, 3),
+       model=st.sampled_from(["analytic", "random"]))
+def test_dp_equals_brute_force(n: int, seed: int, r: int, s: int, model: str) -> None:
+    graph = random_dag(n, seed) if seed % 2 else mergeable_dag(n, seed)
+    cost = V100 if model == "analytic" else RandomCostModel(seed)
+    coster = StageCoster(graph, cost)
+    stages, _ = ios_stages(graph, cost, max_group_size=r, max_groups=s, coster=coster)
+    dp = estimate(graph, stages, coster)
+    assert dp == pytest.approx(brute_force(graph, coster, r, s, merge=True), rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(3, 12), seed=st.integers(0, 10_000))
+def test_dp_is_never_worse_than_greedy_or_sequential(n: int, seed: int) -> None:
+    graph = random_dag(n, seed, edge_prob=0.25)
+    ios = schedule(graph, "ios", V100, max_groups=4)
+    assert ios.estimated_ms <= schedule(graph, "sequential", V100).estimated_ms + 1e-12
+    assert ios.estimated_ms <= schedule(graph, "greedy", V100, max_streams=4).estimated_ms + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_endings_are_exactly_the_successor_closed_sets_within_pruning(seed: int) -> None:
+    graph = random_dag(8, seed, edge_prob=0.3)
+    ug = UnitGraph.build(graph, contract=False)
+    n = len(ug)
+    succ = [sum(1 << v for v in ug.succs[u]) for u in range(n)]
+    anc = [0] * n
+    for u in range(n):
+        for p in ug.preds[u]:
+            anc[u] |= anc[p] | (1 << p)
+    rng = random.Random(seed)
+    state = (1 << n) - 1
+    for u in range(n - 1, -1, -1):  # a random down-set: drop some sinks
+        if rng.random() < 0.3 and not succ[u] & state:
+            state &= ~(1 << u)
+    r, s = 2, 2
+    got = {(m, tuple(sorted(c))) for m, c in parallel_endings(state, succ, anc, list(range(n - 1, -1, -1)), r, s)}
+    want = set()
+    members = [u for u in range(n) if state >> u & 1]
+    for k in range(1, len(members) + 1):
+        for sub in itertools.combinations(members, k):
+            mask = sum(1 << u for u in sub)
+            if any(succ[u] & state & ~mask for u in sub):
+                continue
+            comps = components(frozenset(sub), ug)
+            if len(comps) <= s and all(len(c) <= r for c in comps):
+                want.add((mask, tuple(sorted(sum(1 << u for u in c) for c in comps))))
+    assert got == want
+
+
+# --- the schedulers on real models --------------------------------------------------------
+@pytest.fixture(scope="module")
+def inception() -> Graph:
+    return from_torch(get_model("inception_v3"), example_inputs("inception_v3"))
+
+
+@pytest.mark.parametrize("name", ["sequential", "greedy", "ios"])
+def test_every_scheduler_validates_on_inception(inception: Graph, name: str) -> None:
+    sched = schedule(inception, name, V100)
+    assert sched.validate(inception) is sched
+    assert sorted(sched.nodes) == sorted(n.name for n in inception.nodes)
+
+
+def test_ios_beats_greedy_beats_sequential_on_inception(inception: Graph) -> None:
+    seq, greedy = schedule(inception, "sequential", V100), schedule(inception, "greedy", V100)
+    both = schedule(inception, "ios", V100)
+    par = schedule(inception, "ios", V100, strategies=("parallel",))
+    merge = schedule(inception, "ios", V100, strategies=("merge",))
+    assert both.estimated_ms < greedy.estimated_ms < seq.estimated_ms
+    assert both.estimated_ms <= min(par.estimated_ms, merge.estimated_ms) + 1e-12
+    assert any(s.strategy == "merge" for s in both.stages)
+    assert both.stats["states"] > 0 and both.stats["distinct_stages"] <= both.stats["stage_requests"]
+
+
+def test_json_round_trip_and_refusal_for_another_graph(inception: Graph, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sched = schedule(inception, "ios", V100)
+    path = tmp_path / "s.json"
+    sched.save(path)
+    loaded = Schedule.load(path)
+    assert loaded == sched
+    assert json.loads(path.read_text())["format"] == "opsched.schedule"
+    assert "Sequential(" in str(loaded) and "Parallel(" in str(loaded)
+    other = from_torch(get_model("squeezenet1_1"), example_inputs("squeezenet1_1"))
+    with pytest.raises(ScheduleMismatchError, match="made for graph InceptionV3"):
+        loaded.validate(other)
+
+
+def test_bad_schedule_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidScheduleError, match="cannot read schedule"):
+        Schedule.load(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InvalidScheduleError, match="not JSON"):
+        Schedule.load(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    with pytest.raises(InvalidScheduleError, match="not an opsched schedule"):
+        Schedule.load(tmp_path / "other.json")
+    (tmp_path / "future.json").write_text('{"format": "opsched.schedule", "version": 99}')
+    with pytest.raises(InvalidScheduleError, match="version 99"):
+        Schedule.load(tmp_path / "future.json")
+
+
+def diamond() -> Graph:
+    b = GraphBuilder("diamond")
+    x = b.input("x", (1, 4, 8, 8))
+    w = b.param("w", torch.randn(4, 4, 1, 1))
+    a = b.add("relu", [x], name="a")
+    l = b.add("conv2d", [a], name="l", params=[w])
+    r = b.add("conv2d", [a], name="r", params=[w])
+    return b.build([b.add("add", [l, r], name="d")])
+
+
+def test_validate_names_each_offence() -> None:
+    g = diamond()
+    h = g.structural_hash()
+    ok = Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",))), Stage((("d",),))))
+    ok.validate(g)
+    cases = [
+        (Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",))))), "never scheduled"),
+        (Schedule(h, (Stage((("a", "l"),)), Stage((("l",), ("r",))), Stage((("d",),)))), "scheduled twice"),
+        (Schedule(h, (Stage((("l",), ("a",))), Stage((("r",),)), Stage((("d",),)))), "same parallel stage"),
+        (Schedule(h, (Stage((("l", "a"),)), Stage((("r",),)), Stage((("d",),)))), "runs before 'a'"),
+        (Schedule(h, (Stage((("d",),)), Stage((("a",),)), Stage((("l",), ("r",))))), "scheduled later"),
+        (Schedule(h, (Stage((("ghost",),)),)), "not a node"),
+        (Schedule(h, lanes=(("a", "d", "l"), ("r",))), "deadlock"),
+    ]
+    for sched, message in cases:
+        with pytest.raises(InvalidScheduleError, match=message):
+            sched.validate(g)
+    Schedule(h, lanes=(("a", "l", "d"), ("r",))).validate(g)
+
+
+def test_illegal_merge_is_named() -> None:
+    g = diamond()
+    h = g.structural_hash()
+    Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",)), "merge"), Stage((("d",),)))).validate(g)
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 8, 8))
+    p = b.add("relu", [x], name="p")
+    q = b.add("conv2d", [x], name="q", params=[b.param("w", torch.randn(4, 4, 1, 1))])
+    g2 = b.build([b.add("add", [p, q], name="s")])
+    with pytest.raises(IllegalMergeError, match="stage 0: cannot merge 'p': a relu, not a conv2d"):
+        Schedule(g2.structural_hash(), (Stage((("p",), ("q",)), "merge"), Stage((("s",),)))).validate(g2)
+
+
+def test_cyclic_graph_and_unknown_scheduler_or_option() -> None:
+    g = diamond()
+    cyclic = g.replace(nodes=(g.nodes[0].replace(inputs=("d",)),) + g.nodes[1:])
+    with pytest.raises(CycleError):
+        schedule(cyclic, "ios", V100)
+    with pytest.raises(ScheduleError, match="no scheduler 'magic'"):
+        schedule(g, "magic", V100)
+    with pytest.raises(ScheduleError, match="no option.*max_group"):
+        schedule(g, "greedy", V100, max_group=3)
+
+
+def test_budget_keeps_a_valid_schedule(inception: Graph) -> None:
+    sched = schedule(inception, "ios", V100, max_stage_costs=30)
+    assert sched.stats["budget_exhausted"] and sched.stats["parts_fallback"] > 0
+    assert sched.stats["parts_solved"] >= 1
+    sched.validate(inception)
+
+
+# --- merge --------------------------------------------------------------------------------
+def test_merged_convolution_equals_its_members() -> None:
+    """IOS's example: a 1x3 (pad 0,1) and a 3x1 (pad 1,0) conv become one 3x3 conv, pad 1."""
+    b = GraphBuilder("m")
+    x = b.input("x", (2, 6, 9, 9))
+    gen = torch.Generator().manual_seed(0)
+    specs = [((1, 3), (0, 1)), ((3, 1), (1, 0)), ((1, 1), (0, 0)), ((3, 3), (1, 1))]
+    names = []
+    for i, (k, p) in enumerate(specs):
+        w = b.param(f"w{i}", torch.randn(5, 6, *k, generator=gen))
+        bias = b.param(f"b{i}", torch.randn(5, generator=gen))
+        names.append(b.add("conv2d", [x], name=f"c{i}", params=[w, bias], padding=p, act="relu"))
+    g = b.build(names)
+    check_merge(g, names)
+    spec = merged_conv(g, names)
+    assert spec.kernel == (3, 3) and spec.padding == (1, 1) and spec.out_channels == 20
+    weight, bias = merged_parameters(g, spec)
+    xin = torch.randn(2, 6, 9, 9, generator=gen)
+    merged = F.relu(F.conv2d(xin, weight, bias, padding=spec.padding))
+    for name, (c0, c1), (k, p) in zip(names, spec.channels, specs):
+        node = g.node(name)
+        ref = F.relu(F.conv2d(xin, g.params[node.params[0]], g.params[node.params[1]], padding=p))
+        torch.testing.assert_close(merged[:, c0:c1], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_classes() -> None:
+    b = GraphBuilder("m")
+    x = b.input("x", (1, 4, 8, 8))
+    y = b.input("y", (1, 4, 8, 8))
+    w = b.param("w", torch.randn(4, 4, 3, 3))
+    dw = b.param("dw", torch.randn(4, 1, 3, 3))
+    a = b.add("conv2d", [x], params=[w], padding=1)
+    c = b.add("conv2d", [x], params=[w], padding=1, stride=2)
+    d = b.add("conv2d", [y], params=[w], padding=1)
+    e = b.add("conv2d", [x], params=[dw], padding=1, groups=4)
+    g = b.build([a, c, d, e])
+    assert merge_class(g, g.node(e)) is None
+    with pytest.raises(IllegalMergeError, match="differ in input, stride"):
+        check_merge(g, [a, c])
+    with pytest.raises(IllegalMergeError, match="differ"):
+        check_merge(g, [a, d])
+    with pytest.raises(IllegalMergeError, match="grouped convolution"):
+        check_merge(g, [a, e])
+
+
+# --- partitioning and units ---------------------------------------------------------------
+def test_units_contract_light_chains_only(inception: Graph) -> None:
+    ug = UnitGraph.build(inception)
+    ops = [[inception.node(v).op for v in unit] for unit in ug.units]
+    assert ["avg_pool2d", "conv2d"] in ops  # a pool absorbed into the conv it feeds
+    # two dense convolutions are never contracted directly (a light operator may sit between them)
+    assert not any(a == b == "conv2d" for o in ops for a, b in zip(o, o[1:]))
+    nas = from_torch(get_model("nasnet_mobile"), example_inputs("nasnet_mobile"))
+    nas_ops = [[nas.node(v).op for v in unit] for unit in UnitGraph.build(nas).units]
+    # a whole separable stack: ReLU, depthwise, pointwise (+ReLU fused), depthwise, pointwise
+    assert ["relu", "conv2d", "conv2d", "conv2d", "conv2d"] in nas_ops
+
+
+def test_inception_blocks_are_cut_at_module_outputs(inception: Graph) -> None:
+    ug = UnitGraph.build(inception)
+    cuts = cut_units(ug)
+    concat_cuts = [u for u in cuts if any(inception.node(v).op == "concat" for v in ug.units[u])]
+    assert len(concat_cuts) == 11  # every Inception module's output (the last one heads the classifier's unit)
+    parts = partition(ug, 50)
+    assert sorted(u for p in parts for u in p) == list(range(len(ug)))
+
+
+def test_nasnet_parts_align_with_cells() -> None:
+    nas = from_torch(get_model("nasnet_mobile"), example_inputs("nasnet_mobile"))
+    ug = UnitGraph.build(nas)
+    parts = partition(ug, 50)
+    ends = [nas.node(ug.units[p[-1]][-1]) for p in parts[1:-2]]  # the last cell and head split by size
+    assert all(n.op == "concat" and n.out.shape[1] in (44 * 6, 88 * 6, 176 * 6, 11 * 4, 22 * 4, 88 * 4, 176 * 4)
+               for n in ends), [(n.name, n.op) for n in ends]
+    sched = schedule(nas, "ios", V100)
+    assert sched.stats["parts_reused"] >= 2  # repeated cells are solved once
