@@ -1,0 +1,43 @@
+"""``opsched cache status | clear | export FILE | import FILE``: the profile store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from opsched.cli.main import Handler, subcommand
+from opsched.cli.table import format_table
+
+
+@subcommand("cache", "inspect or manage the profile store of stage measurements")
+def _setup(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("action", choices=["status", "clear", "export", "import"])
+    p.add_argument("file", nargs="?", help="JSON-lines file for export / import")
+    p.add_argument("--cache-dir", help="the cache directory (default: $OPSCHED_CACHE_DIR or the user cache)")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+
+    def run(args: argparse.Namespace) -> int:
+        from opsched.cost.store import ProfileStore
+
+        if args.action in ("export", "import") and not args.file:
+            p.error(f"cache {args.action} needs a FILE")
+        with ProfileStore(args.cache_dir) as store:
+            if args.action == "status":
+                status = store.status()
+                if args.json:
+                    print(json.dumps(status, indent=1))
+                    return 0
+                print(f"profile store {status['path']} (schema {status['schema_version']}): "
+                      f"{status['measurements']} measurements, {int(status['bytes']) / 1024:.1f} KiB")  # type: ignore[call-overload]
+                rows = [[c["device"], c["backend"], c["versions"], c["batch"], c["measurements"]]
+                        for c in status["contexts"]]  # type: ignore[attr-defined]
+                if rows:
+                    print(format_table(["device", "backend", "versions", "batch", "measurements"], rows))
+            elif args.action == "clear":
+                print(f"removed {store.clear()} measurements from {store.path}")
+            elif args.action == "export":
+                print(f"wrote {store.export(args.file)} measurements to {args.file}")
+            else:
+                print(f"merged {store.import_(args.file)} measurements from {args.file} into {store.path}")
+        return 0
+    return run

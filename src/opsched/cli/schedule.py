@@ -1,0 +1,79 @@
+"""``opsched schedule MODEL``: search a schedule with a cost model and print it."""
+
+from __future__ import annotations
+
+import argparse
+
+from opsched.cli.main import Handler, subcommand
+from opsched.cli.table import format_table
+
+
+def load_graph(model: str, batch: int):  # type: ignore[no-untyped-def]
+    """A zoo name, an .onnx file, or ``package.module:factory`` (a callable returning a module)."""
+    import importlib
+
+    import torch
+
+    from opsched.errors import OpschedError
+    from opsched.frontends import from_onnx, from_torch
+    from opsched.models import MODELS, example_inputs, get_model
+
+    if model in MODELS:
+        return from_torch(get_model(model), example_inputs(model, batch), name=model)
+    if model.endswith(".onnx"):
+        graph = from_onnx(model)
+        return graph
+    if ":" in model:
+        mod_name, _, attr = model.partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise OpschedError(f"cannot load {model!r}: {e}") from None
+        module = factory().eval()
+        shape = getattr(module, "example_input_shape", (batch, 3, 224, 224))
+        return from_torch(module, (torch.randn(*shape),), name=attr)
+    raise OpschedError(f"{model!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file or package.module:factory")
+
+
+@subcommand("schedule", "search a schedule under a cost model and print it with search statistics")
+def _setup(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--device", default="V100", help="analytic device preset (V100, A100, H100, H200, RTX3090, K80, CPU2, CPU16)")
+    p.add_argument("--scheduler", default="ios", help="sequential, greedy or ios")
+    p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
+    p.add_argument("--max-groups", type=int, default=8, help="s: groups per stage")
+    p.add_argument("--max-part-size", type=int, default=50)
+    p.add_argument("--budget", type=float, help="seconds; past it, unsolved parts use the greedy schedule")
+    p.add_argument("--out", help="write the schedule as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no schedule listing")
+
+    def run(args: argparse.Namespace) -> int:
+        from opsched.cost import AnalyticCostModel
+        from opsched.progress import ProgressBar
+        from opsched.schedule import schedule
+
+        graph = load_graph(args.model, args.batch)
+        cost = AnalyticCostModel(args.device)
+        options: dict[str, object] = {}
+        if args.scheduler == "ios":
+            options = dict(max_group_size=args.max_group_size, max_groups=args.max_groups,
+                           max_part_size=args.max_part_size, budget_s=args.budget)
+            options["progress"] = ProgressBar("searching", enabled=not args.quiet).update
+        results = {name: schedule(graph, name, cost) for name in ("sequential", "greedy") if name != args.scheduler}
+        chosen = results[args.scheduler] = schedule(graph, args.scheduler, cost, **options)
+        if not args.quiet:
+            print(chosen)
+        seq = results["sequential"].estimated_ms or 1.0
+        rows = [[name, f"{s.estimated_ms:.3f}", f"{seq / s.estimated_ms:.2f}x", len(s.stages)]  # type: ignore[operator]
+                for name, s in results.items()]
+        print(format_table(["schedule", f"est. ms ({cost.device})", "vs sequential", "stages"], rows))
+        if chosen.stats:
+            keys = ("parts", "states", "transitions", "distinct_stages", "structural_hits", "seconds")
+            print("search: " + ", ".join(f"{k} {chosen.stats[k]:.2f}" if isinstance(chosen.stats[k], float)
+                                         else f"{k} {chosen.stats[k]}" for k in keys))
+        if args.out:
+            chosen.save(args.out)
+            print(f"wrote {args.out}")
+        return 0
+    return run

@@ -1,0 +1,154 @@
+"""The profile store: persistence, sharing, concurrency, corruption, interruption."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+
+from opsched.cli.main import main
+from opsched.cost import AnalyticCostModel
+from opsched.cost.cached import StoredCostModel, stable_stage_key
+from opsched.cost.store import ProfileContext, ProfileStore
+from opsched.errors import ProfileStoreError
+from opsched.ir import Graph
+from opsched.schedule import schedule
+from opsched.schedule.types import Stage
+from opsched.testing import random_dag
+
+CTX = ProfileContext("test-device", "test-backend", "torch=x", 1)
+
+
+class CountingModel:
+    """Analytic prices, counting how often the model itself is asked (a stand-in for measuring)."""
+
+    monotone = True
+    device = "V100"
+    key = "counting"
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.inner = AnalyticCostModel("V100")
+        self.calls = 0
+        self.fail_after = fail_after
+
+    def stage_latency(self, graph: Graph, stage: Stage) -> float:
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.inner.stage_latency(graph, stage)
+
+
+def test_second_search_measures_nothing(tmp_path: Path) -> None:
+    graph = random_dag(10, 3)
+    first = CountingModel()
+    with ProfileStore(tmp_path) as store:
+        a = schedule(graph, "ios", StoredCostModel(first, store, CTX))
+    assert first.calls > 0
+    second = CountingModel()
+    with ProfileStore(tmp_path) as store:
+        b = schedule(graph, "ios", StoredCostModel(second, store, CTX))
+        assert store.status()["measurements"] == first.calls
+    assert second.calls == 0 and a.stages == b.stages
+
+
+def test_identical_stages_share_one_entry_across_graphs(tmp_path: Path) -> None:
+    g1, g2 = random_dag(6, 11), random_dag(6, 11)  # same structure, fresh weights and objects
+    stage1 = Stage(((g1.nodes[-1].name,),))
+    assert stable_stage_key(g1, stage1) == stable_stage_key(g2, Stage(((g2.nodes[-1].name,),)))
+    a, b = g1.nodes[0].name, g1.nodes[1].name
+    assert stable_stage_key(g1, Stage(((a,), (b,)))) == stable_stage_key(g1, Stage(((b,), (a,))))  # group order
+    assert stable_stage_key(g1, Stage(((a,), (b,)))) != stable_stage_key(g1, Stage(((a,),)))
+    assert stable_stage_key(g1, Stage(((a,), (b,)))) != stable_stage_key(g1, Stage(((a,), (b,)), "merge"))
+
+
+def test_interrupted_search_keeps_what_it_measured(tmp_path: Path) -> None:
+    graph = random_dag(10, 5)
+    model = CountingModel(fail_after=7)
+    with ProfileStore(tmp_path) as store, pytest.raises(KeyboardInterrupt):
+        schedule(graph, "ios", StoredCostModel(model, store, CTX))
+    with ProfileStore(tmp_path) as store:
+        assert store.status()["measurements"] == 7
+
+
+def test_contexts_do_not_mix(tmp_path: Path) -> None:
+    with ProfileStore(tmp_path) as store:
+        store.put(CTX, "k", 1.0)
+        assert store.get(CTX, "k") == 1.0
+        assert store.get(ProfileContext("test-device", "test-backend", "torch=x", 8), "k") is None
+        assert store.get(ProfileContext("other", "test-backend", "torch=x", 1), "k") is None
+
+
+@pytest.mark.parametrize("garbage", [b"this is not a database at all" * 40, b""])
+def test_corrupted_store_is_moved_aside_and_rebuilt(tmp_path: Path, garbage: bytes,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    with ProfileStore(tmp_path) as store:
+        store.put(CTX, "k", 1.0)
+    db = tmp_path / "profiles.sqlite"
+    data = db.read_bytes()
+    db.write_bytes(garbage or data[: len(data) // 3])  # foreign bytes, or a truncated file
+    for extra in tmp_path.glob("profiles.sqlite-*"):
+        extra.unlink()
+    with caplog.at_level(logging.WARNING, logger="opsched.cost.store"), ProfileStore(tmp_path) as store:
+        assert store.status()["measurements"] == 0
+        store.put(CTX, "k2", 2.0)
+        assert store.get(CTX, "k2") == 2.0
+    if garbage:
+        assert any("moved it to" in r.getMessage() for r in caplog.records)
+        assert list(tmp_path.glob("profiles.sqlite.corrupt-*"))
+
+
+def test_other_schema_version_is_moved_aside(tmp_path: Path) -> None:
+    with ProfileStore(tmp_path) as store:
+        store._conn.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    with ProfileStore(tmp_path) as store:
+        assert store.status()["measurements"] == 0
+    assert list(tmp_path.glob("profiles.sqlite.corrupt-*"))
+
+
+def _writer(args: tuple[str, int]) -> None:
+    cache, worker = args
+    with ProfileStore(cache) as store:
+        for i in range(40):
+            store.put(CTX, f"shared-{i}", float(worker))
+            store.put(CTX, f"own-{worker}-{i}", float(i))
+
+
+def test_several_processes_at_once(tmp_path: Path) -> None:
+    with mp.get_context("spawn").Pool(4) as pool:
+        pool.map(_writer, [(str(tmp_path), w) for w in range(4)])
+    with ProfileStore(tmp_path) as store:
+        assert store.status()["measurements"] == 40 + 4 * 40
+
+
+def test_export_import_round_trip_and_bad_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    with ProfileStore(a) as store:
+        store.put(CTX, "k1", 1.0, [1.0, 1.1])
+        store.put(CTX, "k2", 2.0)
+        assert store.export(tmp_path / "p.jsonl") == 2
+    with ProfileStore(b) as store:
+        assert store.import_(tmp_path / "p.jsonl") == 2
+        assert store.get(CTX, "k1") == 1.0 and store.get(CTX, "k2") == 2.0
+        (tmp_path / "bad.jsonl").write_text("hello\n")
+        with pytest.raises(ProfileStoreError, match="not an opsched profile export"):
+            store.import_(tmp_path / "bad.jsonl")
+        lines = (tmp_path / "p.jsonl").read_text().splitlines()
+        (tmp_path / "broken.jsonl").write_text("\n".join([lines[0], '{"device": 1}']))
+        with pytest.raises(ProfileStoreError, match="line 2: malformed record"):
+            store.import_(tmp_path / "broken.jsonl")
+
+
+def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with ProfileStore(tmp_path) as store:
+        store.put(CTX, "k", 1.0)
+    assert main(["cache", "status", "--cache-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["measurements"] == 1
+    assert main(["cache", "export", str(tmp_path / "e.jsonl"), "--cache-dir", str(tmp_path)]) == 0
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert main(["cache", "import", str(tmp_path / "e.jsonl"), "--cache-dir", str(tmp_path)]) == 0
+    assert main(["cache", "status", "--cache-dir", str(tmp_path)]) == 0
+    assert "1 measurements" in capsys.readouterr().out
