@@ -1,0 +1,118 @@
+"""The user-facing entry points: :func:`optimize` and :func:`load`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsched.cost import AnalyticCostModel, CostModel
+from opsched.cost.cached import StoredCostModel
+from opsched.cost.devices import device_spec
+from opsched.cost.measured import MeasuredCostModel
+from opsched.cost.store import ProfileStore
+from opsched.errors import ExecutionError, OpschedError
+from opsched.frontends import from_torch
+from opsched.ir import Graph
+from opsched.runtime.module import ScheduledModule
+from opsched.schedule import schedule as run_scheduler
+from opsched.schedule.types import Schedule
+from opsched.testing import TOLERANCES
+
+__all__ = ["optimize", "load", "host_cpu_model"]
+
+DEVICES = ("cpu",)
+
+
+def host_cpu_model() -> AnalyticCostModel:
+    """The analytic CPU preset with this machine's core count."""
+    return AnalyticCostModel(dataclasses.replace(device_spec("CPU2"), name=f"CPU{os.cpu_count()}",
+                                                 slots=os.cpu_count() or 1))
+
+
+def _inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise OpschedError(f"device {device!r} is not supported by this opsched; supported: {', '.join(DEVICES)}")
+
+
+def _verify(module: ScheduledModule, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    with torch.no_grad():
+        expected = model(*inputs)
+        actual = module(*inputs)
+    exp = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    act = [actual] if isinstance(actual, torch.Tensor) else list(actual)
+    for i, (a, e) in enumerate(zip(act, exp)):
+        tol = TOLERANCES.get(e.dtype, 1e-4) * max(1.0, float(e.abs().max()))
+        err = float((a - e).abs().max())
+        if err > tol:
+            raise ExecutionError(f"the scheduled module's output {i} differs from the model's by {err:.3g} "
+                                 f"(tolerance {tol:.3g}); please report this with the model")
+
+
+def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, device: str = "cpu",
+             scheduler: str = "ios", cost: str | CostModel = "measured", cache_dir: str | None = None,
+             verify: bool = True, **options: Any) -> ScheduledModule:
+    """Import ``model``, search a schedule, and return a module that runs it.
+
+    ``cost`` is ``"measured"`` (stages timed on this machine, remembered in the profile store
+    under ``cache_dir``), ``"analytic"`` (the analytic model of this CPU: instant, approximate)
+    or any :class:`~opsched.cost.CostModel`. ``options`` go to the scheduler (for ``ios``:
+    ``max_group_size``, ``max_groups``, ``max_part_size``, ``budget_s``, ``max_stage_costs``,
+    ``progress``). With ``verify`` the result is checked against the model once.
+    """
+    _check_device(device)
+    inputs = _inputs(example_inputs)
+    model = model.eval()
+    start = time.perf_counter()
+    graph = from_torch(model, inputs)
+    store: ProfileStore | None = None
+    if isinstance(cost, str):
+        if cost == "analytic":
+            cost_model: CostModel = host_cpu_model()
+        elif cost == "measured":
+            measured = MeasuredCostModel()
+            store = ProfileStore(cache_dir)
+            cost_model = StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
+        else:
+            raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
+    else:
+        cost_model = cost
+    try:
+        sched = run_scheduler(graph, scheduler, cost_model, **options)
+    finally:
+        if store is not None:
+            store.close()
+    info = {"optimize time": f"{time.perf_counter() - start:.2f} s"}
+    if isinstance(cost_model, StoredCostModel):
+        info["measurements"] = f"{cost_model.misses} new, {cost_model.hits} from the profile store"
+    module = ScheduledModule(graph, sched, single_output=_single_output(model, inputs), info=info)
+    if verify:
+        _verify(module, model, inputs)
+    return module
+
+
+def _single_output(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
+    with torch.no_grad():
+        return isinstance(model(*inputs), torch.Tensor)
+
+
+def load(model: nn.Module, path: str | os.PathLike[str],
+         example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> ScheduledModule:
+    """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
+
+    The model is imported again with ``example_inputs``; a schedule made for another model,
+    batch size or input shape is refused with :class:`~opsched.errors.ScheduleMismatchError`.
+    """
+    inputs = _inputs(example_inputs)
+    graph: Graph = from_torch(model.eval(), inputs)
+    sched = Schedule.load(path).validate(graph)
+    return ScheduledModule(graph, sched, single_output=_single_output(model, inputs))

@@ -1,0 +1,75 @@
+"""The measured cost model: a stage is run in isolation on the real backend and timed.
+
+The stage is cut out of the graph (its external inputs become random tensors of the right
+type), lowered to a plan and run by the same executor the model will run on: ``warmup``
+runs, then ``repeat`` timed runs; the answer is the median. Wrap it in
+:class:`opsched.cost.cached.StoredCostModel` so every figure lands in the profile store.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from opsched.cost.store import ProfileContext
+from opsched.ir import Graph
+from opsched.schedule.types import Schedule, Stage
+
+__all__ = ["MeasuredCostModel", "cpu_fingerprint"]
+
+
+def cpu_fingerprint() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model} x{os.cpu_count()} threads={torch.get_num_threads()}"
+
+
+class MeasuredCostModel:
+    """CPU stage latencies by measurement (median of ``repeat`` runs after ``warmup``)."""
+
+    monotone = True  # physically: a stage with more work does not run faster (up to noise)
+
+    def __init__(self, warmup: int = 2, repeat: int = 7) -> None:
+        self.warmup, self.repeat = warmup, repeat
+        self._device = cpu_fingerprint()
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def key(self) -> str:
+        return f"measured/cpu/{self._device}/torch={torch.__version__}/{self.warmup}x{self.repeat}"
+
+    def context(self, batch: int) -> ProfileContext:
+        return ProfileContext(self._device, "cpu-threads", f"torch={torch.__version__}", batch)
+
+    def stage_latency(self, graph: Graph, stage: Stage) -> float:
+        from opsched.runtime.cpu import CpuExecutor
+        from opsched.runtime.plan import lower
+
+        sub = graph.subgraph(stage.nodes, name=f"{graph.name}.stage")
+        sub = sub.replace(outputs=tuple(stage.nodes))
+        sched = Schedule(sub.structural_hash(), (stage,), graph_name=sub.name)
+        executor = CpuExecutor(lower(sub, sched))
+        gen = torch.Generator().manual_seed(0)
+        inputs = [torch.randn(i.type.shape, generator=gen).to(getattr(torch, i.type.dtype)) for i in sub.inputs]
+        try:
+            for _ in range(self.warmup):
+                executor(inputs)
+            times = []
+            for _ in range(self.repeat):
+                start = time.perf_counter()
+                executor(inputs)
+                times.append((time.perf_counter() - start) * 1e3)
+        finally:
+            executor.close()
+        return statistics.median(times)

@@ -1,0 +1,66 @@
+"""ScheduledModule: a drop-in ``nn.Module`` that runs a graph by its schedule."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsched.ir import Graph
+from opsched.runtime.cpu import CpuExecutor
+from opsched.runtime.plan import lower
+from opsched.runtime.reference import check_inputs
+from opsched.schedule.types import Schedule
+
+__all__ = ["ScheduledModule"]
+
+
+class ScheduledModule(nn.Module):
+    """Returns exactly what the original model returns, computed by the schedule's plan.
+
+    ``schedule`` is the schedule it runs; ``report()`` summarises it; ``save(path)`` writes it
+    as JSON, to be reapplied with :func:`opsched.load`. Inputs must match the example inputs'
+    shapes and dtypes (the schedule is specialised to them).
+    """
+
+    def __init__(self, graph: Graph, schedule: Schedule, *, single_output: bool = True,
+                 info: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.graph = graph
+        self.schedule = schedule
+        self.plan = lower(graph, schedule)
+        self._executor = CpuExecutor(self.plan)
+        self._single = single_output and len(graph.outputs) == 1
+        self.info = dict(info or {})
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        check_inputs(self.graph, inputs)
+        outputs = self._executor(inputs)
+        return outputs[0] if self._single else tuple(outputs)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        self.schedule.save(path)
+
+    def report(self) -> str:
+        s = self.schedule
+        lanes = max(len(st.groups) for st in s.stages) if s.stages else len(s.lanes or ())
+        lines = [f"{self.graph.name}: {len(self.graph.nodes)} operators, scheduled by {s.scheduler} "
+                 f"for batch {s.batch} on {s.device}",
+                 f"  {len(s.stages)} stages, {len(self.plan.phases)} phases, up to {lanes} concurrent groups, "
+                 f"{sum(st.strategy == 'merge' for st in s.stages)} merged convolutions"]
+        if s.estimated_ms is not None:
+            lines.append(f"  cost model estimate: {s.estimated_ms:.3f} ms")
+        for key, value in self.info.items():
+            lines.append(f"  {key}: {value}")
+        if s.stats:
+            st = s.stats
+            lines.append(f"  search: {st.get('states')} states, {st.get('distinct_stages')} distinct stages priced, "
+                         f"{st.get('seconds', 0.0):.2f} s")
+        return "\n".join(lines)
+
+    def __del__(self) -> None:
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.close()

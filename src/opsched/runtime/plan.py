@@ -1,0 +1,135 @@
+"""Plans: what an executor runs, lowered once from a schedule.
+
+A :class:`Plan` is a list of *phases*; a phase is a list of *lanes* that run at once; a lane is
+an ordered list of :class:`Step` s. A step calls one bound kernel on value slots and writes its
+output slot(s). Everything the per-call loop would otherwise decide is decided here, once:
+
+* a stage of one group joins the phase before it when that phase also has one lane (IOS does
+  not synchronise consecutive single-group stages); a stage of several groups is a phase of
+  several lanes, with a barrier at its end;
+* a merge stage is one step: the merged convolution (weights concatenated at plan time) whose
+  output is split, as views, into its members' slots;
+* a lane-based schedule is one phase whose lanes wait on the steps of other lanes they read
+  (``Step.waits``), with no barriers;
+* each slot is freed at the end of the phase of its last reader (graph outputs never).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from opsched.ir import Graph
+from opsched.runtime.kernels import ACTIVATION_FNS, Kernel, make_kernel
+from opsched.schedule.merge import merged_conv, merged_parameters
+from opsched.schedule.types import Schedule
+
+__all__ = ["Step", "Phase", "Plan", "lower"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    label: str                  # node name, or "merge(a,b,...)"
+    op: str
+    kernel: Kernel
+    inputs: tuple[int, ...]     # slots read
+    outputs: tuple[int, ...]    # slots written (several for a merged convolution)
+    waits: tuple[int, ...] = ()  # steps on other lanes that must have run (lane-based plans)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    lanes: tuple[tuple[int, ...], ...]  # step indices per lane, in order
+    frees: tuple[int, ...]              # slots dead once the phase is over
+
+
+@dataclass(frozen=True)
+class Plan:
+    graph_hash: str
+    steps: tuple[Step, ...]
+    phases: tuple[Phase, ...]
+    input_slots: tuple[int, ...]
+    output_slots: tuple[int, ...]
+    slot_names: tuple[str, ...]
+
+    @property
+    def max_lanes(self) -> int:
+        return max((len(p.lanes) for p in self.phases), default=1)
+
+
+def _merged_kernel(graph: Graph, names: tuple[str, ...]) -> Kernel:
+    spec = merged_conv(graph, names)
+    weight, bias = merged_parameters(graph, spec)
+    act: Callable[[torch.Tensor], torch.Tensor] | None = ACTIVATION_FNS.get(spec.act)
+    bounds = [c1 for _, c1 in spec.channels[:-1]]
+    sizes = [c1 - c0 for c0, c1 in spec.channels]
+
+    def merged(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.conv2d(x, weight, bias, spec.stride, spec.padding, spec.dilation)
+        if act is not None:
+            y = act(y)
+        return tuple(torch.split(y, sizes, dim=1)) if bounds else (y,)
+    return merged
+
+
+def lower(graph: Graph, schedule: Schedule) -> Plan:
+    """Lower a validated ``schedule`` of ``graph`` to a plan."""
+    schedule.validate(graph)
+    slot_of: dict[str, int] = {}
+    for name in [i.name for i in graph.inputs] + [n.name for n in graph.nodes]:
+        slot_of[name] = len(slot_of)
+    steps: list[Step] = []
+    step_of_node: dict[str, int] = {}
+
+    def add_step(names: tuple[str, ...], merge: bool) -> int:
+        nodes = [graph.node(v) for v in names]
+        if merge:
+            kernel = _merged_kernel(graph, names)
+            step = Step(f"merge({','.join(names)})", "conv2d(merged)", kernel, (slot_of[nodes[0].inputs[0]],),
+                        tuple(slot_of[v] for v in names))
+        else:
+            (node,) = nodes
+            step = Step(node.name, node.op, make_kernel(graph, node), tuple(slot_of[v] for v in node.inputs),
+                        (slot_of[node.name],))
+        steps.append(step)
+        for v in names:
+            step_of_node[v] = len(steps) - 1
+        return len(steps) - 1
+
+    raw_phases: list[list[list[int]]] = []
+    if schedule.lanes is not None:
+        lanes = [[add_step((v,), False) for v in lane] for lane in schedule.lanes]
+        lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
+        for li, lane in enumerate(lanes):
+            for s in lane:
+                producers = {step_of_node[v] for v in graph.node(steps[s].label).inputs if v in graph.index}
+                waits = tuple(sorted(p for p in producers if lane_of[p] != li))
+                steps[s] = Step(steps[s].label, steps[s].op, steps[s].kernel, steps[s].inputs, steps[s].outputs, waits)
+        raw_phases.append(lanes)
+    else:
+        for stage in schedule.stages:
+            if stage.strategy == "merge":
+                lanes = [[add_step(stage.nodes, True)]]
+            else:
+                lanes = [[add_step((v,), False) for v in group] for group in stage.groups]
+            if len(lanes) == 1 and raw_phases and len(raw_phases[-1]) == 1:
+                raw_phases[-1][0].extend(lanes[0])  # no barrier between single-lane stages
+            else:
+                raw_phases.append(lanes)
+    # Free each slot after the phase of its last reader.
+    phase_of_step = {s: k for k, lanes in enumerate(raw_phases) for lane in lanes for s in lane}
+    last_phase: dict[int, int] = {}
+    for s, step in enumerate(steps):
+        for slot in step.inputs:
+            last_phase[slot] = max(last_phase.get(slot, -1), phase_of_step[s])
+    keep = {slot_of[v] for v in graph.outputs}
+    frees: list[list[int]] = [[] for _ in raw_phases]
+    for slot, k in last_phase.items():
+        if slot not in keep:
+            frees[k].append(slot)
+    phases = tuple(Phase(tuple(tuple(lane) for lane in lanes), tuple(sorted(f))) for lanes, f in zip(raw_phases, frees))
+    return Plan(schedule.graph_hash, tuple(steps), phases, tuple(slot_of[i.name] for i in graph.inputs),
+                tuple(slot_of[v] for v in graph.outputs), tuple(slot_of))

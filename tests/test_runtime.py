@@ -1,0 +1,167 @@
+"""Plans and the CPU executor: every scheduler on every zoo model equals eager PyTorch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import opsched
+from opsched.api import host_cpu_model
+from opsched.errors import ExecutionError, InputMismatchError, OpschedError, ScheduleMismatchError
+from opsched.ir import GraphBuilder
+from opsched.models import example_inputs, get_model, list_models
+from opsched.runtime.cpu import CpuExecutor
+from opsched.runtime.plan import lower
+from opsched.schedule import Schedule, Stage, schedule
+from opsched.testing import assert_close, random_dag
+
+CPU = host_cpu_model()
+SLOW_SEARCH = {"randwire_large": 5.0, "nasnet_large": 5.0, "nasnet_mobile": 5.0}
+
+
+@pytest.fixture(scope="module", params=list_models())
+def zoo(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    name = request.param
+    model, inputs = get_model(name), example_inputs(name)
+    with torch.no_grad():
+        expected = model(*inputs)
+    return name, model, inputs, expected
+
+
+@pytest.mark.parametrize("scheduler", ["sequential", "greedy", "ios"])
+def test_every_scheduler_on_every_zoo_model_equals_eager(zoo, scheduler: str) -> None:  # type: ignore[no-untyped-def]
+    name, model, inputs, expected = zoo
+    options = {"budget_s": SLOW_SEARCH[name]} if scheduler == "ios" and name in SLOW_SEARCH else {}
+    module = opsched.optimize(model, inputs, cost=CPU, scheduler=scheduler, verify=False, **options)
+    assert_close(module(*inputs), expected, f"{name} / {scheduler}")
+
+
+def test_merge_stages_lower_to_one_step_and_run() -> None:
+    model, inputs = get_model("inception_v3"), example_inputs("inception_v3")
+    with torch.no_grad():
+        expected = model(*inputs)
+    module = opsched.optimize(model, inputs, cost=opsched.cost.AnalyticCostModel("V100"), verify=False)
+    merges = [s for s in module.schedule.stages if s.strategy == "merge"]
+    steps = [st for st in module.plan.steps if st.op == "conv2d(merged)"]
+    assert merges and len(steps) == len(merges) and all(len(st.outputs) >= 2 for st in steps)
+    assert_close(module(*inputs), expected)
+
+
+def test_plan_phases_and_frees() -> None:
+    g = random_dag(10, 7, edge_prob=0.3)
+    sched = schedule(g, "greedy", CPU, max_streams=3)
+    plan = lower(g, sched)
+    multi = [s for s in sched.stages if len(s.groups) > 1]
+    assert len([p for p in plan.phases if len(p.lanes) > 1]) == len(multi)
+    assert sorted(s for p in plan.phases for lane in p.lanes for s in lane) == list(range(len(plan.steps)))
+    freed = [slot for p in plan.phases for slot in p.frees]
+    assert len(freed) == len(set(freed)) and not set(freed) & set(plan.output_slots)
+    # a freed slot is never read in a later phase
+    for k, phase in enumerate(plan.phases):
+        later = {i for p in plan.phases[k + 1:] for lane in p.lanes for s in lane for i in plan.steps[s].inputs}
+        assert not set(phase.frees) & later
+
+
+def test_lane_schedule_executes_with_cross_lane_waits() -> None:
+    g = random_dag(12, 3, edge_prob=0.35)
+    names = [n.name for n in g.nodes]
+    lanes = (tuple(names[0::2]), tuple(names[1::2]))  # topological within each lane
+    sched = Schedule(g.structural_hash(), lanes=lanes, graph_name=g.name).validate(g)
+    plan = lower(g, sched)
+    assert len(plan.phases) == 1 and any(step.waits for step in plan.steps)
+    x = torch.randn(g.inputs[0].type.shape)
+    assert_close(CpuExecutor(plan)([x]), opsched.run_graph(g, [x]))
+
+
+def test_concurrent_calls_on_one_module() -> None:
+    model, inputs = get_model("googlenet"), example_inputs("googlenet", batch=1)
+    module = opsched.optimize(model, inputs, cost=CPU, scheduler="greedy")
+    xs = [torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    with torch.no_grad():
+        expected = [model(x) for x in xs]
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(2):
+                results[i] = module(xs[i])
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, e in enumerate(expected):
+        assert_close(results[i], e, f"call {i}")
+
+
+def test_save_load_round_trip_and_mismatch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, cost=CPU)
+    module.save(tmp_path / "s.json")
+    again = opsched.load(model, tmp_path / "s.json", inputs)
+    assert again.schedule == module.schedule
+    assert_close(again(*inputs), module(*inputs))
+    with pytest.raises(ScheduleMismatchError):
+        opsched.load(model, tmp_path / "s.json", example_inputs("squeezenet1_1", batch=2))
+    with pytest.raises(ScheduleMismatchError):
+        opsched.load(get_model("squeezenet1_0"), tmp_path / "s.json", inputs)
+
+
+def test_bad_calls_and_options() -> None:
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, cost=CPU)
+    with pytest.raises(InputMismatchError, match="expected f32\\[1,3,224,224\\]"):
+        module(torch.randn(1, 3, 200, 200))
+    with pytest.raises(InputMismatchError, match="float64"):
+        module(inputs[0].double())
+    with pytest.raises(OpschedError, match="device 'tpu' is not supported"):
+        opsched.optimize(model, inputs, device="tpu")
+    with pytest.raises(OpschedError, match="cost must be"):
+        opsched.optimize(model, inputs, cost="psychic")
+
+
+def test_kernel_failure_names_the_node() -> None:
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4))
+
+    def broken(t: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+    y = b.add("opaque", [x], name="bad", out=b.type(x), fn=broken, target="broken")
+    g = b.build([b.add("relu", [y])])
+    sched = schedule(g, "sequential", CPU)
+    with pytest.raises(ExecutionError, match="node 'bad' \\(opaque\\) failed: RuntimeError: boom"):
+        CpuExecutor(lower(g, sched))([torch.randn(1, 4)])
+
+
+def test_multiple_outputs_come_back_as_a_tuple() -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(x), self.b(x)
+
+    model, x = Two().eval(), torch.randn(1, 3, 8, 8)
+    out = opsched.optimize(model, x, cost=CPU)(x)
+    assert isinstance(out, tuple) and len(out) == 2
+    with torch.no_grad():
+        assert_close(list(out), list(model(x)))
+
+
+def test_measured_cost_model_and_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    first = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
+    assert first.info["measurements"].startswith(tuple(f"{k} new" for k in range(1, 10_000)))
+    second = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
+    assert second.info["measurements"].startswith("0 new")
+    assert second.schedule.stages == first.schedule.stages
