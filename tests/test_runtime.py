@@ -14,6 +14,7 @@ from opsched.errors import ExecutionError, InputMismatchError, OpschedError, Sch
 from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model, list_models
 from opsched.runtime.cpu import CpuExecutor
+from opsched.runtime.module import make_executor
 from opsched.runtime.plan import lower
 from opsched.schedule import Schedule, Stage, schedule
 from opsched.testing import assert_close, random_dag
@@ -31,12 +32,14 @@ def zoo(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     return name, model, inputs, expected
 
 
+@pytest.mark.parametrize("backend", ["torch", "ort"])
 @pytest.mark.parametrize("scheduler", ["sequential", "greedy", "ios"])
-def test_every_scheduler_on_every_zoo_model_equals_eager(zoo, scheduler: str) -> None:  # type: ignore[no-untyped-def]
+def test_every_scheduler_on_every_zoo_model_equals_eager(zoo, scheduler: str, backend: str) -> None:  # type: ignore[no-untyped-def]
     name, model, inputs, expected = zoo
     options = {"budget_s": SLOW_SEARCH[name]} if scheduler == "ios" and name in SLOW_SEARCH else {}
-    module = opsched.optimize(model, inputs, cost=CPU, scheduler=scheduler, verify=False, **options)
-    assert_close(module(*inputs), expected, f"{name} / {scheduler}")
+    module = opsched.optimize(model, inputs, cost=CPU, scheduler=scheduler, backend=backend, verify=False, **options)
+    assert module.backend == backend
+    assert_close(module(*inputs), expected, f"{name} / {scheduler} / {backend}")
 
 
 def test_merge_stages_lower_to_one_step_and_run() -> None:
@@ -65,7 +68,8 @@ def test_plan_phases_and_frees() -> None:
         assert not set(phase.frees) & later
 
 
-def test_lane_schedule_executes_with_cross_lane_waits() -> None:
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_lane_schedule_executes_with_cross_lane_waits(backend: str) -> None:
     g = random_dag(12, 3, edge_prob=0.35)
     names = [n.name for n in g.nodes]
     lanes = (tuple(names[0::2]), tuple(names[1::2]))  # topological within each lane
@@ -73,7 +77,7 @@ def test_lane_schedule_executes_with_cross_lane_waits() -> None:
     plan = lower(g, sched)
     assert len(plan.phases) == 1 and any(step.waits for step in plan.steps)
     x = torch.randn(g.inputs[0].type.shape)
-    assert_close(CpuExecutor(plan)([x]), opsched.run_graph(g, [x]))
+    assert_close(make_executor(g, plan, backend)([x]), opsched.run_graph(g, [x]))
 
 
 def test_concurrent_calls_on_one_module() -> None:
@@ -126,6 +130,21 @@ def test_bad_calls_and_options() -> None:
         opsched.optimize(model, inputs, device="tpu")
     with pytest.raises(OpschedError, match="cost must be"):
         opsched.optimize(model, inputs, cost="psychic")
+
+
+def test_ort_backend_runs_opaque_steps_with_torch() -> None:
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 6, 6))
+    w = b.param("w", torch.randn(4, 4, 3, 3))
+    c = b.add("conv2d", [x], params=[w], padding=1, act="relu")
+    o = b.add("opaque", [c], name="cum", out=b.type(c), fn=lambda t: torch.cumsum(t, 1), target="cumsum")
+    g = b.build([b.add("conv2d", [o], params=[w], padding=1)])
+    plan = lower(g, schedule(g, "sequential", CPU))
+    executor = make_executor(g, plan, "ort")
+    kinds = [it.op for lane in executor.program.phases[0] for it in lane]
+    assert kinds == ["onnxruntime[1 steps]", "opaque", "onnxruntime[1 steps]"]
+    xin = torch.randn(1, 4, 6, 6)
+    assert_close(executor([xin]), opsched.run_graph(g, [xin]))
 
 
 def test_kernel_failure_names_the_node() -> None:

@@ -59,13 +59,15 @@ def _verify(module: ScheduledModule, model: nn.Module, inputs: tuple[torch.Tenso
 
 
 def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, device: str = "cpu",
-             scheduler: str = "ios", cost: str | CostModel = "measured", cache_dir: str | None = None,
-             verify: bool = True, **options: Any) -> ScheduledModule:
+             scheduler: str = "ios", cost: str | CostModel = "measured", backend: str = "auto",
+             cache_dir: str | None = None, verify: bool = True, **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that runs it.
 
     ``cost`` is ``"measured"`` (stages timed on this machine, remembered in the profile store
     under ``cache_dir``), ``"analytic"`` (the analytic model of this CPU: instant, approximate)
-    or any :class:`~opsched.cost.CostModel`. ``options`` go to the scheduler (for ``ios``:
+    or any :class:`~opsched.cost.CostModel`. ``backend`` runs the plan's kernels: ``"ort"``
+    (ONNX Runtime sessions per lane segment; the fast CPU kernels), ``"torch"``, or ``"auto"``
+    (ORT when installed). ``options`` go to the scheduler (for ``ios``:
     ``max_group_size``, ``max_groups``, ``max_part_size``, ``budget_s``, ``max_stage_costs``,
     ``progress``). With ``verify`` the result is checked against the model once.
     """
@@ -79,7 +81,7 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
         if cost == "analytic":
             cost_model: CostModel = host_cpu_model()
         elif cost == "measured":
-            measured = MeasuredCostModel()
+            measured = MeasuredCostModel(backend=backend)
             store = ProfileStore(cache_dir)
             cost_model = StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
         else:
@@ -94,7 +96,7 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     info = {"optimize time": f"{time.perf_counter() - start:.2f} s"}
     if isinstance(cost_model, StoredCostModel):
         info["measurements"] = f"{cost_model.misses} new, {cost_model.hits} from the profile store"
-    module = ScheduledModule(graph, sched, single_output=_single_output(model, inputs), info=info)
+    module = ScheduledModule(graph, sched, backend=backend, single_output=_single_output(model, inputs), info=info)
     if verify:
         _verify(module, model, inputs)
     return module
@@ -105,8 +107,8 @@ def _single_output(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
         return isinstance(model(*inputs), torch.Tensor)
 
 
-def load(model: nn.Module, path: str | os.PathLike[str],
-         example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> ScheduledModule:
+def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequence[torch.Tensor] | torch.Tensor,
+         *, backend: str = "auto") -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
 
     The model is imported again with ``example_inputs``; a schedule made for another model,
@@ -115,4 +117,4 @@ def load(model: nn.Module, path: str | os.PathLike[str],
     inputs = _inputs(example_inputs)
     graph: Graph = from_torch(model.eval(), inputs)
     sched = Schedule.load(path).validate(graph)
-    return ScheduledModule(graph, sched, single_output=_single_output(model, inputs))
+    return ScheduledModule(graph, sched, backend=backend, single_output=_single_output(model, inputs))

@@ -1,7 +1,7 @@
 """The measured cost model: a stage is run in isolation on the real backend and timed.
 
 The stage is cut out of the graph (its external inputs become random tensors of the right
-type), lowered to a plan and run by the same executor the model will run on: ``warmup``
+type), lowered to a plan and run by the same executor and backend the model will run on: ``warmup``
 runs, then ``repeat`` timed runs; the answer is the median. Wrap it in
 :class:`opsched.cost.cached.StoredCostModel` so every figure lands in the profile store.
 """
@@ -37,8 +37,11 @@ class MeasuredCostModel:
 
     monotone = True  # physically: a stage with more work does not run faster (up to noise)
 
-    def __init__(self, warmup: int = 2, repeat: int = 7) -> None:
+    def __init__(self, warmup: int = 2, repeat: int = 7, backend: str = "auto") -> None:
+        from opsched.runtime.module import resolve_backend
+
         self.warmup, self.repeat = warmup, repeat
+        self.backend = resolve_backend(backend)
         self._device = cpu_fingerprint()
 
     @property
@@ -47,19 +50,27 @@ class MeasuredCostModel:
 
     @property
     def key(self) -> str:
-        return f"measured/cpu/{self._device}/torch={torch.__version__}/{self.warmup}x{self.repeat}"
+        return f"measured/cpu-{self.backend}/{self._device}/{self.versions}/{self.warmup}x{self.repeat}"
+
+    @property
+    def versions(self) -> str:
+        if self.backend == "ort":
+            import onnxruntime
+
+            return f"torch={torch.__version__} onnxruntime={onnxruntime.__version__}"
+        return f"torch={torch.__version__}"
 
     def context(self, batch: int) -> ProfileContext:
-        return ProfileContext(self._device, "cpu-threads", f"torch={torch.__version__}", batch)
+        return ProfileContext(self._device, f"cpu-{self.backend}", self.versions, batch)
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
-        from opsched.runtime.cpu import CpuExecutor
+        from opsched.runtime.module import make_executor
         from opsched.runtime.plan import lower
 
         sub = graph.subgraph(stage.nodes, name=f"{graph.name}.stage")
         sub = sub.replace(outputs=tuple(stage.nodes))
         sched = Schedule(sub.structural_hash(), (stage,), graph_name=sub.name)
-        executor = CpuExecutor(lower(sub, sched))
+        executor = make_executor(sub, lower(sub, sched), self.backend)
         gen = torch.Generator().manual_seed(0)
         inputs = [torch.randn(i.type.shape, generator=gen).to(getattr(torch, i.type.dtype)) for i in sub.inputs]
         try:

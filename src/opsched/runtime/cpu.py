@@ -1,42 +1,88 @@
-"""The CPU executor: lanes on persistent worker threads, intra-op threads shared among them.
+"""CPU execution: lanes on persistent worker threads, intra-op threads shared among them.
 
-torch's intra-op thread count is process-wide (``torch.set_num_threads`` from any thread
-changes it for all), so the coordinating thread sets it at each phase boundary: a phase of k
-lanes runs each lane with ``cores // k`` threads, a phase of one lane gets every core. The
-caller's thread runs the first lane itself; the others go to a pool of persistent workers. Each
-call has its own slots and events, so several threads may call one executor at once (they then
-share the cores, and the thread count follows whichever phase started last: still correct).
+An executor runs a :class:`Program`: the plan's phases and lanes, whose items are either single
+steps (torch kernels) or, with the ONNX Runtime backend, whole segments of a lane run as one
+session (:mod:`opsched.runtime.ort`). torch's intra-op thread count is process-wide
+(``torch.set_num_threads`` from any thread changes it for all), so the coordinating thread sets
+it at each phase boundary: a phase of k lanes gives each lane ``cores // k`` threads, a phase
+of one lane gets every core. The caller's thread runs the first lane itself; the others go to a
+pool of persistent workers. Each call has its own slots and events, so several threads may call
+one executor at once (they then share the cores; results stay exact).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from opsched.errors import ExecutionError, OpschedError
-from opsched.runtime.plan import Plan, Step
+from opsched.runtime.plan import Plan
 
-__all__ = ["CpuExecutor"]
+__all__ = ["Item", "Program", "LaneExecutor", "CpuExecutor", "torch_program"]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One unit of a lane's work: reads and writes value slots; may wait for items of other lanes."""
+
+    id: int
+    label: str
+    op: str
+    run: Callable[[list[Any]], None]
+    waits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Program:
+    phases: tuple[tuple[tuple[Item, ...], ...], ...]  # per phase, per lane, the items in order
+    frees: tuple[tuple[int, ...], ...]                 # per phase, the slots dead after it
+    n_items: int
+    n_slots: int
+    input_slots: tuple[int, ...]
+    output_slots: tuple[int, ...]
+    encode: Callable[[torch.Tensor], Any] = staticmethod(lambda t: t)  # type: ignore[assignment]
+    decode: Callable[[Any], torch.Tensor] = staticmethod(lambda v: v)  # type: ignore[assignment]
+
+
+def torch_program(plan: Plan) -> Program:
+    """One item per step, each a bound torch kernel."""
+    def item(s: int) -> Item:
+        step = plan.steps[s]
+        kernel, ins, outs = step.kernel, step.inputs, step.outputs
+        if len(outs) == 1:
+            (o,) = outs
+
+            def run(slots: list[Any]) -> None:
+                slots[o] = kernel(*[slots[i] for i in ins])
+        else:
+            def run(slots: list[Any]) -> None:
+                for slot, value in zip(outs, kernel(*[slots[i] for i in ins])):
+                    slots[slot] = value
+        return Item(s, step.label, step.op, run, step.waits)
+
+    phases = tuple(tuple(tuple(item(s) for s in lane) for lane in phase.lanes) for phase in plan.phases)
+    return Program(phases, tuple(p.frees for p in plan.phases), len(plan.steps), len(plan.slot_names),
+                   plan.input_slots, plan.output_slots)
 
 
 class _Run:
-    """Per-call state: value slots, and per-step events for plans whose lanes wait on each other."""
-
-    def __init__(self, plan: Plan, evented: bool) -> None:
-        self.slots: list[torch.Tensor | None] = [None] * len(plan.slot_names)
-        self.done = [threading.Event() for _ in plan.steps] if evented else None
+    def __init__(self, program: Program, evented: bool) -> None:
+        self.slots: list[Any] = [None] * program.n_slots
+        self.done = [threading.Event() for _ in range(program.n_items)] if evented else None
         self.failed = False
 
 
-class CpuExecutor:
-    def __init__(self, plan: Plan, cores: int | None = None) -> None:
-        self.plan = plan
+class LaneExecutor:
+    def __init__(self, program: Program, cores: int | None = None) -> None:
+        self.program = program
         self.cores = cores or torch.get_num_threads()
-        self._evented = any(step.waits for step in plan.steps)
-        workers = plan.max_lanes - 1
+        self._evented = any(it.waits for phase in program.phases for lane in phase for it in lane)
+        workers = max((len(phase) for phase in program.phases), default=1) - 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="opsched-lane") if workers else None
 
     def close(self) -> None:
@@ -44,60 +90,58 @@ class CpuExecutor:
             self._pool.shutdown(wait=False)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        plan = self.plan
-        run = _Run(plan, self._evented)
-        for slot, t in zip(plan.input_slots, inputs):
-            run.slots[slot] = t
-        for phase in plan.phases:
-            lanes = phase.lanes
+        prog = self.program
+        run = _Run(prog, self._evented)
+        for slot, t in zip(prog.input_slots, inputs):
+            run.slots[slot] = prog.encode(t)
+        for lanes, frees in zip(prog.phases, prog.frees):
             if len(lanes) == 1:
                 self._lane(lanes[0], run)
             else:
-                assert self._pool is not None
-                torch.set_num_threads(max(1, self.cores // len(lanes)))
-                try:
-                    futures = [self._pool.submit(self._lane, lane, run) for lane in lanes[1:]]
-                    error: BaseException | None = None
-                    try:
-                        self._lane(lanes[0], run)
-                    except BaseException as e:  # keep it until the other lanes have stopped
-                        error = e
-                    for f in futures:
-                        try:
-                            f.result()
-                        except BaseException as e:
-                            error = error or e
-                    if error is not None:
-                        raise error
-                finally:
-                    torch.set_num_threads(self.cores)
-            for slot in phase.frees:
+                self._parallel(lanes, run)
+            for slot in frees:
                 run.slots[slot] = None
-        return [run.slots[s] for s in plan.output_slots]  # type: ignore[misc]
+        return [prog.decode(run.slots[s]) for s in prog.output_slots]
 
-    def _lane(self, lane: Sequence[int], run: _Run) -> None:
-        steps, slots = self.plan.steps, run.slots
+    def _parallel(self, lanes: tuple[tuple[Item, ...], ...], run: _Run) -> None:
+        assert self._pool is not None
+        torch.set_num_threads(max(1, self.cores // len(lanes)))
+        try:
+            futures = [self._pool.submit(self._lane, lane, run) for lane in lanes[1:]]
+            error: BaseException | None = None
+            try:
+                self._lane(lanes[0], run)
+            except BaseException as e:  # keep it until the other lanes have stopped
+                error = e
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException as e:
+                    error = error or e
+            if error is not None:
+                raise error
+        finally:
+            torch.set_num_threads(self.cores)
+
+    def _lane(self, lane: Sequence[Item], run: _Run) -> None:
+        slots = run.slots
         with torch.no_grad():  # grad mode is per thread: every lane sets it
-            for s in lane:
-                step = steps[s]
-                if step.waits:
+            for it in lane:
+                if it.waits:
                     assert run.done is not None
-                    for w in step.waits:
+                    for w in it.waits:
                         run.done[w].wait()
                     if run.failed:
                         return
                 try:
-                    out = step.kernel(*(slots[i] for i in step.inputs))
+                    it.run(slots)
                 except BaseException as e:
                     self._fail(run)
-                    raise _wrap(step, e) from e
-                if len(step.outputs) == 1:
-                    slots[step.outputs[0]] = out
-                else:
-                    for slot, value in zip(step.outputs, out):
-                        slots[slot] = value
+                    if isinstance(e, (OpschedError, KeyboardInterrupt)):
+                        raise
+                    raise ExecutionError(f"node {it.label!r} ({it.op}) failed: {type(e).__name__}: {e}") from e
                 if run.done is not None:
-                    run.done[s].set()
+                    run.done[it.id].set()
 
     @staticmethod
     def _fail(run: _Run) -> None:
@@ -107,7 +151,6 @@ class CpuExecutor:
                 event.set()
 
 
-def _wrap(step: Step, e: BaseException) -> BaseException:
-    if isinstance(e, (OpschedError, KeyboardInterrupt)):
-        return e
-    return ExecutionError(f"node {step.label!r} ({step.op}) failed: {type(e).__name__}: {e}")
+def CpuExecutor(plan: Plan, cores: int | None = None) -> LaneExecutor:  # noqa: N802 (a factory)
+    """The torch backend: every step a torch kernel call."""
+    return LaneExecutor(torch_program(plan), cores)

@@ -9,12 +9,36 @@ import torch
 from torch import nn
 
 from opsched.ir import Graph
-from opsched.runtime.cpu import CpuExecutor
-from opsched.runtime.plan import lower
+from opsched.errors import OpschedError
+from opsched.runtime.cpu import CpuExecutor, LaneExecutor
+from opsched.runtime.plan import Plan, lower
 from opsched.runtime.reference import check_inputs
 from opsched.schedule.types import Schedule
 
-__all__ = ["ScheduledModule"]
+__all__ = ["ScheduledModule", "BACKENDS", "make_executor", "resolve_backend"]
+
+BACKENDS = ("auto", "ort", "torch")
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto``: ONNX Runtime when it is installed (faster CPU kernels), else torch."""
+    from opsched.runtime.ort import ort_available
+
+    if backend not in BACKENDS:
+        raise OpschedError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "ort" if ort_available() else "torch"
+    if backend == "ort" and not ort_available():
+        raise OpschedError("backend 'ort' needs onnxruntime: pip install onnxruntime")
+    return backend
+
+
+def make_executor(graph: Graph, plan: Plan, backend: str, cores: int | None = None) -> LaneExecutor:
+    if resolve_backend(backend) == "ort":
+        from opsched.runtime.ort import OrtExecutor
+
+        return OrtExecutor(graph, plan, cores)
+    return CpuExecutor(plan, cores)
 
 
 class ScheduledModule(nn.Module):
@@ -25,13 +49,14 @@ class ScheduledModule(nn.Module):
     shapes and dtypes (the schedule is specialised to them).
     """
 
-    def __init__(self, graph: Graph, schedule: Schedule, *, single_output: bool = True,
+    def __init__(self, graph: Graph, schedule: Schedule, *, backend: str = "auto", single_output: bool = True,
                  info: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.graph = graph
         self.schedule = schedule
+        self.backend = resolve_backend(backend)
         self.plan = lower(graph, schedule)
-        self._executor = CpuExecutor(self.plan)
+        self._executor = make_executor(graph, self.plan, self.backend)
         self._single = single_output and len(graph.outputs) == 1
         self.info = dict(info or {})
 
@@ -47,7 +72,7 @@ class ScheduledModule(nn.Module):
         s = self.schedule
         lanes = max(len(st.groups) for st in s.stages) if s.stages else len(s.lanes or ())
         lines = [f"{self.graph.name}: {len(self.graph.nodes)} operators, scheduled by {s.scheduler} "
-                 f"for batch {s.batch} on {s.device}",
+                 f"for batch {s.batch} on {s.device}, running on the {self.backend} backend",
                  f"  {len(s.stages)} stages, {len(self.plan.phases)} phases, up to {lanes} concurrent groups, "
                  f"{sum(st.strategy == 'merge' for st in s.stages)} merged convolutions"]
         if s.estimated_ms is not None:

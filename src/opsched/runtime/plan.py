@@ -16,6 +16,7 @@ output slot(s). Everything the per-call loop would otherwise decide is decided h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ __all__ = ["Step", "Phase", "Plan", "lower"]
 class Step:
     label: str                  # node name, or "merge(a,b,...)"
     op: str
+    nodes: tuple[str, ...]      # the graph nodes it computes (several for a merged convolution)
     kernel: Kernel
     inputs: tuple[int, ...]     # slots read
     outputs: tuple[int, ...]    # slots written (several for a merged convolution)
@@ -88,12 +90,12 @@ def lower(graph: Graph, schedule: Schedule) -> Plan:
         nodes = [graph.node(v) for v in names]
         if merge:
             kernel = _merged_kernel(graph, names)
-            step = Step(f"merge({','.join(names)})", "conv2d(merged)", kernel, (slot_of[nodes[0].inputs[0]],),
-                        tuple(slot_of[v] for v in names))
+            step = Step(f"merge({','.join(names)})", "conv2d(merged)", names, kernel,
+                        (slot_of[nodes[0].inputs[0]],), tuple(slot_of[v] for v in names))
         else:
             (node,) = nodes
-            step = Step(node.name, node.op, make_kernel(graph, node), tuple(slot_of[v] for v in node.inputs),
-                        (slot_of[node.name],))
+            step = Step(node.name, node.op, names, make_kernel(graph, node),
+                        tuple(slot_of[v] for v in node.inputs), (slot_of[node.name],))
         steps.append(step)
         for v in names:
             step_of_node[v] = len(steps) - 1
@@ -107,7 +109,7 @@ def lower(graph: Graph, schedule: Schedule) -> Plan:
             for s in lane:
                 producers = {step_of_node[v] for v in graph.node(steps[s].label).inputs if v in graph.index}
                 waits = tuple(sorted(p for p in producers if lane_of[p] != li))
-                steps[s] = Step(steps[s].label, steps[s].op, steps[s].kernel, steps[s].inputs, steps[s].outputs, waits)
+                steps[s] = dataclasses.replace(steps[s], waits=waits)
         raw_phases.append(lanes)
     else:
         for stage in schedule.stages:
