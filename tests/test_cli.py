@@ -25,3 +25,45 @@ def test_unknown_zoo_model_is_a_clean_error(capsys: pytest.CaptureFixture[str]) 
 def test_console_entry_point_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "opsched", "--help"], capture_output=True, text=True, check=True)
     assert "zoo" in out.stdout
+
+
+def test_schedule_command_writes_a_loadable_schedule(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "s.json"
+    assert main(["schedule", "squeezenet1_1", "--quiet", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "sequential" in table and "ios" in table and "search: parts" in table
+    assert main(["show", str(out), "--png", str(tmp_path / "sim.png")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Schedule of squeezenet1_1 by ios") and (tmp_path / "sim.png").stat().st_size > 1000
+
+
+def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    out = tmp_path / "out"
+    code = main(["optimize", "squeezenet1_1", "--cost", "analytic", "--rounds", "2", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    for row in ("eager PyTorch", "sequential", "greedy", "optimized (ios)"):
+        assert row in text
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((out / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 and "tid" in e for e in spans)
+    assert json.loads((out / "schedule.json").read_text())["graph"] == "squeezenet1_1"
+
+
+def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from opsched.models import example_inputs, get_model
+
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(get_model("squeezenet1_1"), example_inputs("squeezenet1_1"), str(path), dynamo=False)
+    assert main(["optimize", str(path), "--cost", "analytic", "--rounds", "1", "--out", str(tmp_path / "o")]) == 0
+    assert "eager PyTorch" not in capsys.readouterr().out  # no module to compare with, for a file
+
+
+def test_bad_model_spec_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["optimize", "no_such_model", "--cost", "analytic"]) == 1
+    assert "is not a zoo model" in capsys.readouterr().err

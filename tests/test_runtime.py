@@ -184,3 +184,23 @@ def test_measured_cost_model_and_store(tmp_path) -> None:  # type: ignore[no-unt
     second = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
     assert second.info["measurements"].startswith("0 new")
     assert second.schedule.stages == first.schedule.stages
+
+
+def test_profile_records_every_item_on_its_lane() -> None:
+    g = random_dag(10, 7, edge_prob=0.3)
+    module = opsched.ScheduledModule(g, schedule(g, "greedy", CPU, max_streams=3), backend="torch")
+    events = module.profile(torch.randn(g.inputs[0].type.shape))
+    assert sorted(e.label for e in events) == sorted(st.label for st in module.plan.steps)
+    assert max(e.lane for e in events) == module.plan.max_lanes - 1
+    assert all(0 <= e.start_ms <= e.end_ms for e in events)
+    phases = [e.phase for e in sorted(events, key=lambda e: e.start_ms)]
+    assert phases == sorted(phases)  # phases never overlap: each ends with a barrier
+
+
+def test_optimize_graph_from_onnx(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = get_model("googlenet"), example_inputs("googlenet")
+    path = tmp_path / "g.onnx"
+    torch.onnx.export(model, inputs, str(path), dynamo=False)
+    module = opsched.api.optimize_graph(opsched.from_onnx(path), cost=CPU)
+    with torch.no_grad():
+        assert_close(module(*inputs), model(*inputs))

@@ -27,7 +27,7 @@ def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentPar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from opsched.cli import cache, schedule, zoo  # noqa: F401  (each registers its subcommand)
+    from opsched.cli import cache, optimize, schedule, show, zoo  # noqa: F401  (each registers its subcommand)
 
     parser = argparse.ArgumentParser(prog="opsched", description="Inter-operator scheduling for DNN inference.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")

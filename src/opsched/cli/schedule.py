@@ -8,33 +8,6 @@ from opsched.cli.main import Handler, subcommand
 from opsched.cli.table import format_table
 
 
-def load_graph(model: str, batch: int):  # type: ignore[no-untyped-def]
-    """A zoo name, an .onnx file, or ``package.module:factory`` (a callable returning a module)."""
-    import importlib
-
-    import torch
-
-    from opsched.errors import OpschedError
-    from opsched.frontends import from_onnx, from_torch
-    from opsched.models import MODELS, example_inputs, get_model
-
-    if model in MODELS:
-        return from_torch(get_model(model), example_inputs(model, batch), name=model)
-    if model.endswith(".onnx"):
-        graph = from_onnx(model)
-        return graph
-    if ":" in model:
-        mod_name, _, attr = model.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise OpschedError(f"cannot load {model!r}: {e}") from None
-        module = factory().eval()
-        shape = getattr(module, "example_input_shape", (batch, 3, 224, 224))
-        return from_torch(module, (torch.randn(*shape),), name=attr)
-    raise OpschedError(f"{model!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file or package.module:factory")
-
-
 @subcommand("schedule", "search a schedule under a cost model and print it with search statistics")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
@@ -53,7 +26,9 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         from opsched.progress import ProgressBar
         from opsched.schedule import schedule
 
-        graph = load_graph(args.model, args.batch)
+        from opsched.cli.models import load_model
+
+        graph = load_model(args.model, args.batch).graph
         cost = AnalyticCostModel(args.device)
         options: dict[str, object] = {}
         if args.scheduler == "ios":

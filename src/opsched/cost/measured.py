@@ -37,12 +37,13 @@ class MeasuredCostModel:
 
     monotone = True  # physically: a stage with more work does not run faster (up to noise)
 
-    def __init__(self, warmup: int = 2, repeat: int = 7, backend: str = "auto") -> None:
+    def __init__(self, warmup: int = 2, repeat: int = 7, backend: str = "auto", cores: int | None = None) -> None:
         from opsched.runtime.module import resolve_backend
 
-        self.warmup, self.repeat = warmup, repeat
+        self.warmup, self.repeat, self.cores = warmup, repeat, cores
         self.backend = resolve_backend(backend)
         self._device = cpu_fingerprint()
+        self._call_ms: float | None = None
 
     @property
     def device(self) -> str:
@@ -50,7 +51,8 @@ class MeasuredCostModel:
 
     @property
     def key(self) -> str:
-        return f"measured/cpu-{self.backend}/{self._device}/{self.versions}/{self.warmup}x{self.repeat}"
+        return (f"measured/v2/cpu-{self.backend}/{self._device}/{self.versions}/{self.warmup}x{self.repeat}"
+                f"/cores={self.cores or 'all'}")
 
     @property
     def versions(self) -> str:
@@ -61,26 +63,49 @@ class MeasuredCostModel:
         return f"torch={torch.__version__}"
 
     def context(self, batch: int) -> ProfileContext:
-        return ProfileContext(self._device, f"cpu-{self.backend}", self.versions, batch)
+        # v2: single-lane stages net of the call overhead (older entries were gross)
+        backend = f"cpu-{self.backend}-v2" + (f"-{self.cores}core" if self.cores else "")
+        return ProfileContext(self._device, backend, self.versions, batch)
+
+    def call_overhead_ms(self) -> float:
+        """The cost of one backend call that computes (almost) nothing."""
+        if self._call_ms is None:
+            from opsched.ir import GraphBuilder
+
+            b = GraphBuilder("empty_call")
+            x = b.input("x", (1, 1))
+            g = b.build([b.add("relu", [x], name="noop")])
+            self._call_ms = self._measure(g, Stage((("noop",),)), repeat=max(self.repeat, 21))
+        return self._call_ms
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
+        measured = self._measure(graph, stage, self.repeat)
+        if len(stage.groups) == 1 or stage.strategy == "merge":  # joins its neighbours' segment at run time
+            return max(measured - self.call_overhead_ms(), 0.01 * measured)
+        return measured
+
+    def _measure(self, graph: Graph, stage: Stage, repeat: int) -> float:
         from opsched.runtime.module import make_executor
         from opsched.runtime.plan import lower
 
         sub = graph.subgraph(stage.nodes, name=f"{graph.name}.stage")
         sub = sub.replace(outputs=tuple(stage.nodes))
         sched = Schedule(sub.structural_hash(), (stage,), graph_name=sub.name)
-        executor = make_executor(sub, lower(sub, sched), self.backend)
+        executor = make_executor(sub, lower(sub, sched), self.backend, self.cores)
         gen = torch.Generator().manual_seed(0)
         inputs = [torch.randn(i.type.shape, generator=gen).to(getattr(torch, i.type.dtype)) for i in sub.inputs]
+        threads = torch.get_num_threads()
+        if self.cores:
+            torch.set_num_threads(self.cores)
         try:
             for _ in range(self.warmup):
                 executor(inputs)
             times = []
-            for _ in range(self.repeat):
+            for _ in range(repeat):
                 start = time.perf_counter()
                 executor(inputs)
                 times.append((time.perf_counter() - start) * 1e3)
         finally:
             executor.close()
+            torch.set_num_threads(threads)
         return statistics.median(times)

@@ -13,6 +13,7 @@ one executor at once (they then share the cores; results stay exact).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +24,19 @@ import torch
 from opsched.errors import ExecutionError, OpschedError
 from opsched.runtime.plan import Plan
 
-__all__ = ["Item", "Program", "LaneExecutor", "CpuExecutor", "torch_program"]
+__all__ = ["Item", "Program", "LaneExecutor", "CpuExecutor", "TraceEvent", "torch_program"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One item's run, for timelines: times in ms from the start of the call."""
+
+    phase: int
+    lane: int
+    label: str
+    op: str
+    start_ms: float
+    end_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +84,13 @@ def torch_program(plan: Plan) -> Program:
 
 
 class _Run:
-    def __init__(self, program: Program, evented: bool) -> None:
+    def __init__(self, program: Program, evented: bool, trace: list[TraceEvent] | None) -> None:
         self.slots: list[Any] = [None] * program.n_slots
         self.done = [threading.Event() for _ in range(program.n_items)] if evented else None
         self.failed = False
+        self.trace = trace
+        self.t0 = time.perf_counter()
+        self.phase = 0
 
 
 class LaneExecutor:
@@ -89,12 +105,14 @@ class LaneExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
+        """Run the program; with a ``trace`` list, append one :class:`TraceEvent` per item."""
         prog = self.program
-        run = _Run(prog, self._evented)
+        run = _Run(prog, self._evented, trace)
         for slot, t in zip(prog.input_slots, inputs):
             run.slots[slot] = prog.encode(t)
-        for lanes, frees in zip(prog.phases, prog.frees):
+        for k, (lanes, frees) in enumerate(zip(prog.phases, prog.frees)):
+            run.phase = k
             if len(lanes) == 1:
                 self._lane(lanes[0], run)
             else:
@@ -107,7 +125,7 @@ class LaneExecutor:
         assert self._pool is not None
         torch.set_num_threads(max(1, self.cores // len(lanes)))
         try:
-            futures = [self._pool.submit(self._lane, lane, run) for lane in lanes[1:]]
+            futures = [self._pool.submit(self._lane, lane, run, k) for k, lane in enumerate(lanes[1:], start=1)]
             error: BaseException | None = None
             try:
                 self._lane(lanes[0], run)
@@ -123,8 +141,8 @@ class LaneExecutor:
         finally:
             torch.set_num_threads(self.cores)
 
-    def _lane(self, lane: Sequence[Item], run: _Run) -> None:
-        slots = run.slots
+    def _lane(self, lane: Sequence[Item], run: _Run, index: int = 0) -> None:
+        slots, trace = run.slots, run.trace
         with torch.no_grad():  # grad mode is per thread: every lane sets it
             for it in lane:
                 if it.waits:
@@ -134,7 +152,14 @@ class LaneExecutor:
                     if run.failed:
                         return
                 try:
-                    it.run(slots)
+                    if trace is None:
+                        it.run(slots)
+                    else:
+                        start = time.perf_counter()
+                        it.run(slots)
+                        end = time.perf_counter()
+                        trace.append(TraceEvent(run.phase, index, it.label, it.op, (start - run.t0) * 1e3,
+                                                (end - run.t0) * 1e3))
                 except BaseException as e:
                     self._fail(run)
                     if isinstance(e, (OpschedError, KeyboardInterrupt)):

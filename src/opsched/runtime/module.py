@@ -10,7 +10,7 @@ from torch import nn
 
 from opsched.ir import Graph
 from opsched.errors import OpschedError
-from opsched.runtime.cpu import CpuExecutor, LaneExecutor
+from opsched.runtime.cpu import CpuExecutor, LaneExecutor, TraceEvent
 from opsched.runtime.plan import Plan, lower
 from opsched.runtime.reference import check_inputs
 from opsched.schedule.types import Schedule
@@ -58,12 +58,19 @@ class ScheduledModule(nn.Module):
         self.plan = lower(graph, schedule)
         self._executor = make_executor(graph, self.plan, self.backend)
         self._single = single_output and len(graph.outputs) == 1
-        self.info = dict(info or {})
+        self.info: dict[str, Any] = dict(info or {})
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         check_inputs(self.graph, inputs)
         outputs = self._executor(inputs)
         return outputs[0] if self._single else tuple(outputs)
+
+    def profile(self, *inputs: torch.Tensor) -> list[TraceEvent]:
+        """Run once, recording when each step (or backend segment) ran on which lane."""
+        check_inputs(self.graph, inputs)
+        events: list[TraceEvent] = []
+        self._executor(inputs, trace=events)
+        return events
 
     def save(self, path: str | os.PathLike[str]) -> None:
         self.schedule.save(path)

@@ -61,6 +61,17 @@ class Plan:
     def max_lanes(self) -> int:
         return max((len(p.lanes) for p in self.phases), default=1)
 
+    def peak_bytes(self, slot_bytes: list[int]) -> int:
+        """Peak bytes of live values (inputs, outputs, intermediates) when run phase by phase:
+        everything a phase writes is live until the end of the phase of its last reader."""
+        live = sum(slot_bytes[s] for s in self.input_slots)
+        peak = live
+        for phase in self.phases:
+            live += sum(slot_bytes[o] for lane in phase.lanes for s in lane for o in self.steps[s].outputs)
+            peak = max(peak, live)
+            live -= sum(slot_bytes[s] for s in phase.frees)
+        return peak
+
 
 def _merged_kernel(graph: Graph, names: tuple[str, ...]) -> Kernel:
     spec = merged_conv(graph, names)

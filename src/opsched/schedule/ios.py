@@ -29,8 +29,9 @@ What makes it cheap:
 
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
 priced: measurements, for a measured cost model). When the budget runs out, parts already
-solved keep their optimum and the others fall back to the greedy schedule, so the call always
-returns a valid schedule.
+solved keep their optimum and the others fall back to a heuristic schedule, so the call always
+returns a valid schedule. (Of greedy and sequential, the one the cost model prices lower: on
+a CPU of few cores the greedy wavefront is often the slower.)
 """
 
 from __future__ import annotations
@@ -137,13 +138,11 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
                 stats.parts_solved += 1
             except _BudgetExhausted:
                 stats.budget_exhausted = True
-                log.warning("search budget exhausted after %d of %d parts; the rest use the greedy schedule",
+                log.warning("search budget exhausted after %d of %d parts; the rest use greedy or sequential stages",
                             k, len(parts))
         if solution is None:
             stats.parts_fallback += 1
-            local = [("parallel", tuple((u,) for u in st)) for st in
-                     wavefront(part, ug, max_groups)]
-            stages += [_to_stage(ug, part, st, local_ids=False) for st in local]
+            stages += _fallback(ug, part, coster, max_groups)
             continue
         stages += [_to_stage(ug, part, st) for st in solution.stages]
     if progress:
@@ -155,16 +154,22 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
     return stages, stats
 
 
+def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_groups: int) -> list[Stage]:
+    """The cheaper of the greedy wavefront and the sequential order of a part."""
+    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_groups)]
+    sequential = [Stage((ug.units[u],)) for u in part]
+    return min((greedy, sequential), key=lambda stages: sum(coster.latency(s) for s in stages))
+
+
 def _part_key(graph: Graph, ug: UnitGraph, part: list[int], *options: object) -> str:
     names = [v for u in part for v in ug.units[u]]
     shape = tuple(len(ug.units[u]) for u in part)
     return f"{graph.subgraph(names).structural_hash()}|{shape}|{options}"
 
 
-def _to_stage(ug: UnitGraph, part: list[int], st: LocalStage, local_ids: bool = True) -> Stage:
+def _to_stage(ug: UnitGraph, part: list[int], st: LocalStage) -> Stage:
     strategy, groups = st
-    resolve = (lambda i: part[i]) if local_ids else (lambda u: u)
-    return Stage(tuple(tuple(v for i in g for v in ug.units[resolve(i)]) for g in groups), strategy)  # type: ignore[arg-type]
+    return Stage(tuple(tuple(v for i in g for v in ug.units[part[i]]) for g in groups), strategy)  # type: ignore[arg-type]
 
 
 class _Solver:

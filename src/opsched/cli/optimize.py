@@ -1,0 +1,72 @@
+"""``opsched optimize MODEL``: search, measure against sequential and greedy, write the results.
+
+Writes ``schedule.json``, ``timeline.png`` (a Gantt chart of one measured run: lanes by time,
+operators coloured by kind) and ``trace.json`` (Chrome/Perfetto trace) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from opsched.cli.main import Handler, subcommand
+from opsched.cli.table import format_table
+
+
+@subcommand("optimize", "search a schedule for MODEL on this machine, measure it, write schedule/timeline/trace")
+def _setup(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--input-shape", help="for package.module:factory models, e.g. 1,3,224,224")
+    p.add_argument("--device", default="cpu", choices=["cpu"])
+    p.add_argument("--scheduler", default="ios", help="sequential, greedy or ios")
+    p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
+    p.add_argument("--backend", default="auto", choices=["auto", "ort", "torch"])
+    p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
+    p.add_argument("--max-groups", type=int, default=8, help="s: groups per stage")
+    p.add_argument("--budget", type=float, help="search seconds; then unsolved parts use greedy or sequential")
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds for the comparison")
+    p.add_argument("--cache-dir", help="profile store directory")
+    p.add_argument("--out", default="opsched-out", help="directory for schedule.json, timeline.png, trace.json")
+
+    def run(args: argparse.Namespace) -> int:
+        from opsched.api import optimize_graph, race
+        from opsched.cli.models import load_model
+        from opsched.progress import ProgressBar
+        from opsched.runtime.module import ScheduledModule
+        from opsched.schedule import schedule
+        from opsched.viz import draw_timeline, write_chrome_trace
+
+        shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
+        loaded = load_model(args.model, args.batch, shape)
+        graph = loaded.graph
+        options: dict[str, object] = {}
+        if args.scheduler == "ios":
+            options = dict(max_group_size=args.max_group_size, max_groups=args.max_groups, budget_s=args.budget,
+                           progress=ProgressBar("searching").update)
+        module = optimize_graph(graph, scheduler=args.scheduler, cost=args.cost, backend=args.backend,
+                                cache_dir=args.cache_dir, **options)
+        from opsched.api import host_cpu_model
+
+        quick = host_cpu_model()  # baselines need no search: any cost model gives the same stages
+        rows_modules = {"sequential": ScheduledModule(graph, schedule(graph, "sequential", quick), backend=args.backend),
+                        "greedy": ScheduledModule(graph, schedule(graph, "greedy", quick), backend=args.backend),
+                        f"optimized ({module.schedule.scheduler})": module}
+        contenders = dict(rows_modules)
+        if loaded.module is not None:
+            contenders = {"eager PyTorch": loaded.module, **contenders}
+        times = race(*contenders.values(), inputs=loaded.inputs, rounds=args.rounds)
+        ms = dict(zip(contenders, times))
+        seq = ms["sequential"]
+        rows = [[name, f"{t:.2f}", f"{seq / t:.2f}x"] for name, t in ms.items()]
+        print(module.report())
+        print(format_table(["schedule", "median ms", "vs sequential"], rows))
+        os.makedirs(args.out, exist_ok=True)
+        module.save(os.path.join(args.out, "schedule.json"))
+        events = module.profile(*loaded.inputs)
+        title = f"{loaded.name}, batch {args.batch}: {module.schedule.scheduler} schedule on the {module.backend} backend"
+        draw_timeline(events, os.path.join(args.out, "timeline.png"), title)
+        write_chrome_trace(events, os.path.join(args.out, "trace.json"), loaded.name)
+        print(f"wrote {args.out}/schedule.json, timeline.png, trace.json")
+        return 0
+    return run

@@ -1,0 +1,84 @@
+"""Pictures and traces of runs: a Gantt chart (lanes by time) and the Chrome/Perfetto trace format."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from opsched.runtime.cpu import TraceEvent
+
+__all__ = ["draw_timeline", "chrome_trace", "write_chrome_trace", "op_family"]
+
+_FAMILIES = {
+    "conv2d": "convolution", "conv2d(merged)": "merged convolution", "linear": "linear",
+    "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling", "mean": "pooling",
+    "add": "elementwise", "mul": "elementwise", "relu": "elementwise", "relu6": "elementwise",
+    "sigmoid": "elementwise", "tanh": "elementwise", "gelu": "elementwise", "silu": "elementwise",
+    "hardswish": "elementwise", "softmax": "elementwise", "batch_norm": "elementwise",
+    "concat": "data movement", "pad": "data movement", "slice": "data movement",
+    "opaque": "opaque (torch)",
+}
+_COLORS = {"convolution": "#1f77b4", "merged convolution": "#17becf", "linear": "#9467bd", "pooling": "#2ca02c",
+           "elementwise": "#ff7f0e", "data movement": "#8c564b", "onnxruntime segment": "#7f7f7f",
+           "opaque (torch)": "#d62728", "other": "#bcbd22"}
+
+
+def op_family(op: str) -> str:
+    if op.startswith("onnxruntime["):
+        return "onnxruntime segment"
+    return _FAMILIES.get(op, "other")
+
+
+def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], title: str = "") -> None:
+    """A Gantt chart: one row per lane, one bar per step, coloured by operator kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    lanes = max((e.lane for e in events), default=0) + 1
+    end = max((e.end_ms for e in events), default=1.0)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * lanes))
+    used = set()
+    for e in events:
+        family = op_family(e.op)
+        used.add(family)
+        ax.barh(e.lane, e.end_ms - e.start_ms, left=e.start_ms, height=0.7, color=_COLORS[family],
+                edgecolor="white", linewidth=0.3)
+        if e.end_ms - e.start_ms > end / 60:
+            ax.text((e.start_ms + e.end_ms) / 2, e.lane, e.label[:18], ha="center", va="center", fontsize=6,
+                    color="white", clip_on=True)
+    phase_starts = {}
+    for e in events:
+        phase_starts[e.phase] = min(phase_starts.get(e.phase, e.start_ms), e.start_ms)
+    for t in phase_starts.values():
+        ax.axvline(t, color="#dddddd", linewidth=0.5, zorder=0)
+    ax.set_yticks(range(lanes), [f"lane {i}" for i in range(lanes)])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_xlim(0, end * 1.01)
+    ax.set_title(title or "timeline")
+    ax.legend(handles=[Patch(color=_COLORS[f], label=f) for f in _COLORS if f in used], loc="upper center",
+              bbox_to_anchor=(0.5, -0.35 if lanes < 3 else -0.2), ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def chrome_trace(events: Sequence[TraceEvent], name: str = "opsched") -> dict[str, object]:
+    """The Chrome / Perfetto JSON trace format: open in chrome://tracing or ui.perfetto.dev."""
+    trace: list[dict[str, object]] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
+    lanes = sorted({e.lane for e in events})
+    trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": lane, "args": {"name": f"lane {lane}"}}
+              for lane in lanes]
+    trace += [{"name": e.label, "cat": op_family(e.op), "ph": "X", "pid": 0, "tid": e.lane,
+               "ts": round(e.start_ms * 1e3, 3), "dur": round((e.end_ms - e.start_ms) * 1e3, 3),
+               "args": {"op": e.op, "phase": e.phase}} for e in events]
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(events: Sequence[TraceEvent], path: str | os.PathLike[str], name: str = "opsched") -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(events, name), f)
