@@ -17,14 +17,9 @@ def environment() -> dict[str, str]:
     import torch
 
     import opsched
+    from opsched.cost.measured import cpu_model_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"machine": f"{cpu}, {os.cpu_count()} cores", "python": platform.python_version(),
+    return {"machine": f"{cpu_model_name()}, {os.cpu_count()} cores", "python": platform.python_version(),
             "torch": torch.__version__, "numpy": numpy.__version__, "opsched": opsched.__version__,
             "platform": platform.platform()}
 

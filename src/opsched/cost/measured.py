@@ -19,17 +19,19 @@ from opsched.cost.store import ProfileContext
 from opsched.ir import Graph
 from opsched.schedule.types import Schedule, Stage
 
-__all__ = ["MeasuredCostModel", "cpu_fingerprint"]
+__all__ = ["MeasuredCostModel", "cpu_fingerprint", "cpu_model_name"]
+
+
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def cpu_fingerprint() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model} x{os.cpu_count()} threads={torch.get_num_threads()}"
+    return f"{cpu_model_name()} x{os.cpu_count()} threads={torch.get_num_threads()}"
 
 
 class MeasuredCostModel:

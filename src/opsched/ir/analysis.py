@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from opsched._toposort import bits
 from opsched.ir.graph import Graph
 
 __all__ = [
@@ -35,15 +36,6 @@ def ancestors(graph: Graph) -> list[int]:
     return masks
 
 
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
-
-
 def max_antichain(graph: Graph) -> list[int]:
     """A largest set of mutually independent nodes (no path between any two).
 
@@ -53,7 +45,7 @@ def max_antichain(graph: Graph) -> list[int]:
     antichain (nodes with neither side in the cover).
     """
     n = len(graph.nodes)
-    adj = [_bits(m) for m in descendants(graph)]
+    adj = [bits(m) for m in descendants(graph)]
     match_l, match_r = [-1] * n, [-1] * n
     inf = n + 1
     while True:  # Hopcroft-Karp phases

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from opsched._toposort import kahn
 from opsched.errors import (
     CycleError,
     DanglingInputError,
@@ -187,29 +188,15 @@ class Graph:
 def _check_acyclic(graph: Graph) -> None:
     """Kahn's algorithm over name references (the node order is not trusted here)."""
     names = {n.name for n in graph.nodes}
-    indeg = {n.name: sum(1 for v in set(n.inputs) if v in names) for n in graph.nodes}
-    users: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-    for n in graph.nodes:
-        for v in set(n.inputs):
-            if v in names:
-                users[v].append(n.name)
-    work = [k for k, d in indeg.items() if d == 0]
-    done = 0
-    while work:
-        v = work.pop()
-        done += 1
-        for u in users[v]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                work.append(u)
-    if done == len(names):
+    by_name = {n.name: n for n in graph.nodes}
+    stuck = set(kahn({n.name: {v for v in n.inputs if v in names} for n in graph.nodes}))
+    if not stuck:
         return
     # Walk backwards from a blocked node until a name repeats: that is a cycle.
-    by_name = {n.name: n for n in graph.nodes}
-    cur = next(k for k, d in indeg.items() if d > 0)
+    cur = next(n.name for n in graph.nodes if n.name in stuck)
     path: list[str] = []
     while cur not in path:
         path.append(cur)
-        cur = next(v for v in by_name[cur].inputs if v in names and indeg[v] > 0)
+        cur = next(v for v in by_name[cur].inputs if v in stuck)
     cycle = path[path.index(cur):][::-1]
     raise CycleError(f"graph {graph.name!r} has a cycle: {' -> '.join(cycle + [cycle[0]])}")

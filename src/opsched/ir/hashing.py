@@ -37,7 +37,7 @@ def _wiring(nodes: Sequence[Node], external: dict[str, int]) -> list[str]:
             if v in local:
                 refs.append(f"%{local[v]}")
             else:
-                refs.append(f"$" + str(external.setdefault(v, len(external))))
+                refs.append("$" + str(external.setdefault(v, len(external))))
         lines.append(",".join(refs))
     return lines
 

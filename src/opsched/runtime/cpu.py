@@ -66,16 +66,20 @@ def torch_program(plan: Plan) -> Program:
     """One item per step, each a bound torch kernel."""
     def item(s: int) -> Item:
         step = plan.steps[s]
-        kernel, ins, outs = step.kernel, step.inputs, step.outputs
+        kernel, ins, outs, frees = step.kernel, step.inputs, step.outputs, step.frees
         if len(outs) == 1:
             (o,) = outs
 
             def run(slots: list[Any]) -> None:
                 slots[o] = kernel(*[slots[i] for i in ins])
+                for f in frees:
+                    slots[f] = None
         else:
             def run(slots: list[Any]) -> None:
                 for slot, value in zip(outs, kernel(*[slots[i] for i in ins])):
                     slots[slot] = value
+                for f in frees:
+                    slots[f] = None
         return Item(s, step.label, step.op, run, step.waits)
 
     phases = tuple(tuple(tuple(item(s) for s in lane) for lane in phase.lanes) for phase in plan.phases)

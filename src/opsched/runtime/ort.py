@@ -66,13 +66,15 @@ def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
 
     def torch_item(s: int) -> Item:
         step = steps[s]
-        kernel, ins, outs = step.kernel, step.inputs, step.outputs
+        kernel, ins, outs, frees = step.kernel, step.inputs, step.outputs, step.frees
 
         def run(slots: list[Any]) -> None:
             result = kernel(*[torch.from_numpy(np.asarray(slots[i])) for i in ins])
             values = (result,) if len(outs) == 1 else result
             for slot, value in zip(outs, values):
                 slots[slot] = value.numpy()
+            for f in frees:
+                slots[f] = None
         return Item(len(items), step.label, step.op, run)
 
     def ort_item(segment: list[int], threads: int) -> Item:
@@ -90,11 +92,14 @@ def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
                                [names[o] for o in outs])
         session = _session(model.SerializeToString(), threads)
         in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
+        frees = [f for s in segment for f in steps[s].frees]
 
         def run(slots: list[Any]) -> None:
             feeds = {n: np.ascontiguousarray(slots[i]) for n, i in zip(in_names, ins)}
             for slot, value in zip(outs, session.run(out_names, feeds)):
                 slots[slot] = value
+            for f in frees:
+                slots[f] = None
         label = steps[segment[0]].label if len(segment) == 1 else f"{steps[segment[0]].label}..{steps[segment[-1]].label}"
         return Item(len(items), label, f"onnxruntime[{len(segment)} steps]", run)
 

@@ -11,7 +11,9 @@ output slot(s). Everything the per-call loop would otherwise decide is decided h
   output is split, as views, into its members' slots;
 * a lane-based schedule is one phase whose lanes wait on the steps of other lanes they read
   (``Step.waits``), with no barriers;
-* each slot is freed at the end of the phase of its last reader (graph outputs never).
+* a slot whose readers all sit in one lane of one phase is freed right after its last reader
+  there (``Step.frees``); a slot read across lanes or phases at the end of the phase of its
+  last reader (``Phase.frees``); graph outputs never.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Step:
     inputs: tuple[int, ...]     # slots read
     outputs: tuple[int, ...]    # slots written (several for a merged convolution)
     waits: tuple[int, ...] = ()  # steps on other lanes that must have run (lane-based plans)
+    frees: tuple[int, ...] = ()  # slots dead right after this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +65,22 @@ class Plan:
         return max((len(p.lanes) for p in self.phases), default=1)
 
     def peak_bytes(self, slot_bytes: list[int]) -> int:
-        """Peak bytes of live values (inputs, outputs, intermediates) when run phase by phase:
-        everything a phase writes is live until the end of the phase of its last reader."""
+        """Peak bytes of live values (inputs, outputs, intermediates). A one-lane phase is walked
+        step by step; for a phase of several lanes, everything it writes counts as live at once
+        (the lanes' relative timing is unknown here), which is an upper bound."""
         live = sum(slot_bytes[s] for s in self.input_slots)
         peak = live
         for phase in self.phases:
-            live += sum(slot_bytes[o] for lane in phase.lanes for s in lane for o in self.steps[s].outputs)
-            peak = max(peak, live)
+            if len(phase.lanes) == 1:
+                for s in phase.lanes[0]:
+                    live += sum(slot_bytes[o] for o in self.steps[s].outputs)
+                    peak = max(peak, live)
+                    live -= sum(slot_bytes[f] for f in self.steps[s].frees)
+            else:
+                steps = [s for lane in phase.lanes for s in lane]
+                live += sum(slot_bytes[o] for s in steps for o in self.steps[s].outputs)
+                peak = max(peak, live)
+                live -= sum(slot_bytes[f] for s in steps for f in self.steps[s].frees)
             live -= sum(slot_bytes[s] for s in phase.frees)
         return peak
 
@@ -132,17 +144,27 @@ def lower(graph: Graph, schedule: Schedule) -> Plan:
                 raw_phases[-1][0].extend(lanes[0])  # no barrier between single-lane stages
             else:
                 raw_phases.append(lanes)
-    # Free each slot after the phase of its last reader.
-    phase_of_step = {s: k for k, lanes in enumerate(raw_phases) for lane in lanes for s in lane}
-    last_phase: dict[int, int] = {}
+    # Free each slot as early as the plan allows.
+    where = {s: (k, li, pos) for k, lanes in enumerate(raw_phases) for li, lane in enumerate(lanes)
+             for pos, s in enumerate(lane)}
+    readers: dict[int, list[int]] = {}
     for s, step in enumerate(steps):
         for slot in step.inputs:
-            last_phase[slot] = max(last_phase.get(slot, -1), phase_of_step[s])
+            readers.setdefault(slot, []).append(s)
     keep = {slot_of[v] for v in graph.outputs}
     frees: list[list[int]] = [[] for _ in raw_phases]
-    for slot, k in last_phase.items():
-        if slot not in keep:
-            frees[k].append(slot)
+    step_frees: dict[int, list[int]] = {}
+    for slot, rs in readers.items():
+        if slot in keep:
+            continue
+        places = {where[s][:2] for s in rs}
+        if len(places) == 1:  # one lane of one phase: free after its last reader there
+            last = max(rs, key=lambda s: where[s][2])
+            step_frees.setdefault(last, []).append(slot)
+        else:
+            frees[max(where[s][0] for s in rs)].append(slot)
+    for s, slots in step_frees.items():
+        steps[s] = dataclasses.replace(steps[s], frees=tuple(sorted(slots)))
     phases = tuple(Phase(tuple(tuple(lane) for lane in lanes), tuple(sorted(f))) for lanes, f in zip(raw_phases, frees))
     return Plan(schedule.graph_hash, tuple(steps), phases, tuple(slot_of[i.name] for i in graph.inputs),
                 tuple(slot_of[v] for v in graph.outputs), tuple(slot_of))

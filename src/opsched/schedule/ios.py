@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from opsched._toposort import bits
 from opsched.cost.base import CostModel
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
@@ -205,7 +206,7 @@ class _Solver:
         value = self.prices.get(key)
         if value is None:
             self.check_budget()
-            groups = tuple(tuple(v for i in _bits(c) for v in self.ug.units[self.part[i]]) for c in comps)
+            groups = tuple(tuple(v for i in bits(c) for v in self.ug.units[self.part[i]]) for c in comps)
             value = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
             self.prices[key] = value
         return value
@@ -220,10 +221,10 @@ class _Solver:
             out += [("parallel", m, c) for m, c in
                     parallel_endings(state, self.succ, self.anc, self.order, self.r, self.s)]
         else:  # IOS-Merge alone: a stage is one sink unit, or a merge
-            out += [("parallel", 1 << i, (1 << i,)) for i in _bits(state) if not self.succ[i] & state]
+            out += [("parallel", 1 << i, (1 << i,)) for i in bits(state) if not self.succ[i] & state]
         if "merge" in self.strategies:
             classes: dict[object, list[int]] = defaultdict(list)
-            for i in _bits(state):
+            for i in bits(state):
                 if self.merge_cls[i] is not None and not self.succ[i] & state:
                     classes[self.merge_cls[i]].append(i)
             for members in classes.values():
@@ -285,7 +286,7 @@ class _Solver:
                 else:
                     best, choice, nxt = total, ("parallel", comps), rest
             assert choice is not None
-            self.memo[state] = (best, (choice[0], tuple(tuple(_bits(c)) for c in choice[1])), nxt)
+            self.memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
         stages: list[LocalStage] = []
         state = full
         while state:
@@ -296,11 +297,3 @@ class _Solver:
         stages.reverse()
         return PartSolution(self.memo[full][0], stages)
 
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out

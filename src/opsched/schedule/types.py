@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from opsched._toposort import kahn
 from opsched.errors import IllegalMergeError, InvalidScheduleError, ScheduleMismatchError
 from opsched.ir import Graph
 from opsched.schedule.merge import check_merge
@@ -211,28 +212,12 @@ def _check_stages(graph: Graph, stages: Iterable[Stage]) -> None:
 
 
 def _check_lanes(graph: Graph, lanes: tuple[tuple[str, ...], ...]) -> None:
-    """Deadlock-free iff data edges plus per-lane order form a DAG (Kahn over both)."""
-    pos = {v: (li, i) for li, lane in enumerate(lanes) for i, v in enumerate(lane)}
+    """Deadlock-free iff data edges plus per-lane order can be ordered together."""
     waits: dict[str, set[str]] = {}
-    for v, (li, i) in pos.items():
-        deps = {u for u in graph.node(v).inputs if u in graph.index}
-        if i:
-            deps.add(lanes[li][i - 1])
-        waits[v] = deps
-    indeg = {v: len(d) for v, d in waits.items()}
-    users: dict[str, list[str]] = {v: [] for v in waits}
-    for v, d in waits.items():
-        for u in d:
-            users[u].append(v)
-    ready = [v for v, d in indeg.items() if d == 0]
-    count = 0
-    while ready:
-        v = ready.pop()
-        count += 1
-        for w in users[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-    if count != len(waits):
-        stuck = sorted(v for v, d in indeg.items() if d > 0)[:5]
-        raise InvalidScheduleError(f"lane order contradicts data dependencies (it would deadlock) at {stuck}")
+    for lane in lanes:
+        for i, v in enumerate(lane):
+            waits[v] = {u for u in graph.node(v).inputs if u in graph.index} | ({lane[i - 1]} if i else set())
+    stuck = kahn(waits)
+    if stuck:
+        raise InvalidScheduleError(f"lane order contradicts data dependencies (it would deadlock) at "
+                                   f"{sorted(stuck)[:5]}")

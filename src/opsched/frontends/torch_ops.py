@@ -1,0 +1,299 @@
+"""The torch.fx converter tables: per module type, function and method, a converter to IR ops.
+
+A converter gets the conversion state, the fx node, and its arguments with fx nodes replaced by
+value names (tensors) or Python constants, and returns the value name(s) it defines; it raises
+:class:`~opsched.frontends._common.Unsupported` for a configuration it does not handle, and the
+call then runs opaquely.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from opsched.frontends._common import Unsupported
+from opsched.frontends.torch_fx import (
+    FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value, _FxConverter, _register,
+)
+
+__all__: list[str] = []
+
+
+def _get(args: list[Value], kwargs: dict[str, Value], i: int, key: str, default: Any = None) -> Any:
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(key, default)
+
+
+def _tensor(v: Value) -> str:
+    if not isinstance(v, str):
+        raise Unsupported
+    return v
+
+
+# --- module converters --------------------------------------------------------------------
+@_register(MODULE_CONVERTERS, nn.Conv2d)
+def _conv2d_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    if m.padding_mode != "zeros":
+        raise Unsupported
+    if isinstance(m.padding, str):
+        if m.padding == "valid":
+            padding: tuple[int, ...] = (0, 0)
+        else:  # 'same' with stride 1; odd effective kernels only, otherwise torch pads asymmetrically
+            eff = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
+            if any(e % 2 for e in eff):
+                raise Unsupported
+            padding = tuple(e // 2 for e in eff)
+    else:
+        padding = tuple(m.padding)
+    params = [c.ctx.param(f"{n.target}.weight", m.weight)]
+    if m.bias is not None:
+        params.append(c.ctx.param(f"{n.target}.bias", m.bias))
+    return c.ctx.add("conv2d", [_tensor(args[0])], name=n.name, params=params, stride=tuple(m.stride),
+                     padding=padding, dilation=tuple(m.dilation), groups=m.groups, act="none")
+
+
+@_register(MODULE_CONVERTERS, nn.Linear)
+def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    params = [c.ctx.param(f"{n.target}.weight", m.weight)]
+    if m.bias is not None:
+        params.append(c.ctx.param(f"{n.target}.bias", m.bias))
+    return c.ctx.add("linear", [_tensor(args[0])], name=n.name, params=params, act="none")
+
+
+@_register(MODULE_CONVERTERS, nn.BatchNorm2d)
+def _batch_norm_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    if m.training or m.running_mean is None:
+        raise Unsupported  # only inference-mode batch norm with running statistics is a fixed affine map
+    ones, zeros = torch.ones_like(m.running_mean), torch.zeros_like(m.running_mean)
+    weight = m.weight if m.weight is not None else ones
+    bias = m.bias if m.bias is not None else zeros
+    params = [c.ctx.param(f"{n.target}.{k}", t) for k, t in
+              (("weight", weight), ("bias", bias), ("running_mean", m.running_mean), ("running_var", m.running_var))]
+    return c.ctx.add("batch_norm", [_tensor(args[0])], name=n.name, params=params, eps=float(m.eps))
+
+
+def _unary(op: str) -> Converter:
+    def convert(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+        return c.ctx.add(op, [_tensor(args[0])], name=n.name)
+    return convert
+
+
+for _cls, _op in ((nn.ReLU, "relu"), (nn.ReLU6, "relu6"), (nn.Sigmoid, "sigmoid"), (nn.Tanh, "tanh"),
+                  (nn.SiLU, "silu"), (nn.Hardswish, "hardswish")):
+    _register(MODULE_CONVERTERS, _cls)(_unary(_op))
+for _fn, _op in ((F.relu, "relu"), (torch.relu, "relu"), (F.relu6, "relu6"), (torch.sigmoid, "sigmoid"),
+                 (F.sigmoid, "sigmoid"), (torch.tanh, "tanh"), (F.tanh, "tanh"), (F.silu, "silu"),
+                 (F.hardswish, "hardswish")):
+    _register(FUNCTION_CONVERTERS, _fn)(_unary(_op))
+for _m, _op in (("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh")):
+    _register(METHOD_CONVERTERS, _m)(_unary(_op))
+
+
+@_register(MODULE_CONVERTERS, nn.GELU)
+def _gelu_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    approx = c.module(n).approximate
+    attrs = {} if approx == "none" else {"approximate": approx}
+    return c.ctx.add("gelu", [_tensor(args[0])], name=n.name, **attrs)
+
+
+@_register(FUNCTION_CONVERTERS, F.gelu)
+def _gelu_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    approx = kwargs.get("approximate", "none")
+    attrs = {} if approx == "none" else {"approximate": approx}
+    return c.ctx.add("gelu", [_tensor(args[0])], name=n.name, **attrs)
+
+
+@_register(MODULE_CONVERTERS, nn.Dropout, nn.Dropout2d, nn.Identity)
+@_register(FUNCTION_CONVERTERS, F.dropout)
+@_register(METHOD_CONVERTERS, "contiguous")
+def _passthrough(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    return c.ctx.add("identity", [_tensor(args[0])], name=n.name)
+
+
+def _pool_attrs(kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
+    stride = kernel if stride in (None, ()) else stride
+    return {"kernel": kernel, "stride": stride, "padding": padding}
+
+
+@_register(MODULE_CONVERTERS, nn.MaxPool2d)
+def _max_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    if m.return_indices:
+        raise Unsupported
+    return c.ctx.add("max_pool2d", [_tensor(args[0])], name=n.name, dilation=m.dilation,
+                     ceil_mode=m.ceil_mode, **_pool_attrs(m.kernel_size, m.stride, m.padding))
+
+
+@_register(MODULE_CONVERTERS, nn.AvgPool2d)
+def _avg_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    if m.divisor_override is not None:
+        raise Unsupported
+    return c.ctx.add("avg_pool2d", [_tensor(args[0])], name=n.name, ceil_mode=m.ceil_mode,
+                     count_include_pad=m.count_include_pad, **_pool_attrs(m.kernel_size, m.stride, m.padding))
+
+
+@_register(FUNCTION_CONVERTERS, F.max_pool2d)
+def _max_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    if _get(args, kwargs, 6, "return_indices", False):
+        raise Unsupported
+    return c.ctx.add("max_pool2d", [_tensor(args[0])], name=n.name,
+                     dilation=_get(args, kwargs, 4, "dilation", 1), ceil_mode=_get(args, kwargs, 5, "ceil_mode", False),
+                     **_pool_attrs(_get(args, kwargs, 1, "kernel_size"), _get(args, kwargs, 2, "stride"),
+                                   _get(args, kwargs, 3, "padding", 0)))
+
+
+@_register(FUNCTION_CONVERTERS, F.avg_pool2d)
+def _avg_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    if _get(args, kwargs, 6, "divisor_override") is not None:
+        raise Unsupported
+    return c.ctx.add("avg_pool2d", [_tensor(args[0])], name=n.name, ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
+                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True),
+                     **_pool_attrs(_get(args, kwargs, 1, "kernel_size"), _get(args, kwargs, 2, "stride"),
+                                   _get(args, kwargs, 3, "padding", 0)))
+
+
+def _adaptive(c: _FxConverter, n: torch.fx.Node, x: Value, size: Any) -> str:
+    if size is None or (isinstance(size, tuple) and None in size):
+        raise Unsupported
+    return c.ctx.add("adaptive_avg_pool2d", [_tensor(x)], name=n.name, output_size=size)
+
+
+@_register(MODULE_CONVERTERS, nn.AdaptiveAvgPool2d)
+def _adaptive_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    return _adaptive(c, n, args[0], c.module(n).output_size)
+
+
+@_register(FUNCTION_CONVERTERS, F.adaptive_avg_pool2d)
+def _adaptive_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    return _adaptive(c, n, args[0], _get(args, kwargs, 1, "output_size"))
+
+
+@_register(MODULE_CONVERTERS, nn.Flatten)
+def _flatten_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    return c.ctx.add("flatten", [_tensor(args[0])], name=n.name, start_dim=m.start_dim, end_dim=m.end_dim)
+
+
+@_register(FUNCTION_CONVERTERS, torch.flatten)
+@_register(METHOD_CONVERTERS, "flatten")
+def _flatten_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    return c.ctx.add("flatten", [_tensor(args[0])], name=n.name, start_dim=_get(args, kwargs, 1, "start_dim", 0),
+                     end_dim=_get(args, kwargs, 2, "end_dim", -1))
+
+
+@_register(METHOD_CONVERTERS, "view", "reshape")
+@_register(FUNCTION_CONVERTERS, torch.reshape)
+def _reshape(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    return c.ctx.add("reshape", [_tensor(args[0])], name=n.name, shape=c.out_type(n).shape)
+
+
+@_register(MODULE_CONVERTERS, nn.Softmax)
+def _softmax_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    dim = c.module(n).dim
+    if dim is None:
+        raise Unsupported
+    return c.ctx.add("softmax", [_tensor(args[0])], name=n.name, axis=dim)
+
+
+@_register(FUNCTION_CONVERTERS, F.softmax, torch.softmax)
+@_register(METHOD_CONVERTERS, "softmax")
+def _softmax_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    dim = _get(args, kwargs, 1, "dim")
+    if dim is None:
+        raise Unsupported
+    return c.ctx.add("softmax", [_tensor(args[0])], name=n.name, axis=dim)
+
+
+@_register(FUNCTION_CONVERTERS, operator.add, torch.add, operator.iadd)
+@_register(METHOD_CONVERTERS, "add")
+def _add(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    if "alpha" in kwargs or len(args) != 2:
+        raise Unsupported
+    return c.ctx.add("add", [_tensor(args[0]), _tensor(args[1])], name=n.name)
+
+
+@_register(FUNCTION_CONVERTERS, operator.mul, torch.mul)
+@_register(METHOD_CONVERTERS, "mul")
+def _mul(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    if len(args) != 2:
+        raise Unsupported
+    return c.ctx.add("mul", [_tensor(args[0]), _tensor(args[1])], name=n.name)
+
+
+@_register(FUNCTION_CONVERTERS, torch.cat, torch.concat)
+def _cat(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    tensors = _get(args, kwargs, 0, "tensors")
+    dim = _get(args, kwargs, 1, "dim", 0)
+    return c.ctx.add("concat", [_tensor(t) for t in tensors], name=n.name, axis=dim)
+
+
+@_register(FUNCTION_CONVERTERS, torch.mean)
+@_register(METHOD_CONVERTERS, "mean")
+def _mean(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    dims = _get(args, kwargs, 1, "dim")
+    if dims is None or "dtype" in kwargs:
+        raise Unsupported
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return c.ctx.add("mean", [_tensor(args[0])], name=n.name, dims=dims,
+                     keepdim=bool(_get(args, kwargs, 2, "keepdim", False)))
+
+
+@_register(FUNCTION_CONVERTERS, F.pad)
+def _pad(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    if _get(args, kwargs, 2, "mode", "constant") != "constant":
+        raise Unsupported
+    value = _get(args, kwargs, 3, "value", None)
+    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(_get(args, kwargs, 1, "pad")),
+                     value=float(value or 0.0))
+
+
+@_register(MODULE_CONVERTERS, nn.ZeroPad2d, nn.ConstantPad2d)
+def _pad_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    m = c.module(n)
+    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding), value=float(getattr(m, "value", 0.0)))
+
+
+def _chunks(c: _FxConverter, n: torch.fx.Node, x: str, sizes: list[int], dim: int) -> tuple[str, ...]:
+    outs, start = [], 0
+    for i, s in enumerate(sizes):
+        outs.append(c.ctx.add("slice", [x], name=f"{n.name}_{i}", axis=dim, start=start, end=start + s))
+        start += s
+    return tuple(outs)
+
+
+@_register(FUNCTION_CONVERTERS, torch.chunk, torch.split)
+@_register(METHOD_CONVERTERS, "chunk", "split")
+def _split(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> tuple[str, ...]:
+    dim = _get(args, kwargs, 2, "dim", 0)
+    sizes = [int(t.shape[dim]) for t in c.values[n]]
+    return _chunks(c, n, _tensor(args[0]), sizes, dim)
+
+
+@_register(FUNCTION_CONVERTERS, operator.getitem)
+def _getitem(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    obj, idx = args
+    if isinstance(obj, tuple):  # an element of a split / chunk
+        return obj[idx]
+    x = _tensor(obj)
+    index = idx if isinstance(idx, tuple) else (idx,)
+    if any(not isinstance(i, slice) for i in index):
+        raise Unsupported  # integer or advanced indexing changes the rank: leave it opaque
+    rank = c.ctx.type(x).rank
+    for axis, s in enumerate(index):
+        if s == slice(None):
+            continue
+        if axis >= rank or (s.step or 1) <= 0:
+            raise Unsupported
+        x = c.ctx.add("slice", [x], name=f"{n.name}_ax{axis}", axis=axis, start=s.start or 0, end=s.stop,
+                      step=s.step or 1)
+    return x if x != obj else c.ctx.add("identity", [x], name=n.name)
