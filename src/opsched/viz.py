@@ -60,8 +60,8 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, end * 1.01)
     ax.set_title(title or "timeline")
-    ax.legend(handles=[Patch(color=_COLORS[f], label=f) for f in _COLORS if f in used], loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if lanes < 3 else -0.2), ncol=4, fontsize=8, frameon=False)
+    ax.legend(handles=[Patch(color=_COLORS[f], label=f) for f in _COLORS if f in used], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

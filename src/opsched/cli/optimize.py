@@ -23,7 +23,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
     p.add_argument("--backend", default="auto", choices=["auto", "ort", "torch"])
     p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
-    p.add_argument("--max-groups", type=int, default=8, help="s: groups per stage")
+    p.add_argument("--max-groups", type=int, help="s: groups per stage (default: the number of cores)")
     p.add_argument("--budget", type=float, help="search seconds; then unsolved parts use greedy or sequential")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds for the comparison")
     p.add_argument("--cache-dir", help="profile store directory")
@@ -49,13 +49,17 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         from opsched.api import host_cpu_model
 
         quick = host_cpu_model()  # baselines need no search: any cost model gives the same stages
-        rows_modules = {"sequential": ScheduledModule(graph, schedule(graph, "sequential", quick), backend=args.backend),
-                        "greedy": ScheduledModule(graph, schedule(graph, "greedy", quick), backend=args.backend),
-                        f"optimized ({module.schedule.scheduler})": module}
-        contenders = dict(rows_modules)
+        contenders: dict[str, object] = {}
+        sequential = schedule(graph, "sequential", quick)
+        if module.schedule.stages != sequential.stages:  # else the optimized row is the sequential plan
+            contenders["sequential"] = ScheduledModule(graph, sequential, backend=args.backend)
+        contenders["greedy"] = ScheduledModule(graph, schedule(graph, "greedy", quick, max_streams=os.cpu_count() or 1),
+                                               backend=args.backend)
+        contenders["sequential" if "sequential" not in contenders and module.schedule.scheduler == "sequential"
+                   else f"optimized ({module.schedule.scheduler})"] = module
         if loaded.module is not None:
             contenders = {"eager PyTorch": loaded.module, **contenders}
-        times = race(*contenders.values(), inputs=loaded.inputs, rounds=args.rounds)
+        times = race(*contenders.values(), inputs=loaded.inputs, rounds=args.rounds)  # type: ignore[arg-type]
         ms = dict(zip(contenders, times))
         seq = ms["sequential"]
         rows = [[name, f"{t:.2f}", f"{seq / t:.2f}x"] for name, t in ms.items()]
