@@ -7,7 +7,7 @@ import argparse
 from opsched.cli.main import Handler, subcommand
 
 
-@subcommand("show", "print a saved schedule; with --model, draw its timeline as the analytic model sees it")
+@subcommand("show", "print a saved schedule; with --png, draw its timeline as the analytic model sees it")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("schedule", help="a schedule.json written by opsched")
     p.add_argument("--model", help="the model it was made for (default: the zoo model named in the file)")
