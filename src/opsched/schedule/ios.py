@@ -31,7 +31,9 @@ A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distin
 priced: measurements, for a measured cost model). When the budget runs out, parts already
 solved keep their optimum and the others fall back to a heuristic schedule, so the call always
 returns a valid schedule. (Of greedy and sequential, the one the cost model prices lower: on
-a CPU of few cores the greedy wavefront is often the slower.)
+a CPU of few cores the greedy wavefront is often the slower. Choosing prices those stages, so a
+measured search goes a little past a ``max_stage_costs`` budget: at most one stage per unit of
+each unsolved part, most of them single units already measured.)
 """
 
 from __future__ import annotations
@@ -234,10 +236,39 @@ class _Solver:
                         out.append(("merge", mask, tuple(1 << i for i in sub)))
         return out
 
+    def best_ending(self, state: int, endings: list[tuple[str, int, tuple[int, ...]]]
+                    ) -> tuple[float, tuple[str, tuple[int, ...]] | None, int]:
+        """(cost of ``state``, its best last stage as (strategy, group masks), the state before it)."""
+        best, choice, nxt = float("inf"), None, 0
+        bounded = []
+        for strategy, mask, comps in endings:
+            rest = state & ~mask
+            if strategy == "merge" or len(comps) == 1 or not self.monotone:
+                total = self.memo[rest][0] + self.price(strategy, comps)
+                if total < best:
+                    best, choice, nxt = total, (strategy, comps), rest
+            else:
+                singles = [self.singles[c] if c in self.singles else self.single(c) for c in comps]
+                bounded.append((self.memo[rest][0] + max(singles), rest, comps, singles))
+        # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
+        bounded.sort(key=lambda e: e[0])
+        for bound, rest, comps, singles in bounded:
+            if bound >= best - _TIE:
+                self.stats.pruned += 1
+                break
+            done = self.memo[rest][0]
+            heavy = [c for _, c in sorted(zip(singles, comps), key=lambda e: -e[0])]
+            for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
+                total = done + self.price("parallel", tuple(heavy[:t]))
+                if total >= best - _TIE:
+                    break
+            else:
+                best, choice, nxt = total, ("parallel", comps), rest
+        return best, choice, nxt
+
     def solve(self) -> PartSolution:
         full = (1 << self.n) - 1
         # Iterative post-order over states (no recursion limit on deep parts).
-        single = self.singles
         stack = [full]
         waiting: dict[int, list[tuple[str, int, tuple[int, ...]]]] = {}  # endings of states on the stack
         while stack:
@@ -256,35 +287,7 @@ class _Solver:
             self.stats.transitions += len(endings)
             if self.stats.states % 256 == 0:
                 self.check_budget()
-            best, choice, nxt = float("inf"), None, 0
-            bounded = []
-            for strategy, mask, comps in endings:
-                rest = state & ~mask
-                if strategy == "merge" or len(comps) == 1:
-                    total = self.memo[rest][0] + self.price(strategy, comps)
-                    if total < best:
-                        best, choice, nxt = total, (strategy, comps), rest
-                else:
-                    singles = [single[c] if c in single else self.single(c) for c in comps]
-                    bounded.append((self.memo[rest][0] + max(singles), rest, comps, singles))
-            bounded.sort(key=lambda e: e[0])
-            for bound, rest, comps, singles in bounded:
-                if not self.monotone:  # no bound holds: price every ending
-                    total = self.memo[rest][0] + self.price("parallel", comps)
-                    if total < best:
-                        best, choice, nxt = total, ("parallel", comps), rest
-                    continue
-                if bound >= best - _TIE:
-                    self.stats.pruned += 1
-                    break
-                done = self.memo[rest][0]
-                heavy = [c for _, c in sorted(zip(singles, comps), key=lambda e: -e[0])]
-                for t in range(2, len(heavy) + 1):
-                    total = done + self.price("parallel", tuple(heavy[:t]))
-                    if total >= best - _TIE:
-                        break
-                else:
-                    best, choice, nxt = total, ("parallel", comps), rest
+            best, choice, nxt = self.best_ending(state, endings)
             assert choice is not None
             self.memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
         stages: list[LocalStage] = []
