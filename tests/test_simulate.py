@@ -1,0 +1,88 @@
+"""The schedule simulator against makespans computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opsched.cost import AnalyticCostModel
+from opsched.ir import Graph, GraphBuilder
+from opsched.schedule import Schedule, Stage, schedule
+from opsched.schedule.simulate import OpDemand, demands_from, simulate
+from opsched.testing import random_dag
+
+
+def fork() -> Graph:
+    """x -> a -> b, x -> c, then d = b + c."""
+    b = GraphBuilder("fork")
+    x = b.input("x", (1, 4, 8, 8))
+    w = b.param("w", torch.randn(4, 4, 1, 1))
+    a = b.add("conv2d", [x], name="a", params=[w])
+    bb = b.add("conv2d", [a], name="b", params=[w])
+    c = b.add("conv2d", [x], name="c", params=[w])
+    return b.build([b.add("add", [bb, c], name="d")])
+
+
+def demands(**spec: tuple[float, float]) -> dict[str, OpDemand]:
+    return {k: OpDemand(*v) for k, v in spec.items()}
+
+
+G = fork()
+H = G.structural_hash()
+
+
+def test_sequential_is_the_sum_of_durations() -> None:
+    sched = Schedule(H, tuple(Stage(((v,),)) for v in "abcd"))
+    sim = simulate(G, sched, demands(a=(1, 1), b=(2, 1), c=(1.5, 0.2), d=(0.5, 1)))
+    assert sim.makespan_ms == pytest.approx(5.0)
+    assert [(e.label, e.start_ms, e.end_ms) for e in sim.events] == [
+        ("a", 0, 1), ("b", 1, 3), ("c", 3, 4.5), ("d", 4.5, 5)]
+
+
+def test_concurrent_groups_within_capacity_keep_their_speed() -> None:
+    # stage 1: [a, b] alongside [c]; a, c use half the device each, so they overlap freely
+    sched = Schedule(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
+    sim = simulate(G, sched, demands(a=(1, 0.5), b=(1, 0.5), c=(1.5, 0.5), d=(0.5, 1)))
+    assert sim.makespan_ms == pytest.approx(2.5)  # max(1 + 1, 1.5) + 0.5
+
+
+def test_oversubscription_shares_the_device() -> None:
+    # a (2 ms, whole device) and c (1 ms, whole device) together: both at half speed until c
+    # ends at t=2, then a alone finishes its last 1 ms: 3 ms, the total work
+    sched = Schedule(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
+    sim = simulate(G, sched, demands(a=(2, 1), b=(0, 1), c=(1, 1), d=(0, 1)))
+    assert sim.makespan_ms == pytest.approx(3.0)
+    ends = {e.label: e.end_ms for e in sim.events}
+    assert ends["c"] == pytest.approx(2.0) and ends["a"] == pytest.approx(3.0)
+
+
+def test_barrier_after_a_stage_of_several_groups() -> None:
+    sched = Schedule(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
+    d = demands(a=(1, 0.5), b=(1, 1), c=(1, 0.5), d=(1, 1))
+    assert simulate(G, sched, d).makespan_ms == pytest.approx(3.0)
+    assert simulate(G, sched, d, barrier_ms=0.25).makespan_ms == pytest.approx(3.25)
+
+
+def test_lanes_start_as_soon_as_producers_finish() -> None:
+    # lane 0: a, b, d; lane 1: c. a and c overlap (0.5 + 0.5 <= 1); b starts at 1 without a barrier
+    sched = Schedule(H, lanes=(("a", "b", "d"), ("c",)))
+    sim = simulate(G, sched, demands(a=(1, 0.5), b=(1, 0.5), c=(1.5, 0.5), d=(0.5, 1)))
+    starts = {e.label: e.start_ms for e in sim.events}
+    assert starts["b"] == pytest.approx(1.0) and starts["d"] == pytest.approx(2.0)
+    assert sim.makespan_ms == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_simulated_makespan_lies_between_total_work_and_the_sum_of_durations(seed: int) -> None:
+    g = random_dag(12, seed, edge_prob=0.3)
+    cost = AnalyticCostModel("V100")
+    for name, options in (("sequential", {}), ("greedy", {}), ("ios", {"strategies": ("parallel",)})):
+        sched = schedule(g, name, cost, **options)
+        d = demands_from(g, cost, sched)
+        sim = simulate(g, sched, d)
+        work = sum(d[n.name].duration_ms * d[n.name].demand for n in g.nodes)  # device-time at full capacity
+        total = sum(d[n.name].duration_ms for n in g.nodes)
+        assert work - 1e-9 <= sim.makespan_ms <= total + 1e-9
+        assert sorted(e.label for e in sim.events) == sorted(n.name for n in g.nodes)
+        if name == "sequential":
+            assert sim.makespan_ms == pytest.approx(total)
