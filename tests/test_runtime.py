@@ -235,3 +235,13 @@ def test_optimize_graph_from_onnx(tmp_path) -> None:  # type: ignore[no-untyped-
     module = opsched.api.optimize_graph(opsched.from_onnx(path), cost=CPU)
     with torch.no_grad():
         assert_close(module(*inputs), model(*inputs))
+
+
+@pytest.mark.parametrize("name", ["nimble", "opara"])
+@pytest.mark.parametrize("model", ["googlenet", "nasnet_mobile", "randwire_small"])
+def test_lane_baselines_execute_equal_to_eager(name: str, model: str) -> None:
+    m, inputs = get_model(model), example_inputs(model)
+    module = opsched.optimize(m, inputs, cost=CPU, scheduler=name, backend="torch", verify=False)
+    assert module.plan.max_lanes >= 2 and any(step.waits for step in module.plan.steps)
+    with torch.no_grad():
+        assert_close(module(*inputs), m(*inputs), f"{model} / {name}")

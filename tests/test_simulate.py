@@ -86,3 +86,21 @@ def test_simulated_makespan_lies_between_total_work_and_the_sum_of_durations(see
         assert sorted(e.label for e in sim.events) == sorted(n.name for n in g.nodes)
         if name == "sequential":
             assert sim.makespan_ms == pytest.approx(total)
+
+
+# --- the stream-assignment baselines ------------------------------------------------------
+@pytest.mark.parametrize("name", ["nimble", "opara"])
+@pytest.mark.parametrize("seed", range(8))
+def test_lane_baselines_validate_and_cover_every_node(name: str, seed: int) -> None:
+    from opsched.ir.analysis import width
+
+    g = random_dag(14, seed, edge_prob=0.3)
+    sched = schedule(g, name, AnalyticCostModel("V100"))
+    assert sched.is_lane_based and sorted(sched.nodes) == sorted(n.name for n in g.nodes)
+    if name == "nimble":
+        assert len(sched.lanes or ()) == width(g)  # Dilworth: as many chains as the width
+
+
+def test_opara_hands_a_lane_to_one_consumer_only() -> None:
+    sched = schedule(G, "opara", AnalyticCostModel("V100"))
+    assert sched.lanes == (("a", "b", "d"), ("c",))  # a's lane goes to b; c opens lane 1; d takes b's

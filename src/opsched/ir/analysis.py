@@ -10,7 +10,7 @@ from opsched._toposort import bits
 from opsched.ir.graph import Graph
 
 __all__ = [
-    "descendants", "ancestors", "width", "max_antichain", "generations", "critical_path", "total_flops",
+    "descendants", "ancestors", "width", "max_antichain", "min_chain_cover", "generations", "critical_path", "total_flops",
     "parameter_count",
 ]
 
@@ -36,13 +36,10 @@ def ancestors(graph: Graph) -> list[int]:
     return masks
 
 
-def max_antichain(graph: Graph) -> list[int]:
-    """A largest set of mutually independent nodes (no path between any two).
+def _closure_matching(graph: Graph) -> tuple[list[list[int]], list[int], list[int]]:
+    """A maximum matching in the bipartite graph u -> v iff v is reachable from u (Hopcroft-Karp).
 
-    Dilworth: its size equals the minimum number of chains covering the transitive closure,
-    ``n - M`` for a maximum matching M in the bipartite graph (u -> v iff v is reachable from
-    u). Hopcroft-Karp finds M; Koenig's theorem turns the minimum vertex cover into the
-    antichain (nodes with neither side in the cover).
+    Returns the adjacency and ``match_l`` / ``match_r`` (-1 where unmatched).
     """
     n = len(graph.nodes)
     adj = [bits(m) for m in descendants(graph)]
@@ -93,6 +90,34 @@ def max_antichain(graph: Graph) -> list[int]:
                     stack.pop()
                     if path:
                         path.pop()
+    return adj, match_l, match_r
+
+
+def min_chain_cover(graph: Graph) -> list[list[int]]:
+    """Fewest chains (each ordered by dependency, consecutive nodes reachable one from the
+    other) covering every node once: Dilworth via the closure matching; as many as the width."""
+    _, match_l, match_r = _closure_matching(graph)
+    chains = []
+    for start in range(len(graph.nodes)):
+        if match_r[start] == -1:
+            chain, u = [start], start
+            while match_l[u] != -1:
+                u = match_l[u]
+                chain.append(u)
+            chains.append(chain)
+    return chains
+
+
+def max_antichain(graph: Graph) -> list[int]:
+    """A largest set of mutually independent nodes (no path between any two).
+
+    Dilworth: its size equals the minimum number of chains covering the transitive closure,
+    ``n - M`` for a maximum matching M in the bipartite graph (u -> v iff v is reachable from
+    u). Koenig's theorem turns the minimum vertex cover into the antichain (nodes with neither
+    side in the cover).
+    """
+    n = len(graph.nodes)
+    adj, match_l, match_r = _closure_matching(graph)
     # Koenig: alternating reachability from free left vertices.
     vis_l, vis_r = [False] * n, [False] * n
     q = deque(u for u in range(n) if match_l[u] == -1)

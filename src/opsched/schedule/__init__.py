@@ -19,6 +19,7 @@ from opsched.schedule.coster import StageCoster
 from opsched.schedule.greedy import greedy_stages
 from opsched.schedule.ios import SearchStats, ios_stages
 from opsched.schedule.sequential import sequential_stages
+from opsched.schedule.streams import nimble_lanes, opara_lanes
 from opsched.schedule.types import Schedule, Stage
 from opsched.schedule.units import UnitGraph
 
@@ -59,6 +60,13 @@ def estimate(graph: Graph, stages: list[Stage], cost: CostModel | StageCoster) -
     return sum(coster.latency(s) for s in stages)
 
 
+def _lanes(graph: Graph, cost: CostModel, lanes: list[list[str]], name: str) -> Schedule:
+    batch = graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
+    return Schedule(graph_hash=graph.structural_hash(), lanes=tuple(tuple(lane) for lane in lanes),
+                    graph_name=graph.name, batch=batch, device=cost.device, scheduler=name,
+                    stats={"lanes": len(lanes)})
+
+
 def _make(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: dict[str, Any],
           stats: dict[str, Any] | None = None, coster: StageCoster | None = None) -> Schedule:
     batch = graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
@@ -92,6 +100,18 @@ def ios_scheduler(graph: Graph, cost: CostModel, max_group_size: int = 3, max_gr
     options = {"max_group_size": max_group_size, "max_groups": max_groups, "max_part_size": max_part_size,
                "strategies": list(strategies), "budget_s": budget_s, "max_stage_costs": max_stage_costs}
     return _make(graph, cost, stages, "ios", options, stats.as_dict(), coster)
+
+
+@register_scheduler("nimble")
+def nimble_scheduler(graph: Graph, cost: CostModel) -> Schedule:
+    """Nimble's lanes: a minimum chain decomposition; see :mod:`opsched.schedule.streams`."""
+    return _lanes(graph, cost, nimble_lanes(graph), "nimble")
+
+
+@register_scheduler("opara")
+def opara_scheduler(graph: Graph, cost: CostModel) -> Schedule:
+    """Opara's lanes: each node inherits a producer's lane once; see :mod:`opsched.schedule.streams`."""
+    return _lanes(graph, cost, opara_lanes(graph), "opara")
 
 
 __all__ += ["SearchStats", "UnitGraph"]
