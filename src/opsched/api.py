@@ -94,8 +94,8 @@ def optimize_graph(graph: Graph, *, scheduler: str = "ios", cost: str | CostMode
     start = time.perf_counter()
     inputs = tuple(torch.randn(i.type.shape).to(getattr(torch, i.type.dtype)) for i in graph.inputs)
     if scheduler == "ios" and options.get("max_groups") is None:
-        # more concurrent groups than cores only oversubscribe a CPU (measured: 3 lanes on 2 cores
-        # ran 1.8x slower than their isolated measurement)
+        # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
+        # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
         options["max_groups"] = os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         if isinstance(cost, str):

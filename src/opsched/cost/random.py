@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from opsched.ir import Graph, subgraph_key
+from opsched.ir import Graph, stage_key
 from opsched.schedule.types import Stage
 
 __all__ = ["RandomCostModel"]
@@ -31,6 +31,6 @@ class RandomCostModel:
         return f"random/{self.seed}/{self.low}/{self.high}"
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
-        digest = hashlib.sha256(f"{self.seed}|{subgraph_key(graph, stage.groups, stage.strategy)}".encode()).digest()
+        digest = hashlib.sha256(f"{self.seed}|{stage_key(graph, stage.groups, stage.strategy)}".encode()).digest()
         unit = int.from_bytes(digest[:8], "big") / 2**64
         return self.low + (self.high - self.low) * unit

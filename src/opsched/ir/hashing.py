@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 
-__all__ = ["structural_hash", "node_signature", "subgraph_key"]
+__all__ = ["structural_hash", "node_signature", "group_wiring", "stage_key"]
 
 
 def node_signature(graph: Graph, node: Node) -> str:
@@ -60,29 +60,18 @@ def structural_hash(graph: Graph) -> str:
     return _digest(["graph", *ins, *(f"{s}<{w}" for s, w in zip(sigs, wiring)), "out", *outs])
 
 
-def subgraph_key(graph: Graph, groups: Sequence[Sequence[str]], tag: str = "") -> str:
-    """Key of a set of nodes partitioned into ordered groups (a stage).
+def group_wiring(graph: Graph, group: Sequence[str]) -> list[tuple[int, ...]]:
+    """Per node of an ordered group, where each input comes from: the index of an earlier node
+    of the group, or -1 for a value from outside it."""
+    local = {v: i for i, v in enumerate(group)}
+    return [tuple(local.get(u, -1) for u in graph.node(v).inputs) for v in group]
 
-    Groups are canonicalised by sorting their own keys, so the order in which groups are listed
-    does not matter; the order of nodes within a group does (it is an execution order).
-    External inputs are numbered per stage in order of first use, so a stage that reads one
-    tensor twice differs from one that reads two tensors.
-    """
-    external: dict[str, int] = {}
-    group_keys = []
-    for group in groups:
-        nodes = [graph.node(v) for v in group]
-        sigs = [node_signature(graph, n) for n in nodes]
-        group_keys.append((sigs, nodes))
-    # Sort by signature first (name-free), then assign external ids in that canonical order.
-    group_keys.sort(key=lambda g: g[0])
-    parts = [tag]
-    all_nodes = [n for _, nodes in group_keys for n in nodes]
-    wiring = _wiring(all_nodes, external)
-    pos = 0
-    for sigs, nodes in group_keys:
-        parts.append("group")
-        for s in sigs:
-            parts.append(f"{s}<{wiring[pos]}")
-            pos += 1
-    return _digest(parts)
+
+def stage_key(graph: Graph, groups: Sequence[Sequence[str]], strategy: str) -> str:
+    """Structural key of a stage: its strategy and, as a multiset, its groups' operator signatures
+    and internal wiring. Which external tensor a group reads is not part of it (any operator
+    reading a tensor of the right type costs the same), nor are names, weights or group order.
+    Stable across processes: the profile store is keyed by it."""
+    parts = sorted("|".join(f"{node_signature(graph, graph.node(v))}<{','.join(map(str, refs))}"
+                            for v, refs in zip(group, group_wiring(graph, group))) for group in groups)
+    return _digest([strategy, *parts])

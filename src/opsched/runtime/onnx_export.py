@@ -33,8 +33,12 @@ _ACT = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "hardswish": "Hard
 
 
 class _Builder:
-    def __init__(self, graph: Graph) -> None:
+    """Collects ONNX nodes and initializers; a ``dry_run`` builder only checks exportability
+    (no weights are copied)."""
+
+    def __init__(self, graph: Graph, dry_run: bool = False) -> None:
         self.graph = graph
+        self.dry_run = dry_run
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
@@ -45,6 +49,8 @@ class _Builder:
 
     def init(self, value: np.ndarray | torch.Tensor, hint: str) -> str:
         name = self.fresh(hint)
+        if self.dry_run:
+            return name
         arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
         return name
@@ -209,7 +215,7 @@ def exportable(graph: Graph, node: Node) -> bool:
     if node.op not in _EXPORTERS or node.out.dtype not in _ONNX_DTYPE:
         return False
     try:
-        _EXPORTERS[node.op](_Builder(graph), node)
+        _EXPORTERS[node.op](_Builder(graph, dry_run=True), node)
     except NotExportable:
         return False
     return True

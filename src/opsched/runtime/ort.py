@@ -1,7 +1,8 @@
 """The ONNX Runtime backend: each lane segment of a plan runs as one ORT session.
 
-On a CPU, ONNX Runtime's kernels are much faster than eager PyTorch's at batch 1 (this
-project measured 1.5-3.7x on its 2-core machine), so opsched runs its plans with them: every
+On a CPU, ONNX Runtime's kernels are much faster than eager PyTorch's at batch 1 (ORT's own
+sequential session ran the zoo 1.5-3.4x faster than eager in docs/results/cpu.md, on a 2-core
+machine), so opsched runs its plans with them: every
 lane of every phase is cut into maximal segments of exportable steps, each segment exported
 (:mod:`opsched.runtime.onnx_export`) and loaded as its own session with its share of the
 cores as intra-op threads. ORT releases the GIL while it runs, so the lanes of a phase truly

@@ -60,17 +60,19 @@ def estimate(graph: Graph, stages: list[Stage], cost: CostModel | StageCoster) -
     return sum(coster.latency(s) for s in stages)
 
 
+def _batch(graph: Graph) -> int:
+    return graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
+
+
 def _lanes(graph: Graph, cost: CostModel, lanes: list[list[str]], name: str) -> Schedule:
-    batch = graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
     return Schedule(graph_hash=graph.structural_hash(), lanes=tuple(tuple(lane) for lane in lanes),
-                    graph_name=graph.name, batch=batch, device=cost.device, scheduler=name,
+                    graph_name=graph.name, batch=_batch(graph), device=cost.device, scheduler=name,
                     stats={"lanes": len(lanes)})
 
 
 def _make(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: dict[str, Any],
           stats: dict[str, Any] | None = None, coster: StageCoster | None = None) -> Schedule:
-    batch = graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
-    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=batch,
+    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=_batch(graph),
                     device=cost.device, scheduler=name, options=options,
                     estimated_ms=estimate(graph, stages, coster or cost), stats=stats or {})
 

@@ -1,6 +1,8 @@
 """Stage pricing for schedulers: one cost-model call per *structurally* distinct stage.
 
-Two stages are structurally equal when their groups, as multisets, have the same operator
+The equality is :func:`opsched.ir.stage_key`'s (the profile store's key); here it is kept as
+tuples of interned ints, because the search asks for it millions of times. Two stages are
+structurally equal when their groups, as multisets, have the same operator
 signatures in the same order with the same wiring inside each group (which external tensor
 a group reads is not part of the key: any operator reading a tensor of the right type costs
 the same). NASNet's repeated cells, RandWire's identical separable convolutions and the same
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsched.cost.base import CostModel
-from opsched.ir import Graph, node_signature
+from opsched.ir import Graph, group_wiring, node_signature
 from opsched.schedule.types import Stage
 
 __all__ = ["StageCoster", "CosterStats"]
@@ -38,9 +40,8 @@ class StageCoster:
         return self._sig_ids.setdefault(sig, len(self._sig_ids))
 
     def group_key(self, group: Sequence[str]) -> tuple[object, ...]:
-        local = {v: i for i, v in enumerate(group)}
-        return tuple((self._node_sig[v], tuple(local.get(u, -1) for u in self.graph.node(v).inputs))
-                     for v in group)
+        """:func:`opsched.ir.stage_key`'s notion of a group, with signatures interned to ints."""
+        return tuple(zip((self._node_sig[v] for v in group), group_wiring(self.graph, group)))
 
     def stage_key(self, stage: Stage) -> tuple[object, ...]:
         return (stage.strategy, tuple(sorted(self.group_key(g) for g in stage.groups)))

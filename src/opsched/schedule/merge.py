@@ -78,7 +78,7 @@ def merged_conv(graph: Graph, names: Sequence[str]) -> MergedConv:
     kernels = [tuple(graph.param_types[n.params[0]].shape[2:]) for n in nodes]
     dil = _pair(nodes[0].attr("dilation", 1))
     pad = (max(p[0] for p in pads), max(p[1] for p in pads))
-    offsets = tuple(((pad[0] - p[0]) * 1, (pad[1] - p[1]) * 1) for p in pads)
+    offsets = tuple((pad[0] - p[0], pad[1] - p[1]) for p in pads)
     for (oh, ow), n in zip(offsets, nodes):
         if oh % dil[0] or ow % dil[1]:
             raise IllegalMergeError(f"cannot merge {n.name!r}: its padding offset is not a multiple of the dilation")
