@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from opsched.cost import AnalyticCostModel
 from opsched.ir import Graph, GraphBuilder
 from opsched.schedule import Schedule, Stage, schedule
-from opsched.schedule.simulate import OpDemand, demands_from, simulate
+from opsched.cost.resources import OpDemand, ResourceModel
+from opsched.schedule.simulate import simulate
 from opsched.testing import random_dag
 
 
@@ -23,8 +26,9 @@ def fork() -> Graph:
     return b.build([b.add("add", [bb, c], name="d")])
 
 
-def demands(**spec: tuple[float, float]) -> dict[str, OpDemand]:
-    return {k: OpDemand(*v) for k, v in spec.items()}
+def demands(barrier_ms: float = 0.0, **spec: tuple[float, float]) -> ResourceModel:
+    """Pure capacity sharing (overlap 1), as the hand computations assume."""
+    return ResourceModel({k: OpDemand(*v) for k, v in spec.items()}, barrier_ms=barrier_ms)
 
 
 G = fork()
@@ -58,9 +62,9 @@ def test_oversubscription_shares_the_device() -> None:
 
 def test_barrier_after_a_stage_of_several_groups() -> None:
     sched = Schedule(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
-    d = demands(a=(1, 0.5), b=(1, 1), c=(1, 0.5), d=(1, 1))
-    assert simulate(G, sched, d).makespan_ms == pytest.approx(3.0)
-    assert simulate(G, sched, d, barrier_ms=0.25).makespan_ms == pytest.approx(3.25)
+    d = dict(a=(1, 0.5), b=(1, 1), c=(1, 0.5), d=(1, 1))
+    assert simulate(G, sched, demands(**d)).makespan_ms == pytest.approx(3.0)
+    assert simulate(G, sched, demands(barrier_ms=0.25, **d)).makespan_ms == pytest.approx(3.25)
 
 
 def test_lanes_start_as_soon_as_producers_finish() -> None:
@@ -78,9 +82,9 @@ def test_simulated_makespan_lies_between_total_work_and_the_sum_of_durations(see
     cost = AnalyticCostModel("V100")
     for name, options in (("sequential", {}), ("greedy", {}), ("ios", {"strategies": ("parallel",)})):
         sched = schedule(g, name, cost, **options)
-        d = demands_from(g, cost, sched)
+        d = dataclasses.replace(cost.resources(g, sched.merged), barrier_ms=0.0)
         sim = simulate(g, sched, d)
-        work = sum(d[n.name].duration_ms * d[n.name].demand for n in g.nodes)  # device-time at full capacity
+        work = sum(d[n.name].area_ms for n in g.nodes)  # device-time at full capacity
         total = sum(d[n.name].duration_ms for n in g.nodes)
         assert work - 1e-9 <= sim.makespan_ms <= total + 1e-9
         assert sorted(e.label for e in sim.events) == sorted(n.name for n in g.nodes)

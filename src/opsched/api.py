@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import statistics
 import time
@@ -15,7 +14,7 @@ from torch import nn
 
 from opsched.cost import AnalyticCostModel, CostModel
 from opsched.cost.cached import StoredCostModel
-from opsched.cost.devices import device_spec
+from opsched.cost.devices import host_cpu_spec
 from opsched.cost.measured import MeasuredCostModel
 from opsched.cost.store import ProfileStore
 from opsched.errors import ExecutionError, OpschedError
@@ -33,8 +32,7 @@ DEVICES = ("cpu",)
 
 def host_cpu_model() -> AnalyticCostModel:
     """The analytic CPU preset with this machine's core count."""
-    return AnalyticCostModel(dataclasses.replace(device_spec("CPU2"), name=f"CPU{os.cpu_count()}",
-                                                 slots=os.cpu_count() or 1))
+    return AnalyticCostModel(host_cpu_spec())
 
 
 def _inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -93,10 +91,12 @@ def optimize_graph(graph: Graph, *, scheduler: str = "ios", cost: str | CostMode
     """:func:`optimize` for an imported graph (from :func:`opsched.from_onnx`, say)."""
     start = time.perf_counter()
     inputs = tuple(torch.randn(i.type.shape).to(getattr(torch, i.type.dtype)) for i in graph.inputs)
+    # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
+    # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
     if scheduler == "ios" and options.get("max_groups") is None:
-        # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
-        # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
         options["max_groups"] = os.cpu_count() or 1
+    if scheduler == "est" and options.get("max_lanes") is None:
+        options["max_lanes"] = os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
         if isinstance(cost, str):
             if cost == "analytic":

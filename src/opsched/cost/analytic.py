@@ -32,14 +32,22 @@ ratios match IOS's measured ones (RandWire 1.37 vs 1.35, NASNet 1.38 vs 1.37, In
 one convolution with the merged kernel (zero-padded kernels count as real FLOPs, as they are
 computed). The schedule's latency is the sum of its stages (the IOS model). So concurrency pays
 exactly when operators leave the device partly idle, and costs a barrier.
+
+:meth:`AnalyticCostModel.resources` gives the same model per operator, for the simulator and
+the list scheduler (:mod:`opsched.cost.resources`): duration = ``exec_i`` (at least the launch on
+a GPU, plus the dispatch on a CPU), demand = ``area_i / duration``, and the overlap and barrier
+of the preset. A stage whose groups do not oversubscribe the device replays there in exactly
+its ``chains`` term.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from opsched.cost.devices import DeviceSpec, device_spec
+from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.ir import Graph, Node, node_bytes, node_flops, op_schema
 from opsched.schedule.merge import merged_conv
 from opsched.schedule.types import Stage
@@ -120,6 +128,21 @@ class AnalyticCostModel:
         weights = spec.out_channels * spec.in_channels * spec.kernel[0] * spec.kernel[1] * itemsize
         nbytes = x.nbytes + weights + out_elems * itemsize
         return self._cost(2 * macs, nbytes, out_elems, "conv", spec.out_channels)
+
+    def _demand(self, c: OpCost) -> OpDemand:
+        duration = max(c.launch_ms, c.exec_ms) if self.spec.async_launch else c.launch_ms + c.exec_ms
+        if c.exec_ms == 0:  # a view: no kernel at all
+            return OpDemand(0.0, 0.0)
+        return OpDemand(duration, min(1.0, c.area_ms / duration))
+
+    def resources(self, graph: Graph, merges: Iterable[Sequence[str]] = ()) -> ResourceModel:
+        """Per-operator durations and demands, and per merged convolution (keyed by its members
+        joined with ``+``; pass ``schedule.merged`` to replay a schedule with merges)."""
+        ops = {n.name: self._demand(self.op_cost(graph, n)) for n in graph.nodes}
+        for members in merges:
+            stage = Stage(tuple((v,) for v in members), "merge")
+            ops["+".join(members)] = self._demand(self._merged_cost(graph, stage))
+        return ResourceModel(ops, self.spec.overlap, self.spec.sync_us / 1e3, self.device, self.spec.kind == "gpu")
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
         s = self.spec

@@ -8,13 +8,15 @@ not a measurement: the measured cost model is what a real search should use.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from opsched.errors import CostModelError
 
-__all__ = ["DeviceSpec", "DEVICES", "device_spec"]
+__all__ = ["DeviceSpec", "DEVICES", "device_spec", "host_cpu_spec"]
 
 _GPU_EFFICIENCY = MappingProxyType({"conv": 0.65, "depthwise": 0.12, "gemm": 0.7, "default": 0.5})
 _CPU_EFFICIENCY = MappingProxyType({"conv": 0.55, "depthwise": 0.15, "gemm": 0.6, "default": 0.4})
@@ -77,3 +79,9 @@ def device_spec(name: str) -> DeviceSpec:
         if key.lower() == name.lower():
             return spec
     raise CostModelError(f"no device preset {name!r}; presets: {', '.join(DEVICES)}")
+
+
+def host_cpu_spec() -> DeviceSpec:
+    """The CPU preset with this machine's core count."""
+    cores = os.cpu_count() or 1
+    return dataclasses.replace(DEVICES["CPU2"], name=f"CPU{cores}", slots=cores)

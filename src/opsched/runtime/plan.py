@@ -7,10 +7,13 @@ output slot(s). Everything the per-call loop would otherwise decide is decided h
 * a stage of one group joins the phase before it when that phase also has one lane (IOS does
   not synchronise consecutive single-group stages); a stage of several groups is a phase of
   several lanes, with a barrier at its end;
-* a merge stage is one step: the merged convolution (weights concatenated at plan time) whose
+* a merge stage (or a lane-based schedule's merge) is one step: the merged convolution (weights concatenated at plan time) whose
   output is split, as views, into its members' slots;
-* a lane-based schedule is one phase whose lanes wait on the steps of other lanes they read
-  (``Step.waits``), with no barriers;
+* a lane-based schedule runs its lanes at once; a step waits on the steps of other lanes it
+  reads, or that the schedule's ``waits`` name (``Step.waits``). Where the lanes' order has a
+  *cut*, a step that every other step either precedes or follows, the lanes are split into
+  phases there, which changes no order: the single-lane stretches between cuts become
+  one-lane phases (a CPU gives them every core, and ONNX Runtime runs them as one session);
 * a slot whose readers all sit in one lane of one phase is freed right after its last reader
   there (``Step.frees``); a slot read across lanes or phases at the end of the phase of its
   last reader (``Phase.frees``); graph outputs never.
@@ -100,6 +103,70 @@ def _merged_kernel(graph: Graph, names: tuple[str, ...]) -> Kernel:
     return merged
 
 
+def _split_at_cuts(steps: list[Step], lanes: list[list[int]]) -> list[list[list[int]]]:
+    """Phases of a lane-based plan, cut at the steps that every other step precedes or follows
+    (in the order that data, lane order and waits impose). Waits on earlier phases are dropped:
+    the phase boundary keeps them."""
+    lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
+    pos = {s: p for lane in lanes for p, s in enumerate(lane)}
+    before: dict[int, set[int]] = {s: set(steps[s].waits) for s in lane_of}
+    for lane in lanes:
+        for p in range(1, len(lane)):
+            before[lane[p]].add(lane[p - 1])
+    after: dict[int, list[int]] = {s: [] for s in lane_of}
+    for s, bs in before.items():
+        for b in bs:
+            after[b].append(s)
+    indegree = {s: len(bs) for s, bs in before.items()}
+    frontier = sorted(s for s, d in indegree.items() if d == 0)
+    topo: list[int] = []
+    while frontier:
+        s = frontier.pop()
+        topo.append(s)
+        for t in after[s]:
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                frontier.append(t)
+    k_of = {s: k for k, s in enumerate(topo)}
+    up = [0] * len(topo)    # ancestors, as bits of topological positions
+    down = [0] * len(topo)  # descendants
+    for k, s in enumerate(topo):
+        for b in before[s]:
+            up[k] |= up[k_of[b]] | 1 << k_of[b]
+    for k in range(len(topo) - 1, -1, -1):
+        for t in after[topo[k]]:
+            down[k] |= down[k_of[t]] | 1 << k_of[t]
+    everything = (1 << len(topo)) - 1
+    cuts = [k for k in range(len(topo)) if up[k] | down[k] | 1 << k == everything]
+    blocks: list[list[int]] = []
+    start = 0
+    for k in cuts:
+        if k > start:
+            blocks.append(topo[start:k])
+        blocks.append([topo[k]])
+        start = k + 1
+    if start < len(topo):
+        blocks.append(topo[start:])
+    phases: list[list[list[int]]] = []
+    phase_of: dict[int, int] = {}
+    for block in blocks:
+        by_lane: dict[int, list[int]] = {}
+        for s in sorted(block, key=lambda s: (lane_of[s], pos[s])):
+            by_lane.setdefault(lane_of[s], []).append(s)
+        phase = list(by_lane.values())
+        if len(phase) == 1 and phases and len(phases[-1]) == 1:
+            phases[-1][0].extend(phase[0])  # no barrier between one-lane stretches
+        else:
+            phases.append(phase)
+        for s in block:
+            phase_of[s] = len(phases) - 1
+    for s in lane_of:
+        kept = tuple(w for w in steps[s].waits if phase_of[w] == phase_of[s])
+        if kept != steps[s].waits:
+            steps[s] = dataclasses.replace(steps[s], waits=kept)
+    return phases
+
+
 def lower(graph: Graph, schedule: Schedule) -> Plan:
     """Lower a validated ``schedule`` of ``graph`` to a plan."""
     schedule.validate(graph)
@@ -126,14 +193,22 @@ def lower(graph: Graph, schedule: Schedule) -> Plan:
 
     raw_phases: list[list[list[int]]] = []
     if schedule.lanes is not None:
-        lanes = [[add_step((v,), False) for v in lane] for lane in schedule.lanes]
+        merge_of = {m[0]: m for m in schedule.merges}
+        inside = {v for m in schedule.merges for v in m[1:]}
+        lanes = [[add_step(merge_of[v], True) if v in merge_of else add_step((v,), False)
+                  for v in lane if v not in inside] for lane in schedule.lanes]
         lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
+        ordered: dict[str, set[str]] = {}
+        for a, b in schedule.waits:
+            ordered.setdefault(a, set()).add(b)
         for li, lane in enumerate(lanes):
             for s in lane:
-                producers = {step_of_node[v] for v in graph.node(steps[s].label).inputs if v in graph.index}
+                before = {u for v in steps[s].nodes for u in graph.node(v).inputs if u in graph.index}
+                before |= {u for v in steps[s].nodes for u in ordered.get(v, ())}
+                producers = {step_of_node[v] for v in before} - {s}
                 waits = tuple(sorted(p for p in producers if lane_of[p] != li))
                 steps[s] = dataclasses.replace(steps[s], waits=waits)
-        raw_phases.append(lanes)
+        raw_phases.extend(_split_at_cuts(steps, lanes))
     else:
         for stage in schedule.stages:
             if stage.strategy == "merge":

@@ -1,38 +1,33 @@
-"""Replay a schedule under a resource model: an event-driven simulation.
+"""Replay a schedule under the resource model: an event-driven simulation.
 
-Each operator has a duration alone and a *demand*, the fraction of the device it occupies
-alone (``OpDemand``). Operators running together share the device like a fluid: while their
-demands sum to at most 1, each runs at its own speed; beyond that every one of them slows by
-the same factor (processor sharing), so the device never does more than its capacity.
-Stage-based schedules run their stages one after another (a barrier, costing ``barrier_ms``,
-after each stage of several groups), each group in order on its lane; lane-based schedules run
-each lane in order, an operator starting once its producers on other lanes are done.
+The model (:mod:`opsched.cost.resources`): each operator has a duration alone and a demand on
+the device; operators running at once advance at a common rate that the device's capacity and
+their mutual contention set. Stage-based schedules run their stages one after another (a
+barrier, costing ``barrier_ms``, after each stage of several groups), each group in order on its
+lane; lane-based schedules run each lane in order, an operator starting once its producers on
+other lanes, and the nodes its schedule says it waits for, are done.
 
-The analytic cost model provides the demands (``demands_from``): duration = its execution time
-alone, demand = its occupancy. Unlike the analytic stage formula, the simulation lets
-operators of different groups start and end at different times within a stage, and it is the
-fluid model alone: it leaves out the formula's partial-overlap penalty (``DeviceSpec.overlap``),
-so it predicts more gain from concurrency than the stage estimates do (Inception V3's IOS
-schedule on the V100 preset: 6.16 ms simulated, 7.89 ms estimated).
+The analytic cost model provides the model (:meth:`AnalyticCostModel.resources`). Unlike the
+analytic stage formula, the simulation lets operators of different groups start and end at
+different times within a stage, so a stage's replay can be shorter than its formula where the
+formula's bounds (longest chain, total work) do not bind at the same moments.
+
+:class:`Fluid` is the engine; the ``est`` list scheduler plans on the same engine, so its
+planned timeline and the replay of its schedule agree exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opsched.cost.analytic import AnalyticCostModel
+from opsched.cost.resources import ResourceModel
 from opsched.ir import Graph
 from opsched.runtime.cpu import TraceEvent
 from opsched.schedule.types import Schedule
 
-__all__ = ["OpDemand", "Simulation", "demands_from", "simulate"]
+__all__ = ["Fluid", "Simulation", "simulate"]
 
-
-@dataclass(frozen=True, slots=True)
-class OpDemand:
-    duration_ms: float  # alone on the device
-    demand: float       # fraction of the device it occupies alone, in (0, 1]
+_DONE = 1e-12  # ms of duration left that count as finished
 
 
 @dataclass(frozen=True)
@@ -41,17 +36,48 @@ class Simulation:
     events: tuple[TraceEvent, ...]  # one per operator (a merge is one), on its lane
 
 
-def demands_from(graph: Graph, cost: AnalyticCostModel, schedule: Schedule) -> dict[str, OpDemand]:
-    """Per node (and per merge stage, keyed by its nodes joined with '+'), from the analytic model."""
-    out: dict[str, OpDemand] = {}
-    for n in graph.nodes:
-        c = cost.op_cost(graph, n)
-        out[n.name] = OpDemand(c.exec_ms, c.area_ms / c.exec_ms if c.exec_ms else 1.0)
-    for stage in schedule.stages:
-        if stage.strategy == "merge":
-            c = cost._merged_cost(graph, stage)
-            out["+".join(stage.nodes)] = OpDemand(c.exec_ms, c.area_ms / c.exec_ms if c.exec_ms else 1.0)
-    return out
+class Fluid:
+    """Operators sharing one device; time moves from one completion to the next.
+
+    Operators of demand 0 (a barrier, a host-side wait) hold no device: they advance at speed 1
+    and do not count among the co-running ones.
+    """
+
+    def __init__(self, model: ResourceModel) -> None:
+        self.model = model
+        self.t = 0.0
+        self.load = 0.0
+        self.work: dict[int, float] = {}  # running operator -> duration-alone left, in start order
+        self.demand: dict[int, float] = {}
+
+    def start(self, op: int, work: float, demand: float) -> None:
+        self.work[op] = work
+        self.demand[op] = demand
+        self.load += demand
+
+    @property
+    def busy(self) -> int:
+        return len(self.work)
+
+    def advance(self) -> list[int]:
+        """Run until the next operator(s) finish; return them in start order."""
+        holding = sum(1 for d in self.demand.values() if d > 0)
+        shared = self.model.rate(self.load, holding)
+        rates = {i: shared if self.demand[i] > 0 else 1.0 for i in self.work}
+        step = min(w / rates[i] for i, w in self.work.items())
+        self.t += step
+        finished = []
+        for i in list(self.work):
+            left = self.work[i] - step * rates[i]
+            if left <= _DONE:
+                finished.append(i)
+                del self.work[i]
+                self.load -= self.demand.pop(i)
+            else:
+                self.work[i] = left
+        if not self.work:
+            self.load = 0.0  # no drift from adding and removing floats
+        return finished
 
 
 @dataclass
@@ -61,28 +87,38 @@ class _Op:
     op: str
     lane: int
     phase: int
-    work: float          # remaining duration-alone, ms
+    work: float          # duration alone, ms
     demand: float
     deps: set[int]
     start: float = -1.0
     end: float = -1.0
 
 
-def _ops(graph: Graph, schedule: Schedule, demands: Mapping[str, OpDemand], barrier_ms: float) -> list[_Op]:
+def _ops(graph: Graph, schedule: Schedule, demands: ResourceModel) -> list[_Op]:
     ops: list[_Op] = []
     index: dict[str, int] = {}
+    barrier_ms = demands.barrier_ms
     if schedule.lanes is not None:
+        merge_of = {v: m for m in schedule.merges for v in m}
         for li, lane in enumerate(schedule.lanes):
             for v in lane:
+                members = merge_of.get(v, (v,))
+                if v != members[0]:
+                    index[v] = index[members[0]]
+                    continue
                 index[v] = len(ops)
-                d = demands[v]
-                ops.append(_Op(v, v, graph.node(v).op, li, 0, d.duration_ms, d.demand, set()))
-        for li, lane in enumerate(schedule.lanes):
+                key = "+".join(members)
+                d = demands[key]
+                label, op = (f"merge({','.join(members)})", "conv2d(merged)") if len(members) > 1 else (v, graph.node(v).op)
+                ops.append(_Op(key, label, op, li, 0, d.duration_ms, d.demand, set()))
+        for lane in schedule.lanes:
             for pos, v in enumerate(lane):
-                deps = {index[u] for u in graph.node(v).inputs if u in index}
-                if pos:
-                    deps.add(index[lane[pos - 1]])
-                ops[index[v]].deps = deps
+                i = index[v]
+                ops[i].deps |= {index[u] for u in graph.node(v).inputs if u in index}
+                if pos and index[lane[pos - 1]] != i:
+                    ops[i].deps.add(index[lane[pos - 1]])
+        for a, b in schedule.waits:
+            ops[index[a]].deps.add(index[b])
         return ops
     previous: list[int] = []
     for k, stage in enumerate(schedule.stages):
@@ -111,36 +147,41 @@ def _ops(graph: Graph, schedule: Schedule, demands: Mapping[str, OpDemand], barr
     return ops
 
 
-def simulate(graph: Graph, schedule: Schedule, demands: Mapping[str, OpDemand],
-             barrier_ms: float = 0.0) -> Simulation:
+def simulate(graph: Graph, schedule: Schedule, resources: ResourceModel) -> Simulation:
+    """Replay ``schedule`` (validated against ``graph`` first) under ``resources``."""
     schedule.validate(graph)
-    ops = _ops(graph, schedule, demands, barrier_ms)
-    done: set[int] = set()
-    running: set[int] = set()
-    waiting = set(range(len(ops)))
-    t = 0.0
-    while waiting or running:
-        for i in [i for i in waiting if ops[i].deps <= done]:
-            waiting.discard(i)
-            ops[i].start = t
+    ops = _ops(graph, schedule, resources)
+    consumers: list[list[int]] = [[] for _ in ops]
+    pending = [len(o.deps) for o in ops]
+    for i, o in enumerate(ops):
+        for d in o.deps:
+            consumers[d].append(i)
+    fluid = Fluid(resources)
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    finished = 0
+
+    def finish(i: int) -> None:
+        nonlocal finished
+        ops[i].end = fluid.t
+        finished += 1
+        for c in consumers[i]:
+            pending[c] -= 1
+            if pending[c] == 0:
+                ready.append(c)
+
+    while True:
+        while ready:
+            i = ready.pop(0)
+            ops[i].start = fluid.t
             if ops[i].work <= 0:
-                ops[i].end = t
-                done.add(i)
+                finish(i)
             else:
-                running.add(i)
-        if not running:
-            if waiting and not any(ops[i].deps <= done for i in waiting):
-                raise AssertionError("simulation deadlock: the schedule validated, so this is a bug")
-            continue
-        load = sum(ops[i].demand for i in running)
-        rate = 1.0 if load <= 1.0 else 1.0 / load
-        step = min(ops[i].work for i in running) / rate
-        t += step
-        for i in list(running):
-            ops[i].work -= step * rate
-            if ops[i].work <= 1e-12:
-                ops[i].end = t
-                running.discard(i)
-                done.add(i)
+                fluid.start(i, ops[i].work, ops[i].demand)
+        if not fluid.busy:
+            break
+        for i in fluid.advance():
+            finish(i)
+    if finished != len(ops):
+        raise AssertionError("simulation deadlock: the schedule validated, so this is a bug")
     events = tuple(TraceEvent(o.phase, o.lane, o.label, o.op, o.start, o.end) for o in ops if o.op != "barrier")
-    return Simulation(t, events)
+    return Simulation(fluid.t, events)

@@ -6,7 +6,11 @@ A :class:`Schedule` is either
   a chain run in order on its own lane and the groups run at once; a ``merge`` stage's
   convolutions (which read one tensor) run as one wider convolution; or
 * **lane-based**: ``lanes`` are ordered node lists, one per lane, with no barriers; a node waits
-  only for its producers (an event where a producer sits on another lane).
+  for its producers (an event where a producer sits on another lane) and for the nodes that
+  ``waits`` names for it: ordering edges that carry no data, which a resource-aware list
+  scheduler adds so that a node starts only once another has freed the device for it; the
+  convolutions of each of ``merges`` stand next to each other in one lane and run as one
+  merged convolution.
 
 Both lower to the same execution plan. A schedule is plain data: it records the structural
 hash of the graph it was made for and refuses to be applied to another.
@@ -63,6 +67,8 @@ class Schedule:
     graph_hash: str
     stages: tuple[Stage, ...] = ()
     lanes: tuple[tuple[str, ...], ...] | None = None
+    waits: tuple[tuple[str, str], ...] = ()  # (node, node it must wait for), lane-based only
+    merges: tuple[tuple[str, ...], ...] = ()  # convolutions run as one, lane-based only
     graph_name: str = ""
     batch: int = 1
     device: str = ""
@@ -77,6 +83,11 @@ class Schedule:
             object.__setattr__(self, "lanes", tuple(tuple(lane) for lane in self.lanes))
             if self.stages:
                 raise InvalidScheduleError("a schedule has stages or lanes, not both")
+        object.__setattr__(self, "waits", tuple((str(a), str(b)) for a, b in self.waits))
+        object.__setattr__(self, "merges", tuple(tuple(m) for m in self.merges))
+        if (self.waits or self.merges) and self.lanes is None:
+            raise InvalidScheduleError("only a lane-based schedule has waits and merges; a stage-based one has "
+                                       "barriers and merge stages")
 
     @property
     def is_lane_based(self) -> bool:
@@ -87,6 +98,17 @@ class Schedule:
         if self.lanes is not None:
             return [v for lane in self.lanes for v in lane]
         return [v for s in self.stages for v in s.nodes]
+
+    @property
+    def merged(self) -> tuple[tuple[str, ...], ...]:
+        """Every merged convolution's members: the lane-based merges and the merge stages."""
+        return self.merges + tuple(s.nodes for s in self.stages if s.strategy == "merge" and len(s.nodes) > 1)
+
+    def lane_items(self, lane: tuple[str, ...]) -> list[str]:
+        """A lane's entries with each merge shown once, as ``merge(a,b,...)``."""
+        first = {m[0]: m for m in self.merges}
+        inside = {v for m in self.merges for v in m[1:]}
+        return [f"merge({','.join(first[v])})" if v in first else v for v in lane if v not in inside]
 
     # --- the checker ------------------------------------------------------------------------
     def validate(self, graph: Graph) -> Schedule:
@@ -115,7 +137,8 @@ class Schedule:
             raise InvalidScheduleError(f"{len(missing)} node(s) of {graph.name!r} are never scheduled, "
                                        f"e.g. {missing[:5]}")
         if self.lanes is not None:
-            _check_lanes(graph, self.lanes)
+            _check_lanes(graph, self.lanes, self.waits)
+            _check_lane_merges(graph, self.lanes, self.merges)
         else:
             _check_stages(graph, self.stages)
         return self
@@ -129,6 +152,8 @@ class Schedule:
             "estimated_ms": self.estimated_ms, "stats": dict(self.stats),
             "stages": [{"strategy": s.strategy, "groups": [list(g) for g in s.groups]} for s in self.stages],
             "lanes": None if self.lanes is None else [list(lane) for lane in self.lanes],
+            "waits": [list(w) for w in self.waits],
+            "merges": [list(m) for m in self.merges],
         }
 
     @classmethod
@@ -144,6 +169,8 @@ class Schedule:
             lanes = data.get("lanes")
             return cls(graph_hash=data["graph_hash"], stages=stages,
                        lanes=None if lanes is None else tuple(tuple(lane) for lane in lanes),
+                       waits=tuple((a, b) for a, b in data.get("waits") or ()),
+                       merges=tuple(tuple(m) for m in data.get("merges") or ()),
                        graph_name=data.get("graph", ""), batch=int(data.get("batch", 1)),
                        device=data.get("device", ""), scheduler=data.get("scheduler", ""),
                        options=dict(data.get("options") or {}), estimated_ms=data.get("estimated_ms"),
@@ -176,7 +203,8 @@ class Schedule:
         head = (f"Schedule of {self.graph_name or '?'} by {self.scheduler or '?'} "
                 f"(batch {self.batch}{', ' + self.device if self.device else ''}{est})")
         if self.lanes is not None:
-            body = [f"  Lane {i}: [" + ", ".join(lane) + "]" for i, lane in enumerate(self.lanes)]
+            body = [f"  Lane {i}: [" + ", ".join(self.lane_items(lane)) + "]" for i, lane in enumerate(self.lanes)]
+            body += [f"  {a} waits for {b}" for a, b in self.waits]
             return "\n".join([head + f": {len(self.lanes)} lanes", *body])
         body = ["  " + str(s) + ("," if i < len(self.stages) - 1 else "") for i, s in enumerate(self.stages)]
         return "\n".join([head + f": {len(self.stages)} stages", "Sequential(", *body, ")"])
@@ -211,13 +239,40 @@ def _check_stages(graph: Graph, stages: Iterable[Stage]) -> None:
         done |= here
 
 
-def _check_lanes(graph: Graph, lanes: tuple[tuple[str, ...], ...]) -> None:
-    """Deadlock-free iff data edges plus per-lane order can be ordered together."""
+def _check_lanes(graph: Graph, lanes: tuple[tuple[str, ...], ...], extra: tuple[tuple[str, str], ...]) -> None:
+    """Deadlock-free iff data edges, per-lane order and the waits can be ordered together."""
     waits: dict[str, set[str]] = {}
     for lane in lanes:
         for i, v in enumerate(lane):
             waits[v] = {u for u in graph.node(v).inputs if u in graph.index} | ({lane[i - 1]} if i else set())
+    for a, b in extra:
+        for v in (a, b):
+            if v not in graph.index:
+                raise InvalidScheduleError(f"a wait names {v!r}, which is not a node of graph {graph.name!r}")
+        waits[a].add(b)
     stuck = kahn(waits)
     if stuck:
-        raise InvalidScheduleError(f"lane order contradicts data dependencies (it would deadlock) at "
+        raise InvalidScheduleError(f"lane order and waits contradict data dependencies (it would deadlock) at "
                                    f"{sorted(stuck)[:5]}")
+
+
+def _check_lane_merges(graph: Graph, lanes: tuple[tuple[str, ...], ...], merges: tuple[tuple[str, ...], ...]) -> None:
+    where = {v: (li, pos) for li, lane in enumerate(lanes) for pos, v in enumerate(lane)}
+    merged: set[str] = set()
+    for k, members in enumerate(merges):
+        if len(members) < 2:
+            raise IllegalMergeError(f"merge {k}: a merge needs two or more convolutions, got {list(members)}")
+        for v in members:
+            if v not in graph.index:
+                raise InvalidScheduleError(f"merge {k} names {v!r}, which is not a node of graph {graph.name!r}")
+            if v in merged:
+                raise IllegalMergeError(f"merge {k}: node {v!r} is already in another merge")
+            merged.add(v)
+        lane, pos = where[members[0]]
+        if any(where[v] != (lane, pos + j) for j, v in enumerate(members)):
+            raise IllegalMergeError(f"merge {k}: its convolutions {list(members)} must stand next to each other, "
+                                    f"in this order, in one lane")
+        try:
+            check_merge(graph, members)
+        except IllegalMergeError as e:
+            raise IllegalMergeError(f"merge {k}: {e}") from None

@@ -1,0 +1,122 @@
+"""The resource model: what each operator needs from the device, and how co-running ones share it.
+
+Each operator has a **duration** (its time alone on the device) and a **demand** (the fraction
+of the device it occupies alone: SMs its grid fills on a GPU, cores it keeps busy on a CPU), so
+its **area**, ``duration * demand``, is its time with the whole device. While operators run at
+once, each advances through its duration at the same speed
+
+    ``rate = 1 / max(1, load, 1 + (1 - overlap) * (k - 1))``
+
+where ``load`` is the sum of their demands and ``k`` how many of them there are:
+
+* ``load <= 1`` and ``overlap = 1``: each runs as fast as alone (the device had room);
+* ``load > 1``: processor sharing, the device completes exactly one unit of area per unit of
+  time and never more;
+* ``overlap < 1``: co-running operators also contend for caches, memory bandwidth and the
+  block scheduler: ``k`` of them that fit still slow each other down. With this rate a set of
+  groups (chains) that never oversubscribe the device takes ``longest + (1 - overlap) *
+  (sum - longest)`` over their chain times, which is the analytic stage formula's term.
+
+Whatever the overlap, ``k`` operators together advance at least one unit of duration per unit
+of time in total (``k * rate >= 1``, as ``load <= k`` and ``1 + (1 - overlap)(k - 1) <= k``), so
+any schedule that keeps one operator running is never slower than running them one by one.
+
+The analytic cost model provides one (:meth:`AnalyticCostModel.resources`); other cost models
+price single-operator stages for the durations and borrow the demands of an analytic device
+model (:func:`resources_for`). The simulator (:mod:`opsched.schedule.simulate`) and the
+``est`` list scheduler (:mod:`opsched.schedule.est`) both run on this model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from opsched.errors import CostModelError
+
+if TYPE_CHECKING:
+    from opsched.cost.base import CostModel
+    from opsched.ir import Graph
+
+__all__ = ["OpDemand", "ResourceModel", "resources_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpDemand:
+    duration_ms: float  # alone on the device
+    demand: float       # fraction of the device it occupies alone, in [0, 1]
+
+    def __post_init__(self) -> None:
+        if self.duration_ms < 0 or not 0.0 <= self.demand <= 1.0:
+            raise CostModelError(f"an operator needs duration >= 0 and demand in [0, 1], got "
+                                 f"{self.duration_ms} ms and {self.demand}")
+
+    @property
+    def area_ms(self) -> float:
+        return self.duration_ms * self.demand
+
+
+@dataclass(frozen=True)
+class ResourceModel:
+    """Per-operator demands (keyed by node name; a merged convolution by its nodes joined with
+    ``+``), the ``overlap`` of co-running operators, and the cost of a stage barrier.
+
+    ``oversubscribe``: whether operators may be started beyond the device's capacity and then
+    share it (a GPU's block scheduler does this); false where the executor gives each lane a
+    fixed share (CPU threads), so that a scheduler should start only what fits. The simulator
+    treats both alike (as sharing).
+    """
+
+    ops: Mapping[str, OpDemand]
+    overlap: float = 1.0
+    barrier_ms: float = 0.0
+    device: str = ""
+    oversubscribe: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap <= 1.0:
+            raise CostModelError(f"overlap must lie in [0, 1], got {self.overlap}")
+        object.__setattr__(self, "ops", MappingProxyType(dict(self.ops)))
+
+    def __getitem__(self, key: str) -> OpDemand:
+        try:
+            return self.ops[key]
+        except KeyError:
+            raise CostModelError(f"the resource model{' of ' + self.device if self.device else ''} has no "
+                                 f"operator {key!r}") from None
+
+    def rate(self, load: float, count: int) -> float:
+        """Speed of each of ``count`` operators running at once with total demand ``load``."""
+        return 1.0 / max(1.0, load, 1.0 + (1.0 - self.overlap) * (count - 1))
+
+
+def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
+                  merges: Iterable[Sequence[str]] = ()) -> ResourceModel:
+    """The resource model behind ``cost``: its own if it is analytic; otherwise durations priced
+    by ``cost`` (each operator, and each of ``merges``, as a stage of its own; structurally equal
+    ones are priced once) with the demands of the analytic preset ``demands`` (default: the cost
+    model's device if it is a preset, else this machine's CPU)."""
+    from opsched.cost.analytic import AnalyticCostModel  # it builds on this module
+    from opsched.cost.devices import DEVICES, device_spec, host_cpu_spec
+    from opsched.schedule.coster import StageCoster
+    from opsched.schedule.types import Stage
+
+    merges = [tuple(m) for m in merges]
+    if isinstance(cost, AnalyticCostModel) and demands is None:
+        return cost.resources(graph, merges)
+    if demands is not None:
+        spec = device_spec(demands)
+    else:
+        spec = DEVICES[cost.device] if cost.device in DEVICES else host_cpu_spec()
+    shape = AnalyticCostModel(spec).resources(graph, merges)
+    coster = StageCoster(graph, cost)
+    stages = {n.name: Stage(((n.name,),)) for n in graph.nodes}
+    stages.update({"+".join(m): Stage(tuple((v,) for v in m), "merge") for m in merges})
+    ops: dict[str, OpDemand] = {}
+    for key, stage in stages.items():
+        alone = shape[key]
+        duration = coster.latency(stage) if alone.duration_ms > 0 else 0.0
+        ops[key] = OpDemand(max(duration, 0.0), alone.demand)
+    return ResourceModel(ops, shape.overlap, shape.barrier_ms, cost.device, shape.oversubscribe)
