@@ -31,10 +31,20 @@ def test_schedule_command_writes_a_loadable_schedule(tmp_path, capsys: pytest.Ca
     out = tmp_path / "s.json"
     assert main(["schedule", "squeezenet1_1", "--quiet", "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "sequential" in table and "ios" in table and "search: parts" in table
+    assert "sequential" in table and "simulated ms" in table and "ios: parts" in table
     assert main(["show", str(out), "--png", str(tmp_path / "sim.png")]) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("Schedule of squeezenet1_1 by ios") and (tmp_path / "sim.png").stat().st_size > 1000
+
+
+def test_schedule_command_with_est_writes_a_lane_schedule(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "est.json"
+    assert main(["schedule", "googlenet", "--scheduler", "est", "--quiet", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "lanes" in table and "est: lanes" in table and "merges" in table
+    assert main(["show", str(out), "--png", str(tmp_path / "sim.png")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Schedule of googlenet by est") and "merge(" in shown
 
 
 def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]

@@ -171,7 +171,7 @@ def inception() -> Graph:
     return from_torch(get_model("inception_v3"), example_inputs("inception_v3"))
 
 
-@pytest.mark.parametrize("name", ["sequential", "greedy", "ios"])
+@pytest.mark.parametrize("name", ["sequential", "greedy", "ios", "est", "nimble", "opara"])
 def test_every_scheduler_validates_on_inception(inception: Graph, name: str) -> None:
     sched = schedule(inception, name, V100)
     assert sched.validate(inception) is sched

@@ -19,11 +19,12 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-shape", help="for package.module:factory models, e.g. 1,3,224,224")
     p.add_argument("--device", default="cpu", choices=["cpu"])
-    p.add_argument("--scheduler", default="ios", help="sequential, greedy or ios")
+    p.add_argument("--scheduler", default="ios", help="ios (the DP), est (list scheduling, milliseconds), greedy, "
+                                                       "sequential, nimble or opara")
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
     p.add_argument("--backend", default="auto", choices=["auto", "ort", "torch"])
     p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
-    p.add_argument("--max-groups", type=int, help="s: groups per stage (default: the number of cores)")
+    p.add_argument("--max-groups", type=int, help="s: groups per stage, or est's lanes (default: the number of cores)")
     p.add_argument("--budget", type=float, help="search seconds; then unsolved parts use greedy or sequential")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds for the comparison")
     p.add_argument("--cache-dir", help="profile store directory")
@@ -44,6 +45,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         if args.scheduler == "ios":
             options = dict(max_group_size=args.max_group_size, max_groups=args.max_groups, budget_s=args.budget,
                            progress=ProgressBar("searching").update)
+        elif args.scheduler == "est":
+            options = dict(max_lanes=args.max_groups)
         module = optimize_graph(graph, scheduler=args.scheduler, cost=args.cost, backend=args.backend,
                                 cache_dir=args.cache_dir, **options)
         from opsched.api import host_cpu_model

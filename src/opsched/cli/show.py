@@ -28,14 +28,14 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
 def _draw(sched, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
     from opsched.cli.models import load_model
     from opsched.cost import DEVICES, AnalyticCostModel
-    from opsched.schedule.simulate import demands_from, simulate
+    from opsched.schedule.simulate import simulate
     from opsched.viz import draw_timeline
 
     loaded = load_model(args.model or sched.graph_name, sched.batch)
     sched.validate(loaded.graph)
     device = args.device or (sched.device if sched.device in DEVICES else "V100")
     cost = AnalyticCostModel(device)
-    sim = simulate(loaded.graph, sched, demands_from(loaded.graph, cost, sched), barrier_ms=cost.spec.sync_us / 1e3)
+    sim = simulate(loaded.graph, sched, cost.resources(loaded.graph, sched.merged))
     draw_timeline(sim.events, args.png, f"{sched.graph_name}: {sched.scheduler} schedule, simulated on {device} "
                                         f"({sim.makespan_ms:.2f} ms)")
     print(f"simulated makespan on {device}: {sim.makespan_ms:.3f} ms; wrote {args.png}")

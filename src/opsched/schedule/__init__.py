@@ -9,13 +9,16 @@ Every scheduler is a function ``(graph, cost, **options) -> Schedule`` registere
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
 from opsched.cost.base import CostModel
+from opsched.cost.resources import resources_for
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule.coster import StageCoster
+from opsched.schedule.est import choose_merges, est_lanes
 from opsched.schedule.greedy import greedy_stages
 from opsched.schedule.ios import SearchStats, ios_stages
 from opsched.schedule.sequential import sequential_stages
@@ -102,6 +105,26 @@ def ios_scheduler(graph: Graph, cost: CostModel, max_group_size: int = 3, max_gr
     options = {"max_group_size": max_group_size, "max_groups": max_groups, "max_part_size": max_part_size,
                "strategies": list(strategies), "budget_s": budget_s, "max_stage_costs": max_stage_costs}
     return _make(graph, cost, stages, "ios", options, stats.as_dict(), coster)
+
+
+@register_scheduler("est")
+def est_scheduler(graph: Graph, cost: CostModel, max_lanes: int | None = 8, merge: bool = True,
+                  demands: str | None = None) -> Schedule:
+    """Early-start-time-first list scheduling on lanes; see :mod:`opsched.schedule.est`."""
+    began = time.perf_counter()
+    merges = choose_merges(graph, StageCoster(graph, cost)) if merge else []
+    resources = resources_for(graph, cost, demands, merges)
+    priced = time.perf_counter()
+    plan = est_lanes(graph, resources, max_lanes, merges)
+    done = time.perf_counter()
+    cross = sum(1 for lane in plan.lanes for v in lane for u in graph.node(v).inputs
+                if u in graph.index and u not in lane)
+    return Schedule(graph_hash=graph.structural_hash(), lanes=plan.lanes, waits=plan.waits, merges=plan.merges,
+                    graph_name=graph.name, batch=_batch(graph), device=cost.device, scheduler="est",
+                    options={"max_lanes": max_lanes, "merge": merge, "demands": demands},
+                    estimated_ms=plan.makespan_ms,
+                    stats={"lanes": len(plan.lanes), "merges": len(merges), "events": cross, "waits": len(plan.waits),
+                           "pricing_seconds": priced - began, "seconds": done - priced})
 
 
 @register_scheduler("nimble")

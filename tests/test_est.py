@@ -1,0 +1,218 @@
+"""The est list scheduler: its plan replays exactly, its guarantees hold, its schedules run."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opsched
+from opsched.cost import AnalyticCostModel
+from opsched.cost.resources import OpDemand, ResourceModel, resources_for
+from opsched.errors import CostModelError, IllegalMergeError, InvalidScheduleError
+from opsched.ir import Graph, GraphBuilder
+from opsched.ir.analysis import critical_path, width
+from opsched.models import example_inputs, get_model
+from opsched.schedule import Schedule, Stage, schedule
+from opsched.schedule.est import bottom_levels, choose_merges, est_lanes
+from opsched.schedule.simulate import simulate
+from opsched.testing import assert_close, random_dag
+
+V100 = AnalyticCostModel("V100")
+
+
+def random_resources(g: Graph, seed: int, overlap: float) -> ResourceModel:
+    rng = random.Random(seed)
+    ops = {n.name: OpDemand(rng.choice([0.0, rng.uniform(0.1, 5.0)]) if rng.random() < 0.1 else rng.uniform(0.1, 5.0),
+                            rng.choice([1.0, rng.uniform(0.05, 1.0)])) for n in g.nodes}
+    return ResourceModel(ops, overlap=overlap)
+
+
+def fan(k: int, kernels: tuple[int, ...] = (1,)) -> Graph:
+    """k convolutions of one input, summed."""
+    b = GraphBuilder(f"fan{k}")
+    x = b.input("x", (1, 4, 8, 8))
+    outs = []
+    for i in range(k):
+        kk = kernels[i % len(kernels)]
+        w = b.param(f"w{i}", torch.randn(4, 4, kk, kk) * 0.2)
+        outs.append(b.add("conv2d", [x], name=f"c{i}", params=[w], padding=kk // 2))
+    return b.build([b.add("add", outs, name="out")]).verify()
+
+
+def lane_schedule(g: Graph, plan) -> Schedule:  # type: ignore[no-untyped-def]
+    return Schedule(g.structural_hash(), lanes=plan.lanes, waits=plan.waits, merges=plan.merges, graph_name=g.name)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 16), seed=st.integers(0, 10_000), lanes=st.sampled_from([1, 2, 3, None]),
+       overlap=st.sampled_from([1.0, 0.5, 0.0]), share=st.booleans())
+def test_the_schedule_replays_exactly_as_planned_and_keeps_the_guarantees(n: int, seed: int, lanes: int | None,
+                                                                         overlap: float, share: bool) -> None:
+    g = random_dag(n, seed, edge_prob=0.3)
+    res = dataclasses.replace(random_resources(g, seed, overlap), oversubscribe=share)
+    plan = est_lanes(g, res, lanes)
+    sched = lane_schedule(g, plan).validate(g)
+    assert lanes is None or len(sched.lanes or ()) <= lanes
+    sim = simulate(g, sched, res)
+    assert sim.makespan_ms == pytest.approx(plan.makespan_ms, rel=1e-9, abs=1e-9)
+    for e in sim.events:  # not just the makespan: every operator starts and ends as planned
+        assert e.start_ms == pytest.approx(plan.start_ms[e.label], abs=1e-9)
+        assert e.end_ms == pytest.approx(plan.end_ms[e.label], abs=1e-9)
+    durations = [res[v.name].duration_ms for v in g.nodes]
+    work = sum(durations)                                   # = the sequential schedule
+    area = sum(res[v.name].area_ms for v in g.nodes)
+    cp, _ = critical_path(g, durations)
+    assert plan.makespan_ms <= work + 1e-9                  # never worse than sequential
+    assert plan.makespan_ms >= max(cp, area) - 1e-9         # the model's lower bound holds
+    if overlap == 1.0 and share:                            # the list-scheduling bound of the rules
+        cap = lanes if lanes is not None and lanes < width(g) else None
+        bound = cp + area + (work / cap if cap else 0.0)
+        assert plan.makespan_ms <= bound + 1e-9
+
+
+def test_operators_that_each_fill_the_device_run_one_after_another_in_one_lane() -> None:
+    # five independent convolutions that each fill the device: est starts the most urgent one
+    # and, with the device full, the next only when it comes free, on the lane it left
+    g = fan(5)
+    ops = {n.name: OpDemand(1.0 + 0.1 * i, 1.0) for i, n in enumerate(g.nodes)}
+    plan = est_lanes(g, ResourceModel(ops), max_lanes=None)
+    assert plan.makespan_ms == pytest.approx(sum(o.duration_ms for o in ops.values()))
+    assert plan.lanes == (("c4", "c3", "c2", "c1", "c0", "out"),) and not plan.waits  # longest first
+
+
+def test_a_held_back_operator_waits_for_the_one_that_made_room() -> None:
+    # c0 (0.6 of the device) and c1 (0.4) fill it at t=0; c2 and c3 (0.2 each) are held back.
+    # When c1 ends at t=1 both start: c2 on c1's lane (the lane order carries the hold-back),
+    # c3 on a new lane, with a wait on c1; otherwise it would start at 0 in the executors
+    g = fan(4)
+    ops = {"c0": OpDemand(4.0, 0.6), "c1": OpDemand(1.0, 0.4), "c2": OpDemand(1.0, 0.2), "c3": OpDemand(1.0, 0.2),
+           "out": OpDemand(0.1, 1.0)}
+    res = ResourceModel(ops)
+    plan = est_lanes(g, res, max_lanes=None)
+    assert plan.waits == (("c3", "c1"),)
+    assert plan.lanes == (("c0", "out"), ("c1", "c2"), ("c3",))
+    assert plan.start_ms["c3"] == pytest.approx(1.0)
+    sched = lane_schedule(g, plan)
+    assert simulate(g, sched, res).makespan_ms == pytest.approx(plan.makespan_ms)
+    unwaited = Schedule(sched.graph_hash, lanes=sched.lanes)
+    early = {e.label: e.start_ms for e in simulate(g, unwaited, res).events}
+    assert early["c3"] == 0.0  # without the wait it would not have been held back
+
+
+def test_priority_is_the_longest_chain_to_the_end() -> None:
+    g = random_dag(8, 1, edge_prob=0.4)
+    durations = [1.0 + i for i in range(len(g.nodes))]
+    level = bottom_levels(g.succs, durations)
+    for i in range(len(g.nodes)):
+        assert level[i] == pytest.approx(durations[i] + max((level[s] for s in g.succs[i]), default=0.0))
+    assert max(level) == pytest.approx(critical_path(g, durations)[0])
+
+
+def test_est_on_the_zoo_beats_sequential_and_replays() -> None:
+    g = opsched.from_torch(get_model("inception_v3"), example_inputs("inception_v3"))
+    sched = schedule(g, "est", V100)
+    seq = schedule(g, "sequential", V100)
+    res = V100.resources(g, sched.merged)
+    assert simulate(g, sched, res).makespan_ms == pytest.approx(sched.estimated_ms, rel=1e-9)
+    assert sched.estimated_ms < 0.8 * simulate(g, seq, V100.resources(g)).makespan_ms
+    assert sched.stats["merges"] > 0 and len(sched.lanes or ()) <= 8
+
+
+def test_merges_are_siblings_that_cost_less_merged() -> None:
+    g = opsched.from_torch(get_model("googlenet"), example_inputs("googlenet"))
+    from opsched.schedule.coster import StageCoster
+
+    coster = StageCoster(g, V100)
+    merges = choose_merges(g, coster)
+    assert merges
+    for m in merges:
+        assert len({g.node(v).inputs[0] for v in m}) == 1
+        assert coster.latency(Stage(tuple((v,) for v in m), "merge")) < coster.latency(Stage(tuple((v,) for v in m)))
+
+
+@pytest.mark.parametrize("model", ["googlenet", "randwire_small", "nasnet_mobile"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_est_schedules_with_waits_and_merges_execute_equal_to_eager(model: str, backend: str) -> None:
+    m, inputs = get_model(model), example_inputs(model)
+    module = opsched.optimize(m, inputs, cost=V100, scheduler="est", backend=backend, verify=False)
+    sched = module.schedule
+    assert sched.is_lane_based and len(sched.lanes or ()) >= 2
+    with torch.no_grad():
+        assert_close(module(*inputs), m(*inputs), f"{model} / est / {backend}")
+
+
+def test_lane_schedule_json_round_trip_with_waits_and_merges(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = opsched.from_torch(get_model("googlenet"), example_inputs("googlenet"))
+    sched = schedule(g, "est", V100, max_lanes=3)
+    assert sched.merges
+    sched.save(tmp_path / "s.json")
+    back = Schedule.load(tmp_path / "s.json").validate(g)
+    assert back.lanes == sched.lanes and back.waits == sched.waits and back.merges == sched.merges
+    assert "merge(" in str(back)
+
+
+def test_bad_waits_and_merges_are_named() -> None:
+    g = fan(4)
+    a, b, c, d = "c0", "c1", "c2", "c3"
+    h = g.structural_hash()
+    with pytest.raises(InvalidScheduleError, match="only a lane-based schedule"):
+        Schedule(h, (Stage(((a, b, c, d),)),), waits=((a, b),))
+    with pytest.raises(InvalidScheduleError, match="not a node"):
+        Schedule(h, lanes=((a, b), (c, d, "out")), waits=((a, "nope"),)).validate(g)
+    with pytest.raises(InvalidScheduleError, match="deadlock"):
+        Schedule(h, lanes=((a, b), (c, d, "out")), waits=((a, d), (c, b))).validate(g)  # a < b < c < d < a
+    with pytest.raises(IllegalMergeError, match="next to each other"):
+        Schedule(h, lanes=((a, b, c), (d, "out")), merges=((a, c),)).validate(g)
+    with pytest.raises(IllegalMergeError, match="two or more"):
+        Schedule(h, lanes=((a, b, c, d, "out"),), merges=((a,),)).validate(g)
+
+
+def test_resource_model_checks_its_figures() -> None:
+    with pytest.raises(CostModelError, match="demand"):
+        OpDemand(1.0, 1.5)
+    with pytest.raises(CostModelError, match="overlap"):
+        ResourceModel({}, overlap=2.0)
+    with pytest.raises(CostModelError, match="no operator 'x'"):
+        ResourceModel({})["x"]
+
+
+def test_contention_reproduces_the_analytic_chains_term() -> None:
+    # groups that never oversubscribe: the fluid replay of a stage is longest + (1 - overlap)(rest)
+    res = ResourceModel({}, overlap=0.5)
+    assert res.rate(0.3, 1) == 1.0 and res.rate(0.3, 2) == pytest.approx(2 / 3) and res.rate(1.5, 2) == pytest.approx(2 / 3)
+    assert res.rate(2.5, 3) == pytest.approx(1 / 2.5)
+
+
+def test_measured_style_cost_models_lend_durations_and_borrow_demands() -> None:
+    g = random_dag(6, 2)
+
+    class Doubled:  # any cost model: twice the analytic price of every stage
+        monotone = True
+        key, device = "doubled", "V100"
+
+        def stage_latency(self, graph, stage):  # type: ignore[no-untyped-def]
+            return 2 * V100.stage_latency(graph, stage)
+
+    res = resources_for(g, Doubled())
+    ref = V100.resources(g)
+    for n in g.nodes:
+        assert res[n.name].duration_ms == pytest.approx(2 * ref[n.name].duration_ms)
+        assert res[n.name].demand == pytest.approx(ref[n.name].demand)
+
+
+def test_without_oversubscription_only_what_fits_runs_at_once() -> None:
+    g = fan(4)
+    ops = {"c0": OpDemand(4.0, 0.6), "c1": OpDemand(1.0, 0.3), "c2": OpDemand(1.0, 0.2), "c3": OpDemand(1.0, 0.2),
+           "out": OpDemand(0.1, 1.0)}
+    plan = est_lanes(g, ResourceModel(ops, oversubscribe=False))
+    running = [(plan.start_ms[v], plan.end_ms[v], ops[v].demand) for v in ops]
+    for t, _, _ in running:  # at every start, the demands of what runs sum to at most 1
+        assert sum(d for s, e, d in running if s <= t < e) <= 1.0 + 1e-9
+    shared = est_lanes(g, ResourceModel(ops))
+    # c0 and c1 load the device to 0.9: sharing admits c2 beside them (1.1), fitting does not
+    assert shared.start_ms["c2"] == 0.0 and plan.start_ms["c2"] == pytest.approx(1.0)
