@@ -1,0 +1,159 @@
+"""Schedulers side by side: the IOS dynamic program against list scheduling and the peers' lanes.
+
+Part 1, *simulated*: for every zoo model and device preset, each scheduler's schedule replayed
+by the simulator under the preset's resource model (the same model for all, so stage barriers,
+merges and lanes are compared like with like), and the wall time of the ``schedule()`` call
+that made it (pricing included).
+
+Part 2, *measured on this CPU* (``--cpu``): each scheduler with the cost information it needs,
+from a fresh profile store: the DP prices stages by measuring them (under the time budget, as
+``opsched.optimize`` does), ``est`` prices single operators from the analytic model of this
+CPU (no measurement at all) or, as ``est (measured)``, by measuring them; the peers' lane
+assignments need no costs. The plans run on the ONNX Runtime backend, interleaved in one process.
+
+    python benchmarks/schedulers.py                                  # simulated, V100 and H100
+    python benchmarks/schedulers.py --devices V100 --cpu --budget 60 # and measured on this CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import write  # noqa: E402
+
+import opsched  # noqa: E402
+from opsched.api import host_cpu_model, race  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
+from opsched.cost import AnalyticCostModel  # noqa: E402
+from opsched.cost.cached import StoredCostModel  # noqa: E402
+from opsched.cost.measured import MeasuredCostModel  # noqa: E402
+from opsched.cost.store import ProfileStore  # noqa: E402
+from opsched.models import example_inputs, get_model, list_models  # noqa: E402
+from opsched.runtime.module import ScheduledModule  # noqa: E402
+from opsched.schedule import schedule  # noqa: E402
+from opsched.schedule.simulate import simulate  # noqa: E402
+
+SIMULATED = ["sequential", "greedy", "ios", "nimble", "opara", "est"]
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def timed_schedule(graph, name: str, cost, **options: Any):  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    sched = schedule(graph, name, cost, **options)
+    return sched, time.perf_counter() - start
+
+
+def simulated(graphs: dict[str, Any], device: str) -> tuple[list[list[object]], list[dict[str, Any]]]:
+    cost = AnalyticCostModel(device)
+    rows, records = [], []
+    for name, graph in graphs.items():
+        ms, secs = {}, {}
+        for s in SIMULATED:
+            sched, secs[s] = timed_schedule(graph, s, cost)
+            ms[s] = simulate(graph, sched, cost.resources(graph, sched.merged)).makespan_ms
+            print(f"  {device} {name} {s}: {ms[s]:.3f} ms simulated, scheduled in {secs[s] * 1e3:.1f} ms", flush=True)
+        records.append({"model": name, "device": device, "simulated_ms": ms, "schedule_s": secs})
+        rows.append([name, *(f"{ms[s]:.3f}" for s in SIMULATED), f"{ms['est'] / ms['ios']:.3f}",
+                     f"{secs['ios'] * 1e3:.1f}", f"{secs['est'] * 1e3:.2f}", f"{secs['ios'] / secs['est']:.0f}x"])
+    return rows, records
+
+
+def measured(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[object], dict[str, Any]]:
+    model, inputs = get_model(name), example_inputs(name)
+    graph = opsched.from_torch(model, inputs)
+    cores = os.cpu_count() or 1
+    made: dict[str, tuple[Any, float]] = {}
+    with ProfileStore(cache_dir) as store:
+        m = MeasuredCostModel()
+        cost = StoredCostModel(m, store, m.context(inputs[0].shape[0]))
+        made["sequential"] = timed_schedule(graph, "sequential", host_cpu_model())
+        made["ios"] = timed_schedule(graph, "ios", cost, budget_s=budget, max_groups=cores)
+        before = cost.misses
+        made["est (measured)"] = timed_schedule(graph, "est", cost, max_lanes=cores)
+        est_measurements = cost.misses - before
+        made["est"] = timed_schedule(graph, "est", host_cpu_model(), max_lanes=cores)
+        made["nimble"] = timed_schedule(graph, "nimble", host_cpu_model())
+        made["opara"] = timed_schedule(graph, "opara", host_cpu_model())
+    modules = {k: ScheduledModule(graph, s) for k, (s, _) in made.items()}
+    lat = dict(zip(modules, race(*modules.values(), inputs=inputs, rounds=rounds)))
+    secs = {k: t for k, (_, t) in made.items()}
+    record = {"model": name, "median_ms": lat, "schedule_s": secs, "ios_stats": dict(made["ios"][0].stats),
+              "est_measurements": est_measurements, "lanes": {k: len(s.lanes or ()) for k, (s, _) in made.items()}}
+    row = [name, *(f"{lat[k]:.2f}" for k in modules), f"{lat['est'] / lat['ios']:.3f}",
+           f"{lat['est (measured)'] / lat['ios']:.3f}", f"{secs['ios']:.1f}", f"{secs['est'] * 1e3:.1f}",
+           f"{secs['est (measured)']:.1f}", f"{secs['ios'] / secs['est']:.0f}x"]
+    print("  cpu " + " | ".join(map(str, row)), flush=True)
+    return row, record
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="*", default=list_models())
+    p.add_argument("--devices", nargs="*", default=["V100", "H100"])
+    p.add_argument("--cpu", action="store_true", help="also measure every schedule on this CPU")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of DP search per model on the CPU")
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--name", default="schedulers")
+    args = p.parse_args()
+    graphs = {n: opsched.from_torch(get_model(n), example_inputs(n)) for n in args.models}
+    out = ["# Schedulers: the IOS dynamic program, list scheduling (est) and the peers' lanes", "",
+           "Batch 1. *ios*: the dynamic program (P(r=3, s=8), parallel and merge stages); *est*: "
+           "early-start-time-first list scheduling on at most 8 lanes, with merges, no barriers; "
+           "*nimble*: a minimum chain cover onto lanes; *opara*: a lane inherited from a producer. "
+           "Schedule times are the wall time of the `schedule()` call, pricing included.", ""]
+    data: dict[str, Any] = {"simulated": [], "cpu": []}
+    summary = []
+    for device in args.devices:
+        rows, records = simulated(graphs, device)
+        data["simulated"] += records
+        lat = geomean([r["simulated_ms"]["est"] / r["simulated_ms"]["ios"] for r in records])
+        speed = geomean([r["schedule_s"]["ios"] / r["schedule_s"]["est"] for r in records])
+        summary.append(f"{device} simulated: est / ios latency {lat:.3f} (geomean), est schedules {speed:.0f}x faster")
+        out += [f"## Simulated on the {device} preset (ms)", "",
+                format_table(["model", *SIMULATED, "est / ios", "ios schedule ms", "est schedule ms",
+                              "ios / est time"], rows, markdown=True), "",
+                f"Geometric mean of est / ios latency: {lat:.3f}; of the schedule-time ratio: {speed:.0f}x.", ""]
+    if args.cpu:
+        cache_dir = tempfile.mkdtemp(prefix="opsched-bench-")
+        rows, records = [], []
+        for name in args.models:
+            row, record = measured(name, args.budget, args.rounds, cache_dir)
+            rows.append(row)
+            records.append(record)
+        data["cpu"] = records
+        lat = geomean([r["median_ms"]["est"] / r["median_ms"]["ios"] for r in records])
+        lat_m = geomean([r["median_ms"]["est (measured)"] / r["median_ms"]["ios"] for r in records])
+        speed = geomean([r["schedule_s"]["ios"] / r["schedule_s"]["est"] for r in records])
+        summary.append(f"CPU measured: est / ios latency {lat:.3f}, est (measured) / ios {lat_m:.3f} (geomean); "
+                       f"est schedules {speed:.0f}x faster than the measured DP")
+        names = list(records[0]["median_ms"])
+        out += [f"## Measured on this CPU ({os.cpu_count()} cores; ms, median of {args.rounds} interleaved rounds)", "",
+                "Schedule time: the DP's includes measuring its stages (fresh profile store, budget "
+                f"{args.budget:.0f} s); est's is the analytic model only; est (measured)'s includes "
+                "measuring each operator and candidate merge once.", "",
+                format_table(["model", *names, "est / ios", "est (measured) / ios", "ios schedule s",
+                              "est schedule ms", "est (measured) schedule s", "ios / est time"], rows,
+                             markdown=True), "",
+                f"Geometric means: est / ios latency {lat:.3f}; est (measured) / ios {lat_m:.3f}; "
+                f"schedule-time ratio {speed:.0f}x.", ""]
+    out += ["## Summary", "", *(f"- {s}" for s in summary)]
+    data["summary"] = summary
+    md, js = write(args.name, "\n".join(out), data)
+    print("\n".join(summary))
+    print(f"wrote {md} and {js}")
+
+
+if __name__ == "__main__":
+    main()
