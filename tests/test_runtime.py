@@ -17,7 +17,7 @@ from opsched.runtime.cpu import CpuExecutor
 from opsched.runtime.module import make_executor
 from opsched.runtime.plan import lower
 from opsched.schedule import Schedule, schedule
-from opsched.testing import assert_close, random_dag
+from opsched.testing import assert_close, fork_join, random_dag
 
 CPU = host_cpu_model()
 
@@ -241,13 +241,7 @@ def test_optimize_graph_from_onnx(tmp_path) -> None:  # type: ignore[no-untyped-
 
 def test_lane_plans_split_into_phases_at_cuts() -> None:
     # x -> a -> {b, c} -> d: a and d are cuts; b and c run as a two-lane phase between them
-    b = GraphBuilder("diamond")
-    x = b.input("x", (1, 4, 8, 8))
-    w = b.param("w", torch.randn(4, 4, 1, 1))
-    a = b.add("conv2d", [x], name="a", params=[w])
-    bb = b.add("conv2d", [a], name="b", params=[w])
-    c = b.add("conv2d", [a], name="c", params=[w])
-    g = b.build([b.add("add", [bb, c], name="d")])
+    g = fork_join("a")
     plan = lower(g, Schedule(g.structural_hash(), lanes=(("a", "b", "d"), ("c",))))
     labels = [[[plan.steps[s].label for s in lane] for lane in p.lanes] for p in plan.phases]
     assert labels == [[["a"]], [["b"], ["c"]], [["d"]]]

@@ -5,25 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from opsched.cost import AnalyticCostModel
-from opsched.ir import Graph, GraphBuilder
 from opsched.schedule import Schedule, Stage, schedule
 from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.schedule.simulate import simulate
-from opsched.testing import random_dag
-
-
-def fork() -> Graph:
-    """x -> a -> b, x -> c, then d = b + c."""
-    b = GraphBuilder("fork")
-    x = b.input("x", (1, 4, 8, 8))
-    w = b.param("w", torch.randn(4, 4, 1, 1))
-    a = b.add("conv2d", [x], name="a", params=[w])
-    bb = b.add("conv2d", [a], name="b", params=[w])
-    c = b.add("conv2d", [x], name="c", params=[w])
-    return b.build([b.add("add", [bb, c], name="d")])
+from opsched.testing import fork_join, random_dag
 
 
 def demands(barrier_ms: float = 0.0, **spec: tuple[float, float]) -> ResourceModel:
@@ -31,7 +18,7 @@ def demands(barrier_ms: float = 0.0, **spec: tuple[float, float]) -> ResourceMod
     return ResourceModel({k: OpDemand(*v) for k, v in spec.items()}, barrier_ms=barrier_ms)
 
 
-G = fork()
+G = fork_join("x")  # x -> a -> b, x -> c, then d = b + c
 H = G.structural_hash()
 
 

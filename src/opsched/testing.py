@@ -9,7 +9,7 @@ import torch
 
 from opsched.ir import Graph, GraphBuilder
 
-__all__ = ["TOLERANCES", "assert_close", "random_dag"]
+__all__ = ["TOLERANCES", "assert_close", "fork_join", "random_dag"]
 
 #: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
 #: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
@@ -53,3 +53,14 @@ def random_dag(n: int, seed: int, *, edge_prob: float = 0.35, channels: int = 4,
     sinks = [o for o in outs if o not in used]
     out = sinks[0] if len(sinks) == 1 else b.add("add", sinks, name="out")
     return b.build([out]).verify()
+
+
+def fork_join(c_reads: str = "x") -> Graph:
+    """1x1 convolutions on (1, 4, 8, 8): x -> a -> b; c reads ``c_reads`` ("x" or "a"); d = b + c."""
+    b = GraphBuilder(f"fork_join_{c_reads}")
+    x = b.input("x", (1, 4, 8, 8))
+    w = b.param("w", torch.randn(4, 4, 1, 1))
+    a = b.add("conv2d", [x], name="a", params=[w])
+    bb = b.add("conv2d", [a], name="b", params=[w])
+    c = b.add("conv2d", [{"x": x, "a": a}[c_reads]], name="c", params=[w])
+    return b.build([b.add("add", [bb, c], name="d")])
