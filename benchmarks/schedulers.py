@@ -141,8 +141,8 @@ def main() -> None:
         names = list(records[0]["median_ms"])
         out += [f"## Measured on this CPU ({os.cpu_count()} cores; ms, median of {args.rounds} interleaved rounds)", "",
                 "Schedule time: the DP's includes measuring its stages (fresh profile store, budget "
-                f"{args.budget:.0f} s); est's is the analytic model only; est (measured)'s includes "
-                "measuring each operator and candidate merge once.", "",
+                f"{args.budget:.0f} s); est's is the analytic model only; est (measured) runs after the "
+                "DP on the same store, so its time counts only the operators and merges the DP had not measured.", "",
                 format_table(["model", *names, "est / ios", "est (measured) / ios", "ios schedule s",
                               "est schedule ms", "est (measured) schedule s", "ios / est time"], rows,
                              markdown=True), "",

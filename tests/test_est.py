@@ -181,8 +181,7 @@ def test_resource_model_checks_its_figures() -> None:
         ResourceModel({})["x"]
 
 
-def test_contention_reproduces_the_analytic_chains_term() -> None:
-    # groups that never oversubscribe: the fluid replay of a stage is longest + (1 - overlap)(rest)
+def test_rate_combines_capacity_and_contention() -> None:
     res = ResourceModel({}, overlap=0.5)
     assert res.rate(0.3, 1) == 1.0 and res.rate(0.3, 2) == pytest.approx(2 / 3) and res.rate(1.5, 2) == pytest.approx(2 / 3)
     assert res.rate(2.5, 3) == pytest.approx(1 / 2.5)

@@ -54,6 +54,15 @@ def test_barrier_after_a_stage_of_several_groups() -> None:
     assert simulate(G, sched, demands(barrier_ms=0.25, **d)).makespan_ms == pytest.approx(3.25)
 
 
+def test_contention_replays_the_analytic_chains_term() -> None:
+    # groups [a, b] and [c] that never oversubscribe, overlap 0.5: the stage lasts
+    # longest + 0.5 * (the rest) = 2 + 0.5 * 1.5, the analytic formula's chains term; then d
+    sched = Schedule(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
+    res = ResourceModel({"a": OpDemand(1, 0.2), "b": OpDemand(1, 0.2), "c": OpDemand(1.5, 0.2),
+                         "d": OpDemand(0.5, 1)}, overlap=0.5)
+    assert simulate(G, sched, res).makespan_ms == pytest.approx(2 + 0.5 * 1.5 + 0.5)
+
+
 def test_lanes_start_as_soon_as_producers_finish() -> None:
     # lane 0: a, b, d; lane 1: c. a and c overlap (0.5 + 0.5 <= 1); b starts at 1 without a barrier
     sched = Schedule(H, lanes=(("a", "b", "d"), ("c",)))

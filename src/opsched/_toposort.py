@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Hashable, Mapping, Set
+from typing import TypeVar
 
-__all__ = ["kahn", "bits"]
+__all__ = ["kahn", "bits", "topological_order"]
+
+H = TypeVar("H", bound=Hashable)
+
+
+def topological_order(deps: Mapping[H, Set[H]]) -> tuple[list[H], list[H]]:
+    """Kahn's algorithm: (an order of the items that can be ordered, the items that wait
+    (transitively) on a cycle). ``deps`` maps each item to the items it waits for, all keys."""
+    indeg = {v: len(d) for v, d in deps.items()}
+    users: dict[H, list[H]] = {v: [] for v in deps}
+    for v, d in deps.items():
+        for u in d:
+            users[u].append(v)
+    ready = [v for v, d in indeg.items() if d == 0]
+    order: list[H] = []
+    while ready:
+        v = ready.pop()
+        order.append(v)
+        for w in users[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+    return order, [v for v, d in indeg.items() if d > 0]
 
 
 def kahn(deps: Mapping[str, Set[str]]) -> list[str]:
     """Names that wait (transitively) on a cycle: empty iff ``deps`` (name -> the names it waits
     for, all keys of ``deps``) can be ordered."""
-    indeg = {v: len(d) for v, d in deps.items()}
-    users: dict[str, list[str]] = {v: [] for v in deps}
-    for v, d in deps.items():
-        for u in d:
-            users[u].append(v)
-    ready = [v for v, d in indeg.items() if d == 0]
-    while ready:
-        v = ready.pop()
-        for w in users[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-    return [v for v, d in indeg.items() if d > 0]
+    return topological_order(deps)[1]
 
 
 def bits(mask: int) -> list[int]:

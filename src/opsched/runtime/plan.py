@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from opsched._toposort import topological_order
 from opsched.ir import Graph
 from opsched.runtime.kernels import ACTIVATION_FNS, Kernel, make_kernel
 from opsched.schedule.merge import merged_conv, merged_parameters
@@ -117,16 +118,7 @@ def _split_at_cuts(steps: list[Step], lanes: list[list[int]]) -> list[list[list[
     for s, bs in before.items():
         for b in bs:
             after[b].append(s)
-    indegree = {s: len(bs) for s, bs in before.items()}
-    frontier = sorted(s for s, d in indegree.items() if d == 0)
-    topo: list[int] = []
-    while frontier:
-        s = frontier.pop()
-        topo.append(s)
-        for t in after[s]:
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                frontier.append(t)
+    topo, _ = topological_order(before)  # the schedule validated: nothing is stuck
     k_of = {s: k for k, s in enumerate(topo)}
     up = [0] * len(topo)    # ancestors, as bits of topological positions
     down = [0] * len(topo)  # descendants

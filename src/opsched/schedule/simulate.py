@@ -18,6 +18,7 @@ planned timeline and the replay of its schedule agree exactly.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from opsched.cost.resources import ResourceModel
@@ -157,7 +158,7 @@ def simulate(graph: Graph, schedule: Schedule, resources: ResourceModel) -> Simu
         for d in o.deps:
             consumers[d].append(i)
     fluid = Fluid(resources)
-    ready = [i for i, n in enumerate(pending) if n == 0]
+    ready = deque(i for i, n in enumerate(pending) if n == 0)
     finished = 0
 
     def finish(i: int) -> None:
@@ -171,7 +172,7 @@ def simulate(graph: Graph, schedule: Schedule, resources: ResourceModel) -> Simu
 
     while True:
         while ready:
-            i = ready.pop(0)
+            i = ready.popleft()
             ops[i].start = fluid.t
             if ops[i].work <= 0:
                 finish(i)
