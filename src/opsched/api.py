@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 import statistics
 import time
@@ -15,7 +17,7 @@ from torch import nn
 from opsched.cost import AnalyticCostModel, CostModel
 from opsched.cost.cached import StoredCostModel
 from opsched.cost.devices import host_cpu_spec
-from opsched.cost.measured import MeasuredCostModel
+from opsched.cost.measured import MeasuredCostModel, random_inputs
 from opsched.cost.store import ProfileStore
 from opsched.errors import ExecutionError, OpschedError
 from opsched.frontends import from_torch
@@ -24,10 +26,13 @@ from opsched.runtime.module import ScheduledModule
 from opsched.schedule import schedule as run_scheduler
 from opsched.schedule.types import Schedule
 from opsched.testing import TOLERANCES
+from opsched.transforms.place import place
 
-__all__ = ["optimize", "optimize_graph", "load", "host_cpu_model", "race"]
+__all__ = ["optimize", "optimize_graph", "load", "host_cpu_model", "race", "placed_inputs"]
 
-DEVICES = ("cpu",)
+log = logging.getLogger(__name__)
+
+DEVICES = ("cpu", "cuda")
 
 
 def host_cpu_model() -> AnalyticCostModel:
@@ -39,12 +44,28 @@ def _inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torc
     return (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
 
 
-def _check_device(device: str) -> None:
-    if device not in DEVICES:
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in DEVICES:
         raise OpschedError(f"device {device!r} is not supported by this opsched; supported: {', '.join(DEVICES)}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OpschedError(f"device {device!r}: CUDA is not available on this machine (torch {torch.__version__}, "
+                           f"torch.cuda.is_available() is False)")
+    return dev
+
+
+def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``inputs`` moved to ``device`` and cast to ``graph``'s input dtypes (after :func:`place`)."""
+    return tuple(t.to(device, getattr(torch, i.type.dtype)) for i, t in zip(graph.inputs, inputs))
 
 
 def _verify(module: ScheduledModule, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    placed = placed_inputs(module.graph, inputs, module.device)
+    if any(p.dtype != t.dtype or p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
+        model, inputs = copy.deepcopy(model).to(module.device, placed[0].dtype), placed
     with torch.no_grad():
         expected = model(*inputs)
         actual = module(*inputs)
@@ -58,26 +79,35 @@ def _verify(module: ScheduledModule, model: nn.Module, inputs: tuple[torch.Tenso
                                  f"(tolerance {tol:.3g}); please report this with the model")
 
 
-def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, device: str = "cpu",
-             scheduler: str = "ios", cost: str | CostModel = "measured", backend: str = "auto",
+def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
+             graphs: bool = True, scheduler: str = "ios", cost: str | CostModel = "measured", backend: str = "auto",
              cache_dir: str | None = None, verify: bool = True, **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that runs it.
 
     ``cost`` is ``"measured"`` (stages timed on this machine, remembered in the profile store
     under ``cache_dir``), ``"analytic"`` (the analytic model of this CPU: instant, approximate)
     or any :class:`~opsched.cost.CostModel`. On a CPU, ``max_groups`` defaults to the number of
-    cores. ``backend`` runs the plan's kernels: ``"ort"``
+    cores. ``backend`` runs the plan's kernels on a CPU: ``"ort"``
     (ONNX Runtime sessions per lane segment; the fast CPU kernels), ``"torch"``, or ``"auto"``
-    (ORT when installed). ``options`` go to the scheduler (for ``ios``:
+    (ORT when installed).
+
+    ``device="cuda"`` runs the plan's lanes on CUDA streams, captured into one CUDA graph
+    (``graphs=False``: eagerly on the streams); stages are then measured as captured replays
+    timed with CUDA events, and ``cost="analytic"`` uses the preset of that GPU. ``dtype``
+    (``"float16"``, ``"bfloat16"``, ...) and ``channels_last`` place the model's weights: the
+    returned module then behaves like ``model.to(device, dtype)`` and takes inputs on that
+    device in that precision (the schedule is specialised to them). ``options`` go to the scheduler (for ``ios``:
     ``max_group_size``, ``max_groups``, ``max_part_size``, ``budget_s``, ``max_stage_costs``,
     ``progress``). With ``verify`` the result is checked against the model once.
     """
-    _check_device(device)
+    dev = _device(device)
     inputs = _inputs(example_inputs)
     model = model.eval()
     start = time.perf_counter()
     graph = from_torch(model, inputs)
-    module = optimize_graph(graph, scheduler=scheduler, cost=cost, backend=backend, cache_dir=cache_dir,
+    module = optimize_graph(graph, device=dev, dtype=dtype, channels_last=channels_last, graphs=graphs,
+                            scheduler=scheduler, cost=cost, backend=backend, cache_dir=cache_dir,
                             single_output=_single_output(model, inputs), **options)
     module.info["optimize time"] = f"{time.perf_counter() - start:.2f} s"
     if verify:
@@ -85,36 +115,53 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     return module
 
 
-def optimize_graph(graph: Graph, *, scheduler: str = "ios", cost: str | CostModel = "measured",
-                   backend: str = "auto", cache_dir: str | None = None, single_output: bool = True,
-                   check: bool = True, **options: Any) -> ScheduledModule:
+def _cost_model(cost: str | CostModel, graph: Graph, device: torch.device, backend: str, channels_last: bool,
+                cache_dir: str | None, stack: contextlib.ExitStack) -> CostModel:
+    if not isinstance(cost, str):
+        return cost
+    if cost == "analytic":
+        if device.type == "cuda":
+            from opsched.cost.gpu import gpu_preset
+
+            return AnalyticCostModel(gpu_preset(torch.cuda.get_device_name(device)))
+        return host_cpu_model()
+    if cost != "measured":
+        raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
+    if device.type == "cuda":
+        from opsched.cost.gpu import CudaMeasuredCostModel
+
+        measured: MeasuredCostModel | CudaMeasuredCostModel = CudaMeasuredCostModel(device, channels_last=channels_last)
+    else:
+        measured = MeasuredCostModel(backend=backend)
+    store = stack.enter_context(ProfileStore(cache_dir))
+    return StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
+
+
+def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                   channels_last: bool = False, graphs: bool = True, scheduler: str = "ios",
+                   cost: str | CostModel = "measured", backend: str = "auto", cache_dir: str | None = None,
+                   single_output: bool = True, check: bool = True, **options: Any) -> ScheduledModule:
     """:func:`optimize` for an imported graph (from :func:`opsched.from_onnx`, say)."""
     start = time.perf_counter()
-    inputs = tuple(torch.randn(i.type.shape).to(getattr(torch, i.type.dtype)) for i in graph.inputs)
-    # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
-    # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
-    if scheduler == "ios" and options.get("max_groups") is None:
-        options["max_groups"] = os.cpu_count() or 1
-    if scheduler == "est" and options.get("max_lanes") is None:
-        options["max_lanes"] = os.cpu_count() or 1
+    dev = _device(device)
+    graph = place(graph, dev, dtype, channels_last)
+    inputs = tuple(random_inputs(graph, dev))
+    if dev.type == "cpu":
+        # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
+        # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
+        if scheduler == "ios" and options.get("max_groups") is None:
+            options["max_groups"] = os.cpu_count() or 1
+        if scheduler == "est" and options.get("max_lanes") is None:
+            options["max_lanes"] = os.cpu_count() or 1
+    run = {"backend": backend, "device": dev, "graphs": graphs, "channels_last": channels_last,
+           "single_output": single_output}
     with contextlib.ExitStack() as stack:
-        if isinstance(cost, str):
-            if cost == "analytic":
-                cost_model: CostModel = host_cpu_model()
-            elif cost == "measured":
-                measured = MeasuredCostModel(backend=backend)
-                store = stack.enter_context(ProfileStore(cache_dir))
-                cost_model = StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
-            else:
-                raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
-        else:
-            cost_model = cost
+        cost_model = _cost_model(cost, graph, dev, backend, channels_last, cache_dir, stack)
         sched = run_scheduler(graph, scheduler, cost_model, **options)
-        module = ScheduledModule(graph, sched, backend=backend, single_output=single_output)
+        module = ScheduledModule(graph, sched, **run)
         if check and isinstance(cost_model, StoredCostModel) and scheduler != "sequential":
             # Stage prices were taken in isolation: check the whole plan against the sequential one.
-            baseline = ScheduledModule(graph, run_scheduler(graph, "sequential", cost_model), backend=backend,
-                                       single_output=single_output)
+            baseline = ScheduledModule(graph, run_scheduler(graph, "sequential", cost_model), **run)
             chosen_ms, sequential_ms = race(module, baseline, inputs=inputs)
             module.info["end-to-end check"] = f"{chosen_ms:.2f} ms vs sequential {sequential_ms:.2f} ms"
             if sequential_ms < chosen_ms:
@@ -134,13 +181,19 @@ def optimize_graph(graph: Graph, *, scheduler: str = "ios", cost: str | CostMode
 
 def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...], rounds: int = 7,
          warmup: int = 2) -> list[float]:
-    """Median latencies (ms) of modules run interleaved, in one process, after a warm-up."""
+    """Median latencies (ms) of modules run interleaved, in one process, after a warm-up (on a
+    GPU, each call is timed to its completion)."""
     times: list[list[float]] = [[] for _ in modules]
+    on_gpu = any(t.is_cuda for t in inputs)
     with torch.no_grad():
         for r in range(rounds + warmup):
             for module, sink in zip(modules, times):
+                if on_gpu:
+                    torch.cuda.synchronize()
                 t = time.perf_counter()
                 module(*inputs)
+                if on_gpu:
+                    torch.cuda.synchronize()
                 if r >= warmup:
                     sink.append((time.perf_counter() - t) * 1e3)
     return [statistics.median(t) for t in times]
@@ -152,13 +205,21 @@ def _single_output(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
 
 
 def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequence[torch.Tensor] | torch.Tensor,
-         *, backend: str = "auto") -> ScheduledModule:
+         *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
+         graphs: bool = True, backend: str = "auto") -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
 
-    The model is imported again with ``example_inputs``; a schedule made for another model,
-    batch size or input shape is refused with :class:`~opsched.errors.ScheduleMismatchError`.
+    The model is imported again with ``example_inputs`` and placed as given; a schedule made for
+    another model, batch size, input shape or precision is refused with
+    :class:`~opsched.errors.ScheduleMismatchError`. One made on another device runs (schedules
+    travel), with a warning: it was tuned for that device.
     """
+    dev = _device(device)
     inputs = _inputs(example_inputs)
-    graph: Graph = from_torch(model.eval(), inputs)
+    graph = place(from_torch(model.eval(), inputs), dev, dtype, channels_last)
     sched = Schedule.load(path).validate(graph)
-    return ScheduledModule(graph, sched, backend=backend, single_output=_single_output(model, inputs))
+    module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
+                             single_output=_single_output(model, inputs))
+    if dev.type == "cuda" and sched.device and torch.cuda.get_device_name(dev) not in sched.device:
+        log.warning("schedule %s was made for %s; running it on %s", path, sched.device, torch.cuda.get_device_name(dev))
+    return module

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from opsched.ir import Graph, GraphBuilder
+from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait
 
-__all__ = ["TOLERANCES", "assert_close", "fork_join", "random_dag"]
+__all__ = ["TOLERANCES", "assert_close", "check_stream_program", "fork_join", "random_dag"]
 
 #: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
 #: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
@@ -64,3 +65,72 @@ def fork_join(c_reads: str = "x") -> Graph:
     bb = b.add("conv2d", [a], name="b", params=[w])
     c = b.add("conv2d", [{"x": x, "a": a}[c_reads]], name="c", params=[w])
     return b.build([b.add("add", [bb, c], name="d")])
+
+
+def check_stream_program(program: StreamProgram) -> None:
+    """Assert that ``program`` runs its plan correctly on any stream-ordered device.
+
+    Happens-before is built only from what such a device guarantees: order on one stream, and a
+    wait ordered after the latest record of its event *enqueued before it* (a wait on an event
+    not yet recorded orders nothing). Then: every step is launched exactly once, after the steps
+    that produce what it reads and the steps its plan says it waits for; a slot is released only
+    after its readers were enqueued, and each of them happens before the next work on the stream
+    that produced the slot (the only stream that can reuse its memory); and every stream's work
+    happens before the end of stream 0 (the caller sees finished results).
+    """
+    plan, ops = program.plan, program.ops
+    stream_ops = [k for k, op in enumerate(ops) if not isinstance(op, Release)]
+    pos = {k: i for i, k in enumerate(stream_ops)}
+    before = [0] * len(stream_ops)  # bit i: stream op i happens before (or is) this one
+    last_on: dict[int, int] = {}
+    last_record: dict[int, int] = {}
+    for k in stream_ops:
+        op = ops[k]
+        i = pos[k]
+        bits = 1 << i
+        if op.stream in last_on:
+            bits |= before[last_on[op.stream]]
+        if isinstance(op, Wait):
+            assert op.event in last_record, f"op {k}: wait on event {op.event} before any record of it"
+            bits |= before[last_record[op.event]]
+        if isinstance(op, Record):
+            last_record[op.event] = i
+        before[i] = bits
+        last_on[op.stream] = i
+    launch_of: dict[int, int] = {}
+    for k, op in enumerate(ops):
+        if isinstance(op, Launch):
+            assert op.step not in launch_of, f"step {plan.steps[op.step].label} launched twice"
+            launch_of[op.step] = pos[k]
+    assert set(launch_of) == set(range(len(plan.steps))), "some steps are never launched"
+    producer = {o: s for s, step in enumerate(plan.steps) for o in step.outputs}
+    for s, step in enumerate(plan.steps):
+        here = before[launch_of[s]]
+        for p in {producer[i] for i in step.inputs if i in producer} | set(step.waits):
+            assert here >> launch_of[p] & 1, (f"step {step.label} may run before {plan.steps[p].label}, "
+                                               f"which it reads or waits for")
+    readers: dict[int, list[int]] = {}
+    for s, step in enumerate(plan.steps):
+        for i in step.inputs:
+            readers.setdefault(i, []).append(s)
+    released: set[int] = set()
+    for k, op in enumerate(ops):
+        if not isinstance(op, Release):
+            continue
+        for slot in op.slots:
+            assert slot not in released, f"slot {plan.slot_names[slot]} released twice"
+            released.add(slot)
+            if slot not in producer:
+                continue  # a graph input: the caller owns its memory
+            home = ops[stream_ops[launch_of[producer[slot]]]].stream
+            nxt = next((pos[j] for j in stream_ops if j > k and ops[j].stream == home), None)
+            for r in readers.get(slot, ()):
+                at = stream_ops[launch_of[r]]
+                assert at < k, f"slot {plan.slot_names[slot]} released before its reader {plan.steps[r].label}"
+                if ops[at].stream != home and nxt is not None:
+                    assert before[nxt] >> launch_of[r] & 1, (
+                        f"slot {plan.slot_names[slot]} (made on stream {home}) is released while "
+                        f"{plan.steps[r].label} on stream {ops[at].stream} may still read it")
+    end = last_on.get(0)
+    for i, k in enumerate(stream_ops):
+        assert end is not None and before[end] >> i & 1, f"op {k} ({ops[k]}) is not joined back into stream 0"

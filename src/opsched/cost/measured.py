@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,7 +20,26 @@ from opsched.cost.store import ProfileContext
 from opsched.ir import Graph
 from opsched.schedule.types import Schedule, Stage
 
-__all__ = ["MeasuredCostModel", "cpu_fingerprint", "cpu_model_name"]
+if TYPE_CHECKING:
+    from opsched.runtime.plan import Plan
+
+__all__ = ["MeasuredCostModel", "cpu_fingerprint", "cpu_model_name", "stage_plan", "random_inputs"]
+
+
+def stage_plan(graph: Graph, stage: Stage) -> tuple[Graph, Plan]:
+    """``stage`` cut out of ``graph`` as a graph of its own (its external inputs become graph
+    inputs, its every node an output, so nothing is dead) and lowered to a plan."""
+    from opsched.runtime.plan import lower
+
+    sub = graph.subgraph(stage.nodes, name=f"{graph.name}.stage")
+    sub = sub.replace(outputs=tuple(stage.nodes))
+    return sub, lower(sub, Schedule(sub.structural_hash(), (stage,), graph_name=sub.name))
+
+
+def random_inputs(graph: Graph, device: str | torch.device = "cpu", seed: int = 0) -> list[torch.Tensor]:
+    """Reproducible random inputs of ``graph``'s input types on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(i.type.shape, generator=gen).to(device, getattr(torch, i.type.dtype)) for i in graph.inputs]
 
 
 def cpu_model_name() -> str:
@@ -88,14 +108,10 @@ class MeasuredCostModel:
 
     def _measure(self, graph: Graph, stage: Stage, repeat: int) -> float:
         from opsched.runtime.module import make_executor
-        from opsched.runtime.plan import lower
 
-        sub = graph.subgraph(stage.nodes, name=f"{graph.name}.stage")
-        sub = sub.replace(outputs=tuple(stage.nodes))
-        sched = Schedule(sub.structural_hash(), (stage,), graph_name=sub.name)
-        executor = make_executor(sub, lower(sub, sched), self.backend, self.cores)
-        gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randn(i.type.shape, generator=gen).to(getattr(torch, i.type.dtype)) for i in sub.inputs]
+        sub, plan = stage_plan(graph, stage)
+        executor = make_executor(sub, plan, self.backend, self.cores)
+        inputs = random_inputs(sub)
         threads = torch.get_num_threads()
         if self.cores:
             torch.set_num_threads(self.cores)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from opsched.errors import ExecutionError, OpschedError
-from opsched.runtime.plan import Plan
+from opsched.runtime.plan import Plan, bind_step
 
 __all__ = ["Item", "Program", "LaneExecutor", "CpuExecutor", "TraceEvent", "torch_program"]
 
@@ -64,25 +64,9 @@ class Program:
 
 def torch_program(plan: Plan) -> Program:
     """One item per step, each a bound torch kernel."""
-    def item(s: int) -> Item:
-        step = plan.steps[s]
-        kernel, ins, outs, frees = step.kernel, step.inputs, step.outputs, step.frees
-        if len(outs) == 1:
-            (o,) = outs
-
-            def run(slots: list[Any]) -> None:
-                slots[o] = kernel(*[slots[i] for i in ins])
-                for f in frees:
-                    slots[f] = None
-        else:
-            def run(slots: list[Any]) -> None:
-                for slot, value in zip(outs, kernel(*[slots[i] for i in ins])):
-                    slots[slot] = value
-                for f in frees:
-                    slots[f] = None
-        return Item(s, step.label, step.op, run, step.waits)
-
-    phases = tuple(tuple(tuple(item(s) for s in lane) for lane in phase.lanes) for phase in plan.phases)
+    phases = tuple(tuple(tuple(Item(s, plan.steps[s].label, plan.steps[s].op, bind_step(plan.steps[s]),
+                                    plan.steps[s].waits) for s in lane) for lane in phase.lanes)
+                   for phase in plan.phases)
     return Program(phases, tuple(p.frees for p in plan.phases), len(plan.steps), len(plan.slot_names),
                    plan.input_slots, plan.output_slots)
 

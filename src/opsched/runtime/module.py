@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,6 +14,9 @@ from opsched.runtime.cpu import CpuExecutor, LaneExecutor, TraceEvent
 from opsched.runtime.plan import Plan, lower
 from opsched.runtime.reference import check_inputs
 from opsched.schedule.types import Schedule
+
+if TYPE_CHECKING:
+    from opsched.runtime.cuda import CudaExecutor
 
 __all__ = ["ScheduledModule", "BACKENDS", "make_executor", "resolve_backend"]
 
@@ -33,7 +36,17 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def make_executor(graph: Graph, plan: Plan, backend: str, cores: int | None = None) -> LaneExecutor:
+def make_executor(graph: Graph, plan: Plan, backend: str, cores: int | None = None, *,
+                  device: str | torch.device = "cpu", graphs: bool = True,
+                  channels_last: bool = False) -> LaneExecutor | CudaExecutor:
+    """The executor of ``plan``: on a CUDA device the stream executor (captured into a CUDA graph
+    unless ``graphs`` is false), on the CPU lanes on threads with ``backend``'s kernels."""
+    if torch.device(device).type == "cuda":
+        if backend not in ("auto", "torch"):
+            raise OpschedError(f"backend {backend!r} runs on the CPU; on {device} the kernels are torch's (CUDA)")
+        from opsched.runtime.cuda import CudaExecutor
+
+        return CudaExecutor(graph, plan, device=device, graphs=graphs, channels_last=channels_last)
     if resolve_backend(backend) == "ort":
         from opsched.runtime.ort import OrtExecutor
 
@@ -49,14 +62,17 @@ class ScheduledModule(nn.Module):
     shapes and dtypes (the schedule is specialised to them).
     """
 
-    def __init__(self, graph: Graph, schedule: Schedule, *, backend: str = "auto", single_output: bool = True,
+    def __init__(self, graph: Graph, schedule: Schedule, *, backend: str = "auto", device: str | torch.device = "cpu",
+                 graphs: bool = True, channels_last: bool = False, single_output: bool = True,
                  info: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.graph = graph
         self.schedule = schedule
-        self.backend = resolve_backend(backend)
+        self.device = torch.device(device)
+        self.backend = "cuda" if self.device.type == "cuda" else resolve_backend(backend)
         self.plan = lower(graph, schedule)
-        self._executor = make_executor(graph, self.plan, self.backend)
+        self._executor = make_executor(graph, self.plan, backend, device=self.device, graphs=graphs,
+                                       channels_last=channels_last)
         self._single = single_output and len(graph.outputs) == 1
         self.info: dict[str, Any] = dict(info or {})
 
@@ -84,6 +100,10 @@ class ScheduledModule(nn.Module):
                  f"{sum(st.strategy == 'merge' for st in s.stages)} merged convolutions"]
         if s.estimated_ms is not None:
             lines.append(f"  cost model estimate: {s.estimated_ms:.3f} ms")
+        capture_error = getattr(self._executor, "capture_error", None)
+        if self.device.type == "cuda":
+            lines.append(f"  {self._executor.program.n_streams} CUDA streams; " + (
+                f"not captured into a CUDA graph: {capture_error}" if capture_error else "captured into one CUDA graph"))
         for key, value in self.info.items():
             lines.append(f"  {key}: {value}")
         if s.stats:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,7 @@ from opsched.runtime.kernels import ACTIVATION_FNS, Kernel, make_kernel
 from opsched.schedule.merge import merged_conv, merged_parameters
 from opsched.schedule.types import Schedule
 
-__all__ = ["Step", "Phase", "Plan", "lower"]
+__all__ = ["Step", "Phase", "Plan", "lower", "bind_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,28 @@ class Plan:
                 live -= sum(slot_bytes[f] for s in steps for f in self.steps[s].frees)
             live -= sum(slot_bytes[s] for s in phase.frees)
         return peak
+
+
+def bind_step(step: Step, release: bool = True) -> Callable[[list[Any]], None]:
+    """``step`` as a call on a run's slot list: read its inputs, write its outputs and, with
+    ``release``, drop the slots that die right after it (an executor that releases slots itself,
+    as the CUDA one does, passes ``False``)."""
+    kernel, ins, outs = step.kernel, step.inputs, step.outputs
+    frees = step.frees if release else ()
+    if len(outs) == 1:
+        (o,) = outs
+
+        def run(slots: list[Any]) -> None:
+            slots[o] = kernel(*[slots[i] for i in ins])
+            for f in frees:
+                slots[f] = None
+    else:
+        def run(slots: list[Any]) -> None:
+            for slot, value in zip(outs, kernel(*[slots[i] for i in ins])):
+                slots[slot] = value
+            for f in frees:
+                slots[f] = None
+    return run
 
 
 def _merged_kernel(graph: Graph, names: tuple[str, ...]) -> Kernel:
