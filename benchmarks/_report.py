@@ -19,18 +19,24 @@ def environment() -> dict[str, str]:
     import opsched
     from opsched.cost.measured import cpu_model_name
 
-    return {"machine": f"{cpu_model_name()}, {os.cpu_count()} cores", "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": numpy.__version__, "opsched": opsched.__version__,
-            "platform": platform.platform()}
+    env = {"machine": f"{cpu_model_name()}, {os.cpu_count()} cores", "python": platform.python_version(),
+           "torch": torch.__version__, "numpy": numpy.__version__, "opsched": opsched.__version__,
+           "platform": platform.platform()}
+    if torch.cuda.is_available():
+        from opsched.cost.gpu import gpu_fingerprint, gpu_versions
+
+        env["gpu"] = gpu_fingerprint(torch.device("cuda", torch.cuda.current_device()))
+        env["gpu libraries"] = gpu_versions()
+    return env
 
 
 def command() -> str:
     return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
 
 
-def write(name: str, markdown: str, data: dict[str, Any]) -> tuple[Path, Path]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    md, js = RESULTS / f"{name}.md", RESULTS / f"{name}.json"
+def write(name: str, markdown: str, data: dict[str, Any], out: Path = RESULTS) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / f"{name}.md", out / f"{name}.json"
     env = environment()
     footer = ["", "## Environment", "", *(f"- {k}: {v}" for k, v in env.items()),
               f"- command: `{command()}`", ""]

@@ -7,6 +7,7 @@ operators coloured by kind) and ``trace.json`` (Chrome/Perfetto trace) under ``-
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 
 from opsched.cli.main import Handler, subcommand
@@ -18,7 +19,10 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-shape", help="for package.module:factory models, e.g. 1,3,224,224")
-    p.add_argument("--device", default="cpu", choices=["cpu"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (lanes on CUDA streams, one CUDA graph)")
+    p.add_argument("--dtype", help="float32 (default), float16 or bfloat16: the precision the model runs in")
+    p.add_argument("--channels-last", action="store_true", help="4-D weights and inputs in channels-last layout")
+    p.add_argument("--no-graphs", action="store_true", help="on CUDA, run eagerly on streams (no CUDA graph)")
     p.add_argument("--scheduler", default="ios", help="ios (the DP), est (list scheduling, milliseconds), greedy, "
                                                        "sequential, nimble or opara")
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
@@ -47,22 +51,28 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                            progress=ProgressBar("searching").update)
         elif args.scheduler == "est":
             options = dict(max_lanes=args.max_groups)
-        module = optimize_graph(graph, scheduler=args.scheduler, cost=args.cost, backend=args.backend,
-                                cache_dir=args.cache_dir, **options)
-        from opsched.api import host_cpu_model
+        placement = dict(device=args.device, graphs=not args.no_graphs, channels_last=args.channels_last)
+        module = optimize_graph(graph, dtype=args.dtype, scheduler=args.scheduler, cost=args.cost,
+                                backend=args.backend, cache_dir=args.cache_dir, **placement, **options)
+        from opsched.api import host_cpu_model, placed_inputs
 
+        graph = module.graph  # placed: on the device, in the precision
+        inputs = placed_inputs(graph, loaded.inputs, module.device)
         quick = host_cpu_model()  # baselines need no search: any cost model gives the same stages
         contenders: dict[str, object] = {}
         sequential = schedule(graph, "sequential", quick)
+        run_as = dict(backend=args.backend, **placement)
         if module.schedule.stages != sequential.stages:  # else the optimized row is the sequential plan
-            contenders["sequential"] = ScheduledModule(graph, sequential, backend=args.backend)
+            contenders["sequential"] = ScheduledModule(graph, sequential, **run_as)
         contenders["greedy"] = ScheduledModule(graph, schedule(graph, "greedy", quick, max_streams=os.cpu_count() or 1),
-                                               backend=args.backend)
+                                               **run_as)
         contenders["sequential" if "sequential" not in contenders and module.schedule.scheduler == "sequential"
                    else f"optimized ({module.schedule.scheduler})"] = module
         if loaded.module is not None:
-            contenders = {"eager PyTorch": loaded.module, **contenders}
-        times = race(*contenders.values(), inputs=loaded.inputs, rounds=args.rounds)  # type: ignore[arg-type]
+            eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if inputs[0] is not loaded.inputs[0] \
+                else loaded.module
+            contenders = {"eager PyTorch": eager, **contenders}
+        times = race(*contenders.values(), inputs=inputs, rounds=args.rounds)  # type: ignore[arg-type]
         ms = dict(zip(contenders, times))
         seq = ms["sequential"]
         rows = [[name, f"{t:.2f}", f"{seq / t:.2f}x"] for name, t in ms.items()]
@@ -70,7 +80,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         print(format_table(["schedule", "median ms", "vs sequential"], rows))
         os.makedirs(args.out, exist_ok=True)
         module.save(os.path.join(args.out, "schedule.json"))
-        events = module.profile(*loaded.inputs)
+        events = module.profile(*inputs)
         title = f"{loaded.name}, batch {args.batch}: {module.schedule.scheduler} schedule on the {module.backend} backend"
         draw_timeline(events, os.path.join(args.out, "timeline.png"), title)
         write_chrome_trace(events, os.path.join(args.out, "trace.json"), loaded.name)

@@ -23,7 +23,7 @@ from opsched.schedule.greedy import greedy_stages
 from opsched.schedule.ios import SearchStats, ios_stages
 from opsched.schedule.sequential import sequential_stages
 from opsched.schedule.streams import nimble_lanes, opara_lanes
-from opsched.schedule.types import Schedule, Stage
+from opsched.schedule.types import Schedule, Stage, graph_batch
 from opsched.schedule.units import UnitGraph
 
 __all__ = ["SCHEDULERS", "Schedule", "Stage", "estimate", "register_scheduler", "schedule", "scheduler_names"]
@@ -63,19 +63,15 @@ def estimate(graph: Graph, stages: list[Stage], cost: CostModel | StageCoster) -
     return sum(coster.latency(s) for s in stages)
 
 
-def _batch(graph: Graph) -> int:
-    return graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
-
-
 def _lanes(graph: Graph, cost: CostModel, lanes: list[list[str]], name: str) -> Schedule:
     return Schedule(graph_hash=graph.structural_hash(), lanes=tuple(tuple(lane) for lane in lanes),
-                    graph_name=graph.name, batch=_batch(graph), device=cost.device, scheduler=name,
+                    graph_name=graph.name, batch=graph_batch(graph), device=cost.device, scheduler=name,
                     stats={"lanes": len(lanes)})
 
 
 def _make(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: dict[str, Any],
           stats: dict[str, Any] | None = None, coster: StageCoster | None = None) -> Schedule:
-    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=_batch(graph),
+    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=graph_batch(graph),
                     device=cost.device, scheduler=name, options=options,
                     estimated_ms=estimate(graph, stages, coster or cost), stats=stats or {})
 
@@ -120,7 +116,7 @@ def est_scheduler(graph: Graph, cost: CostModel, max_lanes: int | None = 8, merg
     cross = sum(1 for lane in plan.lanes for v in lane for u in graph.node(v).inputs
                 if u in graph.index and u not in lane)
     return Schedule(graph_hash=graph.structural_hash(), lanes=plan.lanes, waits=plan.waits, merges=plan.merges,
-                    graph_name=graph.name, batch=_batch(graph), device=cost.device, scheduler="est",
+                    graph_name=graph.name, batch=graph_batch(graph), device=cost.device, scheduler="est",
                     options={"max_lanes": max_lanes, "merge": merge, "demands": demands},
                     estimated_ms=plan.makespan_ms,
                     stats={"lanes": len(plan.lanes), "merges": len(merges), "events": cross, "waits": len(plan.waits),

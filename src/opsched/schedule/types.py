@@ -18,6 +18,8 @@ hash of the graph it was made for and refuses to be applied to another.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -29,7 +31,7 @@ from opsched.errors import IllegalMergeError, InvalidScheduleError, ScheduleMism
 from opsched.ir import Graph
 from opsched.schedule.merge import check_merge
 
-__all__ = ["Stage", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["Stage", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
 
 Strategy = Literal["parallel", "merge"]
 FORMAT = "opsched.schedule"
@@ -58,6 +60,11 @@ class Stage:
         if len(self.groups) == 1:
             return "[" + ", ".join(self.groups[0]) + "]"
         return "Parallel(" + ", ".join("[" + ", ".join(g) + "]" for g in self.groups) + ")"
+
+
+def graph_batch(graph: Graph) -> int:
+    """The batch size a graph was imported with: its first input's leading dimension."""
+    return graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,15 @@ class Schedule:
         inside = {v for m in self.merges for v in m[1:]}
         return [f"merge({','.join(first[v])})" if v in first else v for v in lane if v not in inside]
 
+    def retarget(self, graph: Graph) -> Schedule:
+        """This schedule applied to ``graph``: the same model at another batch size, input
+        resolution or precision (same node names and wiring, other types). The result is
+        validated against ``graph`` (every node once, dependencies, merges); it runs correctly
+        but was tuned for the graph it was made for (see ``benchmarks/specialization.py``)."""
+        moved = dataclasses.replace(self, graph_hash=graph.structural_hash(), graph_name=graph.name,
+                                    batch=graph_batch(graph), estimated_ms=None)
+        return moved.validate(graph)
+
     # --- the checker ------------------------------------------------------------------------
     def validate(self, graph: Graph) -> Schedule:
         """Check that this schedule fits ``graph`` and is executable; return ``self``.
@@ -124,7 +140,8 @@ class Schedule:
             raise ScheduleMismatchError(
                 f"this schedule was made for graph {self.graph_name or '?'} (structural hash "
                 f"{self.graph_hash[:12]}), not for {graph.name!r} ({ghash[:12]}): re-run the scheduler "
-                f"for this model, batch size and input shape")
+                f"for this model, batch size, input shape and precision (or, for the same model at another "
+                f"batch size, Schedule.retarget(graph) runs it untuned)")
         seen: dict[str, int] = {}
         for v in self.nodes:
             if v not in graph.index:

@@ -1,0 +1,281 @@
+"""GPU benchmark: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile.
+
+For every zoo model, batch size and precision, in one process, interleaved after warm-up, each
+call timed with CUDA events: eager PyTorch; the same model captured into a single-stream CUDA
+graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
+``torch.compile`` (default and max-autotune); opsched's sequential, greedy, IOS and ``est``
+schedules, each run by the CUDA executor with the whole plan captured into one CUDA graph; and
+``opsched optimize()``, what :func:`opsched.optimize` returns (the IOS schedule, or the
+sequential one where its end-to-end check finds that faster). Stages are measured on the GPU
+(captured replays timed with CUDA events) into a profile store.
+
+Reported per row: median latency and interquartile range, ratios to the single-stream graph,
+the critical-path bound (the longest path of isolated unit latencies: no schedule that keeps
+the kernels can beat it), the GPU memory each contender holds (weights, graph pools, cached
+activations) against the single-stream graph, and search or compile time. Results are
+written after every row, so an interrupted run keeps what it measured (``--resume`` skips
+rows already in the JSON).
+
+    python benchmarks/gpu.py                                           # everything (hours)
+    python benchmarks/gpu.py --models inception_v3 --batches 1 --dtypes float32 float16
+    python benchmarks/gpu.py --device cpu --models squeezenet1_1 --contenders eager sequential ios
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _report import RESULTS, write  # noqa: E402
+
+import opsched  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
+from opsched.cost.cached import StoredCostModel  # noqa: E402
+from opsched.cost.store import ProfileStore  # noqa: E402
+from opsched.ir.analysis import critical_path  # noqa: E402
+from opsched.models import example_inputs, get_model, list_models  # noqa: E402
+from opsched.schedule.types import Stage  # noqa: E402
+from opsched.schedule.units import UnitGraph  # noqa: E402
+
+BASELINE = "CUDA graph (1 stream)"
+OPSCHED = ("sequential", "greedy", "ios", "est")
+CONTENDERS = ("eager", "graph", "compile", "compile-max", *OPSCHED, "optimize")
+LABELS = {"eager": "eager PyTorch", "graph": BASELINE, "compile": "torch.compile",
+          "compile-max": "torch.compile max-autotune", "sequential": "opsched sequential",
+          "greedy": "opsched greedy", "ios": "opsched IOS", "est": "opsched est", "optimize": "opsched optimize()"}
+CUDA_ONLY = {"graph", "compile", "compile-max"}
+
+
+class Timer:
+    """Times one call: CUDA events on the current stream on a GPU, the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if not self.cuda:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+
+def single_stream_graph(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """``model`` captured into one CUDA graph on one stream; a call copies the inputs in, replays
+    and clones the outputs out (what opsched's captured modules do too)."""
+    static = [t.clone() for t in x]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            model(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = model(*static)
+
+    def call() -> Any:
+        for s, t in zip(static, x):
+            s.copy_(t)
+        graph.replay()
+        return out.clone()
+    return call
+
+
+def held_memory(build: Callable[[], Callable[[], Any]], device: torch.device) -> tuple[Callable[[], Any], float, float]:
+    """Build a contender and call it three times; its build seconds and the MiB it holds."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+    t = time.perf_counter()
+    fn = build()
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t
+    mib = (torch.cuda.memory_reserved() - before) / 2**20 if device.type == "cuda" else float("nan")
+    return fn, seconds, mib
+
+
+def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: str) -> float:
+    """The longest path of isolated unit latencies (measured like stages, through the store)."""
+    if device.type == "cuda":
+        from opsched.cost.gpu import CudaMeasuredCostModel
+
+        measured: Any = CudaMeasuredCostModel(device)
+    else:
+        from opsched.cost.measured import MeasuredCostModel
+
+        measured = MeasuredCostModel()
+    ug = UnitGraph.build(graph)
+    per_node = [0.0] * len(graph.nodes)
+    with ProfileStore(cache_dir) as store:
+        cost = StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
+        for names in ug.units:
+            per_node[graph.index[names[-1]]] = cost.stage_latency(graph, Stage((names,)))
+    return critical_path(graph, per_node)[0]
+
+
+def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
+    device = torch.device(args.device)
+    dt = getattr(torch, dtype)
+    model, x_cpu = get_model(name).eval(), example_inputs(name, batch)
+    x = tuple(t.to(device, dt) for t in x_cpu)
+    placed_model = copy.deepcopy(model).to(device, dt)
+    builders: dict[str, Callable[[], Callable[[], Any]]] = {
+        "eager": lambda: lambda: placed_model(*x),
+        "graph": lambda: single_stream_graph(placed_model, x),
+        "compile": lambda: (lambda m: lambda: m(*x))(torch.compile(copy.deepcopy(placed_model))),
+        "compile-max": lambda: (lambda m: lambda: m(*x))(torch.compile(copy.deepcopy(placed_model),
+                                                                        mode="max-autotune")),
+    }
+    modules: dict[str, opsched.ScheduledModule] = {}
+
+    def opsched_builder(key: str) -> Callable[[], Callable[[], Any]]:
+        def build() -> Callable[[], Any]:
+            options: dict[str, Any] = {"budget_s": args.budget} if key in ("ios", "optimize") else {}
+            if key == "optimize":
+                module = opsched.optimize(model, x_cpu, device=device, dtype=dtype, scheduler="ios",
+                                          cache_dir=cache_dir, **options)
+            else:
+                graph = opsched.place(opsched.from_torch(model, x_cpu), device, dtype)
+                module = opsched.optimize_graph(graph, device=device, scheduler=key, cache_dir=cache_dir,
+                                                check=False, **options)
+            modules[key] = module
+            return lambda: module(*x)
+        return build
+
+    builders.update({k: opsched_builder(k) for k in (*OPSCHED, "optimize")})
+    chosen = [k for k in args.contenders if device.type == "cuda" or k not in CUDA_ONLY]
+    fns, build_s, mib = {}, {}, {}
+    for k in chosen:
+        try:
+            fns[k], build_s[k], mib[k] = held_memory(builders[k], device)
+        except Exception as e:  # a contender that cannot run here is reported, not fatal
+            print(f"  {name} b{batch} {dtype}: {LABELS[k]} failed: {type(e).__name__}: {e}", flush=True)
+    timer = Timer(device)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for r in range(args.rounds + 3):
+            for k, fn in fns.items():
+                ms = timer(fn)
+                if r >= 3:
+                    times[k].append(ms)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
+    some = next(iter(modules.values()), None)
+    bound = critical_path_bound(some.graph, device, cache_dir) if some is not None else float("nan")
+    record: dict[str, Any] = {
+        "model": name, "batch": batch, "dtype": dtype, "median_ms": med, "iqr_ms": iqr, "build_s": build_s,
+        "held_mib": mib, "critical_path_bound_ms": bound,
+        "info": {k: {kk: str(vv) for kk, vv in m.info.items()} for k, m in modules.items()},
+        "captured": {k: getattr(m._executor, "captured", None) for k, m in modules.items()},
+        "stages": {k: len(m.schedule.stages) or len(m.schedule.lanes or ()) for k, m in modules.items()},
+    }
+    print(f"  {name} b{batch} {dtype}: " + ", ".join(f"{LABELS[k]} {v:.3f}" for k, v in med.items()), flush=True)
+    return record
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def report(records: list[dict[str, Any]], contenders: list[str], device: str) -> tuple[str, dict[str, Any]]:
+    base = "graph" if device.startswith("cuda") else "sequential"
+    headers = ["model", "batch", "dtype", *(LABELS[k] for k in contenders), f"IOS vs {LABELS[base]}",
+               f"optimize() vs {LABELS[base]}", "bound", "IOS / bound", "IOS memory vs base", "IOS search s"]
+    rows = []
+    for r in records:
+        med, iqr = r["median_ms"], r["iqr_ms"]
+        ratio = lambda k: (f"{med[base] / med[k]:.2f}" if k in med and base in med else "")  # noqa: E731
+        mem = r["held_mib"]
+        rows.append([r["model"], r["batch"], r["dtype"],
+                     *(f"{med[k]:.3f} ±{iqr[k]:.3f}" if k in med else "failed" for k in contenders),
+                     ratio("ios"), ratio("optimize"), f"{r['critical_path_bound_ms']:.3f}",
+                     f"{med['ios'] / r['critical_path_bound_ms']:.2f}" if "ios" in med else "",
+                     f"{mem['ios'] / mem[base]:.2f}" if "ios" in mem and base in mem and mem[base] > 0 else "",
+                     f"{r['build_s'].get('ios', float('nan')):.1f}"])
+    summary: dict[str, Any] = {}
+    for dtype in sorted({r["dtype"] for r in records}):
+        for k in ("ios", "optimize"):
+            b1 = [r["median_ms"][base] / r["median_ms"][k] for r in records
+                  if r["dtype"] == dtype and r["batch"] == 1 and k in r["median_ms"] and base in r["median_ms"]]
+            every = [r["median_ms"][base] / r["median_ms"][k] for r in records
+                     if r["dtype"] == dtype and k in r["median_ms"] and base in r["median_ms"]]
+            summary[f"{k} {dtype}"] = {"batch1_geomean": geomean(b1), "worst_any_batch": min(every, default=math.nan)}
+    lines = ["# GPU: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile", "",
+             "Median latency in ms (± interquartile range) over interleaved rounds in one process, each call "
+             "timed with CUDA events. Ratios > 1 mean opsched is faster than the base "
+             f"({LABELS[base]}). Bound: the longest path of isolated unit latencies. Memory: what the "
+             "contender holds on the GPU (weights, graph pool, cached activations) against the base.", "",
+             format_table(headers, rows, markdown=True), "", "## Targets (batch 1 geomean; worst over every batch)", ""]
+    for key, v in summary.items():
+        lines.append(f"- {key} vs {LABELS[base]}: batch-1 geomean {v['batch1_geomean']:.3f}x, "
+                     f"worst {v['worst_any_batch']:.3f}x")
+    return "\n".join(lines), {"summary": summary}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="*", default=list_models())
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 16, 128])
+    p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
+    p.add_argument("--contenders", nargs="*", default=list(CONTENDERS), choices=CONTENDERS)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of DP search per model")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one, so search times are honest)")
+    p.add_argument("--resume", action="store_true", help="keep the rows already in the results JSON")
+    p.add_argument("--name", help="results name (default gpu-<device name>)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no GPU here (torch.cuda.is_available() is False); --device cpu runs the CPU subset")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = args.name or f"gpu-{gpu.replace(' ', '_')}"
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-gpu-")
+    done: list[dict[str, Any]] = []
+    if args.resume and (args.out / f"{name}.json").exists():
+        done = json.loads((args.out / f"{name}.json").read_text())["rows"]
+    have = {(r["model"], r["batch"], r["dtype"]) for r in done}
+    contenders = [k for k in args.contenders if device.type == "cuda" or k not in CUDA_ONLY]
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            for model in args.models:
+                if (model, batch, dtype) in have:
+                    continue
+                done.append(run(model, batch, dtype, args, cache_dir))
+                md, extra = report(done, contenders, args.device)
+                write(name, md, {"rows": done, "device": gpu, **extra}, args.out)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    md, _ = report(done, contenders, args.device)
+    print(md)
+    print(f"wrote {args.out / name}.md")
+
+
+if __name__ == "__main__":
+    main()

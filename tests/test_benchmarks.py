@@ -1,0 +1,28 @@
+"""The GPU benchmark script runs its CPU subset end to end (so it cannot rot between the
+sessions that have a GPU), resumes, and reports the targets it is judged by."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_benchmark_cpu_subset_runs_and_resumes(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--models", "squeezenet1_1",
+           "--batches", "1", "--dtypes", "float32", "--contenders", "eager", "sequential", "ios",
+           "--budget", "5", "--rounds", "3", "--cache-dir", str(tmp_path / "store"), "--out", str(tmp_path),
+           "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    (row,) = data["rows"]
+    assert set(row["median_ms"]) == {"eager", "sequential", "ios"}
+    assert row["critical_path_bound_ms"] > 0
+    assert data["summary"]["ios float32"]["batch1_geomean"] > 0
+    assert "ios float32 vs opsched sequential" in (tmp_path / "smoke.md").read_text()
+    out = subprocess.run(cmd + ["--resume"], check=True, capture_output=True, text=True, timeout=600)
+    assert "squeezenet1_1 b1" not in out.stdout  # nothing re-measured
+    assert len(json.loads((tmp_path / "smoke.json").read_text())["rows"]) == 1
