@@ -201,16 +201,14 @@ class CudaExecutor:
         return [run.slots[s] for s in self.plan.output_slots]
 
     # --- calls ----------------------------------------------------------------------------
-    def _prepare(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        out = []
+    def _check(self, inputs: Sequence[torch.Tensor]) -> None:
         for spec, t in zip(self.graph.inputs, inputs):
             if t.device != self.device and not (self.device.index is None and t.device.type == self.device.type):
                 raise InputMismatchError(f"input {spec.name!r} of graph {self.graph.name!r} is on {t.device}; "
                                          f"this module runs on {self.device}: move it there first")
-            if self.channels_last and t.dim() == 4:
-                t = t.contiguous(memory_format=torch.channels_last)
-            out.append(t)
-        return out
+
+    def _layout(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
 
     def _give_up_capture(self, why: str) -> None:
         self.capture_error = why
@@ -220,13 +218,13 @@ class CudaExecutor:
     def __call__(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
         """Run the plan; with a ``trace`` list, run it eagerly once with CUDA events around each
         step and append one :class:`~opsched.runtime.cpu.TraceEvent` per step."""
-        inputs = self._prepare(inputs)
+        self._check(inputs)
         if trace is not None:
-            return self._traced(inputs, trace)
+            return self._traced([self._layout(t) for t in inputs], trace)
         if self.capture_error is not None:
-            return self._walk(inputs)
+            return self._walk([self._layout(t) for t in inputs])
         if self._replay is None:
-            self._static_in = [t.clone(memory_format=torch.preserve_format) for t in inputs]
+            self._static_in = [self._layout(t).clone(memory_format=torch.preserve_format) for t in inputs]
             try:
                 self._replay, self._static_out = self.dev.capture(lambda: self._walk(self._static_in), self.warmup)
             except ExecutionError:
@@ -234,9 +232,9 @@ class CudaExecutor:
             except Exception as e:  # capture refused (an op that syncs, an unsupported call, ...)
                 self._replay, self._static_in = None, []
                 self._give_up_capture(f"capture failed: {type(e).__name__}: {e}")
-                return self._walk(inputs)
+                return self._walk([self._layout(t) for t in inputs])
         for static, t in zip(self._static_in, inputs):
-            static.copy_(t)
+            static.copy_(t)  # into the static buffer's layout
         self._replay()
         return [o.clone() for o in self._static_out] if self.copy_outputs else list(self._static_out)
 
