@@ -107,11 +107,22 @@ class Graph:
 
         return format_graph(self)
 
-    def structural_hash(self) -> str:
-        """SHA-256 of the structure: ops, attrs, types, wiring; not weight values, not names."""
+    @cached_property
+    def signatures(self) -> dict[str, str]:
+        """Node name -> :func:`~opsched.ir.hashing.node_signature` (what matters to its cost)."""
+        from opsched.ir.hashing import node_signature
+
+        return {n.name: node_signature(self, n) for n in self.nodes}
+
+    @cached_property
+    def _structural_hash(self) -> str:
         from opsched.ir.hashing import structural_hash
 
         return structural_hash(self)
+
+    def structural_hash(self) -> str:
+        """SHA-256 of the structure: ops, attrs, types, wiring; not weight values, not names."""
+        return self._structural_hash
 
     # --- the checker ----------------------------------------------------------------------
     def verify(self) -> Graph:

@@ -53,7 +53,7 @@ def _digest(parts: Iterable[str]) -> str:
 def structural_hash(graph: Graph) -> str:
     external = {i.name: k for k, i in enumerate(graph.inputs)}
     ins = [str(i.type) for i in graph.inputs]
-    sigs = [node_signature(graph, n) for n in graph.nodes]
+    sigs = [graph.signatures[n.name] for n in graph.nodes]
     wiring = _wiring(graph.nodes, external)
     local = {n.name: i for i, n in enumerate(graph.nodes)}
     outs = [f"%{local[v]}" if v in local else f"${external[v]}" for v in graph.outputs]
@@ -72,6 +72,6 @@ def stage_key(graph: Graph, groups: Sequence[Sequence[str]], strategy: str) -> s
     and internal wiring. Which external tensor a group reads is not part of it (any operator
     reading a tensor of the right type costs the same), nor are names, weights or group order.
     Stable across processes: the profile store is keyed by it."""
-    parts = sorted("|".join(f"{node_signature(graph, graph.node(v))}<{','.join(map(str, refs))}"
+    parts = sorted("|".join(f"{graph.signatures[v]}<{','.join(map(str, refs))}"
                             for v, refs in zip(group, group_wiring(graph, group))) for group in groups)
     return _digest([strategy, *parts])

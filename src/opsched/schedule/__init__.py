@@ -113,8 +113,8 @@ def est_scheduler(graph: Graph, cost: CostModel, max_lanes: int | None = 8, merg
     priced = time.perf_counter()
     plan = est_lanes(graph, resources, max_lanes, merges)
     done = time.perf_counter()
-    cross = sum(1 for lane in plan.lanes for v in lane for u in graph.node(v).inputs
-                if u in graph.index and u not in lane)
+    lane_of = {v: k for k, lane in enumerate(plan.lanes) for v in lane}
+    cross = sum(1 for v, k in lane_of.items() for u in graph.node(v).inputs if lane_of.get(u, k) != k)
     return Schedule(graph_hash=graph.structural_hash(), lanes=plan.lanes, waits=plan.waits, merges=plan.merges,
                     graph_name=graph.name, batch=graph_batch(graph), device=cost.device, scheduler="est",
                     options={"max_lanes": max_lanes, "merge": merge, "demands": demands},

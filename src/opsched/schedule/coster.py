@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsched.cost.base import CostModel
-from opsched.ir import Graph, group_wiring, node_signature
+from opsched.ir import Graph, group_wiring
 from opsched.schedule.types import Stage
 
 __all__ = ["StageCoster", "CosterStats"]
@@ -32,12 +32,9 @@ class StageCoster:
     def __init__(self, graph: Graph, cost: CostModel) -> None:
         self.graph, self.cost = graph, cost
         self.stats = CosterStats()
-        self._sig_ids: dict[str, int] = {}
-        self._node_sig = {n.name: self._intern(node_signature(graph, n)) for n in graph.nodes}
+        ids: dict[str, int] = {}
+        self._node_sig = {v: ids.setdefault(sig, len(ids)) for v, sig in graph.signatures.items()}
         self._cache: dict[tuple[object, ...], float] = {}
-
-    def _intern(self, sig: str) -> int:
-        return self._sig_ids.setdefault(sig, len(self._sig_ids))
 
     def group_key(self, group: Sequence[str]) -> tuple[object, ...]:
         """:func:`opsched.ir.stage_key`'s notion of a group, with signatures interned to ints."""
