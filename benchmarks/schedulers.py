@@ -80,9 +80,9 @@ def measured(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[lis
         cost = StoredCostModel(m, store, m.context(inputs[0].shape[0]))
         made["sequential"] = timed_schedule(graph, "sequential", host_cpu_model())
         made["ios"] = timed_schedule(graph, "ios", cost, budget_s=budget, max_groups=cores)
-        before = cost.misses
+        before = cost.measurements
         made["est (measured)"] = timed_schedule(graph, "est", cost, max_lanes=cores)
-        est_measurements = cost.misses - before
+        est_measurements = cost.measurements - before
         made["est"] = timed_schedule(graph, "est", host_cpu_model(), max_lanes=cores)
         made["nimble"] = timed_schedule(graph, "nimble", host_cpu_model())
         made["opara"] = timed_schedule(graph, "opara", host_cpu_model())

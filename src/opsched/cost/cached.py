@@ -21,6 +21,14 @@ class StoredCostModel:
         self.model, self.store, self.context = model, store, context
         self.hits = 0
         self.misses = 0
+        bind = getattr(model, "price_parts_with", None)
+        if bind is not None:  # a model that builds prices from its parts' prices takes those from here
+            bind(self.stage_latency)
+
+    @property
+    def measurements(self) -> int:
+        """Stages the wrapped model ran to answer the misses (``misses`` where it does not say)."""
+        return int(getattr(self.model, "measurements", self.misses))
 
     @property
     def monotone(self) -> bool:

@@ -10,10 +10,20 @@ run at once, and a long single-lane phase is simply ORT running a big subgraph s
 Steps that cannot be exported (opaque calls) run with torch in between; a step that another
 lane waits for ends its segment so its event can be set. Values travel as NumPy arrays
 (zero-copy to and from torch).
+
+A segment is not free to cut: ONNX Runtime runs convolutions in a blocked layout (NCHWc) and
+converts tensors into it and back (``ReorderInput``/``ReorderOutput`` kernels) where a session
+begins and ends, so every extra segment pays those conversions and a call. With ``profile_dir``
+the sessions record ORT's own per-kernel timings (:func:`kernel_times`), which is how the
+measured cost model tells a stage's kernels from what being a session of its own added.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +34,10 @@ from opsched.runtime.cpu import Item, LaneExecutor, Program
 from opsched.runtime.onnx_export import export_segment, exportable
 from opsched.runtime.plan import Plan
 
-__all__ = ["ort_available", "ort_program", "OrtExecutor"]
+__all__ = ["ort_available", "ort_program", "OrtExecutor", "KernelTimes", "kernel_times", "LAYOUT_KERNELS"]
+
+#: The kernels ORT inserts to move tensors into and out of its blocked layout.
+LAYOUT_KERNELS = ("ReorderInput", "ReorderOutput")
 
 
 def ort_available() -> bool:
@@ -35,10 +48,13 @@ def ort_available() -> bool:
     return True
 
 
-def _session(model_bytes: bytes, threads: int) -> Any:
+def _session(model_bytes: bytes, threads: int, profile_prefix: str | None = None) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -53,7 +69,40 @@ def _to_numpy(v: Any) -> np.ndarray:
     return v.detach().numpy() if isinstance(v, torch.Tensor) else v
 
 
-def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
+@dataclass(frozen=True, slots=True)
+class KernelTimes:
+    """One run of a profiled session, by ORT's own kernel timings (ms)."""
+
+    compute_ms: float     # every kernel but the layout conversions
+    layout_in_ms: float   # conversions into the blocked layout (``ReorderInput``)
+    layout_out_ms: float  # conversions out of it (``ReorderOutput``)
+
+
+def kernel_times(session: Any) -> list[KernelTimes]:
+    """End the profiling of a session made with a ``profile_dir``; per run, in order, its kernel
+    times. (A layout conversion inside a session, before an operator that has no blocked kernel,
+    counts as layout too; in the zoo that is only the classifier's flatten.)"""
+    path = session.end_profiling()
+    try:
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        os.remove(path)
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    sums = {kind: [0.0] * len(runs) for kind in ("compute", *LAYOUT_KERNELS)}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        k = bisect.bisect_right(runs, e["ts"]) - 1
+        if k >= 0:
+            op = e.get("args", {}).get("op_name")
+            sums[op if op in LAYOUT_KERNELS else "compute"][k] += e["dur"] / 1e3
+    return [KernelTimes(*times) for times in zip(sums["compute"], *(sums[op] for op in LAYOUT_KERNELS))]
+
+
+def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = None) -> Program:
+    """Segments of ``plan`` as ORT sessions; with ``profile_dir``, sessions that profile
+    themselves there (read them with :func:`kernel_times`, from ``Program.sessions``)."""
     steps = plan.steps
     readers: dict[int, set[int]] = {}
     for s, step in enumerate(steps):
@@ -64,6 +113,7 @@ def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
     names = plan.slot_names
     item_of: dict[int, int] = {}
     items: list[Item] = []
+    sessions: list[Any] = []
 
     def torch_item(s: int) -> Item:
         step = steps[s]
@@ -91,7 +141,9 @@ def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
                 if slot in outputs or readers.get(slot, set()) - inside]
         model = export_segment(graph, [steps[s].nodes for s in segment], [names[i] for i in ins],
                                [names[o] for o in outs])
-        session = _session(model.SerializeToString(), threads)
+        prefix = None if profile_dir is None else os.path.join(profile_dir, f"segment{len(sessions)}")
+        session = _session(model.SerializeToString(), threads, prefix)
+        sessions.append(session)
         in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
         frees = [f for s in segment for f in steps[s].frees]
 
@@ -147,9 +199,11 @@ def ort_program(graph: Graph, plan: Plan, cores: int) -> Program:
     program_phases = tuple(tuple(tuple(with_waits(it, members) for it, members in lane) for lane in lanes)
                            for lanes in phases)
     return Program(program_phases, tuple(p.frees for p in plan.phases), len(items), len(names), plan.input_slots,
-                   plan.output_slots, encode=_to_numpy, decode=lambda v: torch.from_numpy(np.asarray(v)))
+                   plan.output_slots, encode=_to_numpy, decode=lambda v: torch.from_numpy(np.asarray(v)),
+                   sessions=tuple(sessions))
 
 
-def OrtExecutor(graph: Graph, plan: Plan, cores: int | None = None) -> LaneExecutor:  # noqa: N802 (a factory)
+def OrtExecutor(graph: Graph, plan: Plan, cores: int | None = None,  # noqa: N802 (a factory)
+                profile_dir: str | None = None) -> LaneExecutor:
     cores = cores or torch.get_num_threads()
-    return LaneExecutor(ort_program(graph, plan, cores), cores)
+    return LaneExecutor(ort_program(graph, plan, cores, profile_dir), cores)

@@ -1,0 +1,142 @@
+"""The measured CPU cost model: prices built from node prices, pairs timed together, ORT profiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsched.cost.cached import StoredCostModel
+from opsched.cost.measured import MeasuredCostModel, StageTiming
+from opsched.cost.store import ProfileStore
+from opsched.ir import Graph, GraphBuilder
+from opsched.runtime.ort import KernelTimes, kernel_times, ort_available
+from opsched.schedule.types import Stage
+
+needs_ort = pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
+
+
+def branches(channels: int = 32, size: int = 14) -> Graph:
+    """x -> a -> b, x -> c, x -> d, then a sum; 1x1, 3x3, 5x5 and 7x7 convolutions, so that no two
+    are structurally equal (the store would rightly give them one price)."""
+    b = GraphBuilder("branches")
+    x = b.input("x", (1, channels, size, size))
+    gen = torch.Generator().manual_seed(0)
+
+    def conv(src: str, name: str, k: int) -> str:
+        w = b.param(f"w_{name}", torch.randn(channels, channels, k, k, generator=gen) * 0.05)
+        return b.add("conv2d", [src], name=name, params=[w], padding=k // 2, act="relu")
+
+    a = conv(x, "a", 1)
+    bb = conv(a, "b", 3)
+    c = conv(x, "c", 5)
+    d = conv(x, "d", 7)
+    return b.build([b.add("add", [bb, c, d], name="out")]).verify()
+
+
+class Scripted(MeasuredCostModel):
+    """Timings by formula instead of by clock: node kernels from ``kernel``; run as several lanes,
+    a stage's wall is 80% of its nodes' total, with 0.1 ms of layout a lane; an empty call 0.05 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(backend="torch")
+        self._call_ms = 0.05
+        self.kernel = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 3.0}
+
+    def time_stages(self, graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
+        self.measurements += 1
+        out = []
+        for st in stages:
+            work = sum(self.kernel[v] for v in st.nodes)
+            if st.strategy == "merge":
+                timing = (work, 0.7 * work, 0.2, 0.1)
+            elif len(st.groups) > 1:
+                timing = (0.8 * work, work, 0.05 * len(st.groups), 0.05 * len(st.groups))
+            else:
+                timing = (work + 0.5, work, 0.1, 0.1)
+            out.append(StageTiming(*((v,) * 3 for v in timing)))  # three rounds alike
+        return out
+
+
+def test_prices_are_built_from_node_prices_and_timed_pairs(tmp_path: Path) -> None:
+    graph, model = branches(), Scripted()
+    with ProfileStore(tmp_path) as store:
+        cost = StoredCostModel(model, store, model.context(1))
+        assert cost.stage_latency(graph, Stage((("a",),))) == 1.0  # its kernel, not its call
+        assert cost.stage_latency(graph, Stage((("a", "b"),))) == 3.0  # a stretch: the sum, nothing run
+        assert model.measurements == 2  # a and b alone
+        # several lanes: nodes' sum x (wall + layout + call) / serial kernels, timed as a pair
+        together = 0.8 * 3.5 + 0.1 * 2 + 0.05  # a, b and c: 3.5 ms of kernels
+        assert cost.stage_latency(graph, Stage((("a", "b"), ("c",)))) == pytest.approx(3.5 * together / 3.5)
+        # never below its dearest group (monotone): with d at 30 ms, 30.5 x 24.65 / 30.5 < 30
+        model.kernel["d"] = 30.0
+        assert cost.stage_latency(graph, Stage((("c",), ("d",)))) == 30.0
+        # a merge: its kernels and the conversions out of and back into the blocked layout that
+        # its split forces, against the members' serial kernels
+        assert cost.stage_latency(graph, Stage((("a",), ("c",)), "merge")) == pytest.approx(0.7 * 1.5 + 2 * 0.1)
+
+
+def test_parts_come_from_the_store(tmp_path: Path) -> None:
+    graph = branches()
+    with ProfileStore(tmp_path) as store:
+        first = Scripted()
+        StoredCostModel(first, store, first.context(1)).stage_latency(graph, Stage((("a",),)))
+    with ProfileStore(tmp_path) as store:
+        second = Scripted()
+        second.kernel["a"] = 100.0  # a later measurement would disagree; the stored price stands
+        cost = StoredCostModel(second, store, second.context(1))
+        assert cost.stage_latency(graph, Stage((("a", "b"),))) == 1.0 + 2.0
+        assert second.measurements == 1  # b only
+
+
+def test_a_pair_is_priced_at_the_upper_quartile_of_its_rounds() -> None:
+    graph, model = branches(), Scripted()
+    # running together paid in one round of four (ratio 0.5), cost more in the others
+    ratios = iter([(0.5, 1.2, 1.1, 1.3)])
+
+    def pair(graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
+        if len(stages) == 1:
+            return Scripted.time_stages(model, graph, stages)
+        together = next(ratios)
+        zeros = (0.0,) * 4
+        return [StageTiming(tuple(r - 0.05 for r in together), (9.0,) * 4, zeros, zeros),
+                StageTiming((2.0,) * 4, (1.0,) * 4, zeros, zeros)]
+
+    model.time_stages = pair  # type: ignore[method-assign]
+    price = model.stage_latency(graph, Stage((("a",), ("c",))))
+    assert price == pytest.approx(1.5 * 1.225)  # the upper quartile of 0.5, 1.1, 1.2, 1.3, interpolated
+
+
+def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:
+    events = [{"cat": "Session", "name": "model_run", "ts": 100, "dur": 50},
+              {"cat": "Node", "name": "x_kernel_time", "ts": 101, "dur": 4000, "args": {"op_name": "ReorderInput"}},
+              {"cat": "Node", "name": "c_nchwc_kernel_time", "ts": 110, "dur": 20000, "args": {"op_name": "Conv"}},
+              {"cat": "Node", "name": "c_nchwc_fence_before", "ts": 110, "dur": 0, "args": {"op_name": "Conv"}},
+              {"cat": "Session", "name": "model_run", "ts": 200, "dur": 50},
+              {"cat": "Node", "name": "c_nchwc_kernel_time", "ts": 205, "dur": 30000, "args": {"op_name": "Conv"}},
+              {"cat": "Node", "name": "y_kernel_time", "ts": 240, "dur": 1000, "args": {"op_name": "ReorderOutput"}}]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(events))
+
+    class Session:
+        def end_profiling(self) -> str:
+            return str(path)
+
+    assert kernel_times(Session()) == [KernelTimes(20.0, 4.0, 0.0), KernelTimes(30.0, 0.0, 1.0)]
+    assert not path.exists()  # the profile file is removed once read
+
+
+@needs_ort
+def test_ort_measurement_separates_kernels_from_the_call() -> None:
+    graph = branches(channels=64, size=28)
+    model = MeasuredCostModel(warmup=1, repeat=3, backend="ort")
+    alone, pair = model.time_stages(graph, [Stage((("d",),)), Stage((("a",), ("d",)))])
+    for t in (alone, pair):
+        assert t.kernel_ms is not None and t.layout_in_ms is not None and t.layout_out_ms is not None
+        assert len(t.wall_ms) == len(t.kernel_ms) == 3
+        assert all(0 < k < w for k, w in zip(t.kernel_ms, t.wall_ms))
+    assert min(alone.layout_in_ms) > 0 and min(alone.layout_out_ms) > 0  # blocked convolutions: converted at the edges
+    torch_timing = MeasuredCostModel(warmup=1, repeat=3, backend="torch").time_stages(graph, [Stage((("d",),))])
+    assert torch_timing[0].kernel_ms is None and min(torch_timing[0].wall_ms) > 0
