@@ -38,11 +38,11 @@ def branches(channels: int = 32, size: int = 14) -> Graph:
 
 class Scripted(MeasuredCostModel):
     """Timings by formula instead of by clock: node kernels from ``kernel``; run as several lanes,
-    a stage's wall is 80% of its nodes' total, with 0.1 ms of layout a lane; an empty call 0.05 ms."""
+    a stage's wall is 90% of its nodes' total; an empty call 0.05 ms."""
 
     def __init__(self) -> None:
         super().__init__(backend="torch")
-        self._call_ms = 0.05
+        self._known["call_ms"] = 0.05
         self.kernel = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 3.0}
 
     def time_stages(self, graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
@@ -53,7 +53,7 @@ class Scripted(MeasuredCostModel):
             if st.strategy == "merge":
                 timing = (work, 0.7 * work, 0.2, 0.1)
             elif len(st.groups) > 1:
-                timing = (0.8 * work, work, 0.05 * len(st.groups), 0.05 * len(st.groups))
+                timing = (0.9 * work, work, 0.05 * len(st.groups), 0.05 * len(st.groups))
             else:
                 timing = (work + 0.5, work, 0.1, 0.1)
             out.append(StageTiming(*((v,) * 3 for v in timing)))  # three rounds alike
@@ -67,10 +67,10 @@ def test_prices_are_built_from_node_prices_and_timed_pairs(tmp_path: Path) -> No
         assert cost.stage_latency(graph, Stage((("a",),))) == 1.0  # its kernel, not its call
         assert cost.stage_latency(graph, Stage((("a", "b"),))) == 3.0  # a stretch: the sum, nothing run
         assert model.measurements == 2  # a and b alone
-        # several lanes: nodes' sum x (wall + layout + call) / serial kernels, timed as a pair
-        together = 0.8 * 3.5 + 0.1 * 2 + 0.05  # a, b and c: 3.5 ms of kernels
+        # several lanes: nodes' sum x the phase's wall / serial kernels, timed as a pair
+        together = 0.9 * 3.5  # a, b and c: 3.5 ms of kernels
         assert cost.stage_latency(graph, Stage((("a", "b"), ("c",)))) == pytest.approx(3.5 * together / 3.5)
-        # never below its dearest group (monotone): with d at 30 ms, 30.5 x 24.65 / 30.5 < 30
+        # never below its dearest group (monotone): with d at 30 ms, 30.5 x 0.9 < 30
         model.kernel["d"] = 30.0
         assert cost.stage_latency(graph, Stage((("c",), ("d",)))) == 30.0
         # a merge: its kernels and the conversions out of and back into the blocked layout that
@@ -101,12 +101,24 @@ def test_a_pair_is_priced_at_the_upper_quartile_of_its_rounds() -> None:
             return Scripted.time_stages(model, graph, stages)
         together = next(ratios)
         zeros = (0.0,) * 4
-        return [StageTiming(tuple(r - 0.05 for r in together), (9.0,) * 4, zeros, zeros),
+        return [StageTiming(together, (9.0,) * 4, zeros, zeros),
                 StageTiming((2.0,) * 4, (1.0,) * 4, zeros, zeros)]
 
     model.time_stages = pair  # type: ignore[method-assign]
     price = model.stage_latency(graph, Stage((("a",), ("c",))))
     assert price == pytest.approx(1.5 * 1.225)  # the upper quartile of 0.5, 1.1, 1.2, 1.3, interpolated
+
+
+@needs_ort
+def test_segment_cut_on_ort_converts_what_crosses() -> None:
+    graph = branches(channels=8, size=4)  # 8x4x4 float32: 512 bytes a value
+    model = MeasuredCostModel(backend="ort")
+    model._known.update(call_ms=0.05, layout_in_ms_per_mib=2.0, layout_out_ms_per_mib=1.0)
+    cut = model.segment_cut(graph)
+    assert cut is not None and cut.resume_ms == 0.05
+    mib = 8 * 4 * 4 * 4 / 2**20
+    assert cut.leave_ms["x"] == pytest.approx(mib) and cut.enter_ms["a"] == pytest.approx(2 * mib)
+    assert MeasuredCostModel(backend="torch").segment_cut(graph) is None  # torch segments: no cost to cut
 
 
 def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:

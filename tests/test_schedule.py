@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opsched import from_torch
-from opsched.cost import AnalyticCostModel, RandomCostModel
+from opsched.cost import AnalyticCostModel, RandomCostModel, SegmentCut
 from opsched.errors import (
     CycleError, IllegalMergeError, InvalidScheduleError, ScheduleError, ScheduleMismatchError,
 )
@@ -21,12 +21,13 @@ from opsched.ir import Graph, GraphBuilder
 from opsched.models import example_inputs, get_model
 from opsched.schedule import Schedule, Stage, estimate, schedule
 from opsched.schedule.coster import StageCoster
+from opsched.schedule.cuts import cut_latency, live_values
 from opsched.schedule.endings import parallel_endings
 from opsched.schedule.ios import ios_stages
 from opsched.schedule.merge import check_merge, merge_class, merged_conv, merged_parameters
 from opsched.schedule.partition import cut_units, partition
 from opsched.schedule.units import UnitGraph
-from opsched.testing import random_dag
+from opsched.testing import fork_join, random_dag
 
 V100 = AnalyticCostModel("V100")
 
@@ -63,7 +64,8 @@ def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) 
     """Independent of the DP: all ordered partitions into stages, each checked from scratch.
 
     The same pruning as the DP: P(r, s), and no stage spans two parts of the partition (a
-    stage that straddles a cut vertex is outside the search space by design, as in IOS).
+    stage that straddles a cut vertex is outside the search space by design, as in IOS). A stage
+    of several groups also pays its segment cuts where the cost model charges them.
     """
     ug = UnitGraph.build(graph)
     part_of = {u: k for k, p in enumerate(partition(ug)) for u in p}
@@ -76,12 +78,13 @@ def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) 
         if any(len({part_of[u] for u in b}) > 1 for b in blocks):
             continue
         total = 0.0
+        done: list[str] = []
         for block in blocks:
             comps = components(block, ug)
             options = []
             if len(comps) <= s and all(len(c) <= r for c in comps):
                 groups = tuple(tuple(v for u in sorted(c, key=order.get) for v in ug.units[u]) for c in comps)
-                options.append(coster.latency(Stage(groups)))
+                options.append(coster.latency(Stage(groups)) + cut_latency(graph, [Stage(groups)], coster.segment_cut, done))
             names = [ug.units[u] for u in block]
             if merge and len(block) > 1 and len(comps) == len(block) and all(len(n) == 1 for n in names):
                 try:
@@ -92,6 +95,7 @@ def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) 
             if not options:
                 break
             total += min(options)
+            done += [v for u in block for v in ug.units[u]]
         else:
             best = min(best, total)
     return best
@@ -114,16 +118,28 @@ def mergeable_dag(n: int, seed: int) -> Graph:
     return b.build([out]).verify()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(2, 6), seed=st.integers(0, 10_000), r=st.integers(1, 3), s=st.integers(1, 3),
-       model=st.sampled_from(["analytic", "random"]))
+       model=st.sampled_from(["analytic", "random", "random with cuts"]))
 def test_dp_equals_brute_force(n: int, seed: int, r: int, s: int, model: str) -> None:
     graph = random_dag(n, seed) if seed % 2 else mergeable_dag(n, seed)
-    cost = V100 if model == "analytic" else RandomCostModel(seed)
+    cost = V100 if model == "analytic" else RandomCostModel(seed, cuts=model == "random with cuts")
     coster = StageCoster(graph, cost)
     stages, _ = ios_stages(graph, cost, max_group_size=r, max_groups=s, coster=coster)
     dp = estimate(graph, stages, coster)
     assert dp == pytest.approx(brute_force(graph, coster, r, s, merge=True), rel=1e-9)
+
+
+def test_cut_costs_by_hand() -> None:
+    graph = fork_join("x")  # x -> a -> b; x -> c; d = b + c
+    cut = SegmentCut(0.5, {"x": 1.0, "a": 2.0, "b": 4.0, "c": 8.0}, {"x": 10.0, "a": 20.0, "b": 40.0, "c": 80.0})
+    assert live_values(graph, {"a"}) == ["x", "a"]  # x: c still to read it; a: b
+    assert live_values(graph, {"a", "b", "c"}) == ["b", "c"]
+    stages = [Stage((("a",),)), Stage((("b",), ("c",))), Stage((("d",),))]
+    # the segment ends where x and a are live, and the next starts where b and c are
+    assert cut_latency(graph, stages, cut) == 0.5 + (1.0 + 2.0) + (40.0 + 80.0)
+    assert cut_latency(graph, [Stage((v,),) for v in ("a", "b", "c", "d")], cut) == 0.0  # one segment
+    assert cut_latency(graph, stages, None) == 0.0  # a backend that charges nothing
 
 
 @settings(max_examples=25, deadline=None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from opsched.ir import Graph
@@ -9,7 +12,25 @@ from opsched.ir import Graph
 if TYPE_CHECKING:
     from opsched.schedule.types import Stage
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "SegmentCut"]
+
+
+@dataclass(frozen=True)
+class SegmentCut:
+    """What a phase of several lanes costs beyond its own price, by cutting the one-lane segment
+    it interrupts (:mod:`opsched.runtime.plan`): ``resume_ms`` for the segment that resumes after
+    it, ``leave_ms[v]`` for each value ``v`` live where the segment before it ends, and
+    ``enter_ms[v]`` for each value live where the next one begins (values not named: nothing).
+    On ONNX Runtime that is a session call and converting tensors out of and into its blocked
+    layout; a backend whose segments cost nothing to cut has no ``SegmentCut``."""
+
+    resume_ms: float
+    leave_ms: Mapping[str, float] = field(default_factory=dict)
+    enter_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "leave_ms", MappingProxyType(dict(self.leave_ms)))
+        object.__setattr__(self, "enter_ms", MappingProxyType(dict(self.enter_ms)))
 
 
 @runtime_checkable
@@ -24,6 +45,10 @@ class CostModel(Protocol):
     ``monotone`` promises that a stage never costs less than a stage made of a subset of its
     groups (adding work cannot speed up what was there). Searches use it to discard stages
     unpriced; a model that cannot promise it sets it to ``False``.
+
+    A model may also offer ``segment_cut(graph) -> SegmentCut | None``: what a stage of several
+    groups costs beyond its price by cutting the segment around it. Schedules are then priced
+    with it (:func:`opsched.schedule.estimate`), and the IOS search optimises it.
     """
 
     monotone: bool

@@ -8,7 +8,9 @@ search interrupted with Ctrl-C keeps everything it measured.
 
 from __future__ import annotations
 
-from opsched.cost.base import CostModel
+from collections.abc import Callable
+
+from opsched.cost.base import CostModel, SegmentCut
 from opsched.cost.store import ProfileContext, ProfileStore
 from opsched.ir import Graph, stage_key
 from opsched.schedule.types import Stage
@@ -21,9 +23,21 @@ class StoredCostModel:
         self.model, self.store, self.context = model, store, context
         self.hits = 0
         self.misses = 0
-        bind = getattr(model, "price_parts_with", None)
-        if bind is not None:  # a model that builds prices from its parts' prices takes those from here
-            bind(self.stage_latency)
+        bind = getattr(model, "use_store", None)
+        if bind is not None:  # a model that builds prices from parts and calibrations takes them from here
+            bind(self.stage_latency, self._remember)
+
+    def _remember(self, name: str, measure: Callable[[], float]) -> float:
+        key = f"calibration/{name}"
+        known = self.store.get(self.context, key)
+        if known is None:
+            known = float(measure())
+            self.store.put(self.context, key, known)
+        return known
+
+    def segment_cut(self, graph: Graph) -> SegmentCut | None:
+        ask = getattr(self.model, "segment_cut", None)
+        return ask(graph) if ask is not None else None
 
     @property
     def measurements(self) -> int:

@@ -22,10 +22,11 @@ is timed as a pair, interleaved, so that drift moves both sides alike:
 * a **stage of several groups**, or a **merge**, is run interleaved with the same nodes run as
   one group, and costs the sum of its nodes times the ratio of the two, round by round, taken
   at the upper quartile (:data:`PAIR_QUANTILE`): it is priced below its serial twin only when
-  it paid in most rounds. Run together, it is
-  timed as a phase of its own: the call's wall time (lanes, threads, their sessions' layout
-  conversions, the join) plus, on ORT, the conversions it forces on the segments around it
-  (as much again as its own) and the call of the segment that resumes after it. A merge is
+  it paid in most rounds. Run together, it is timed as a phase of its own: the call's wall
+  time (lanes, threads, their sessions' layout conversions, the join). What it costs the
+  segments around it, which depends on what else is live there, is the search's to add
+  (:meth:`MeasuredCostModel.segment_cut`: the resumed segment's call, and converting every
+  value that crosses either cut out of ORT's blocked layout and back). A merge is
   timed as the one step it is: its kernels and, on ORT, the conversions its split forces
   inside a segment (:meth:`MeasuredCostModel._merged_ms`; measured in one session, nine merges
   of GoogLeNet saved 0.6 ms of convolution and cost 2.3 ms of conversions and split). A stage
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from opsched.cost.base import SegmentCut
 from opsched.cost.store import ProfileContext
 from opsched.ir import Graph
 from opsched.schedule.types import Schedule, Stage
@@ -120,8 +122,9 @@ class MeasuredCostModel:
         self.warmup, self.repeat, self.cores = warmup, repeat, cores
         self.backend = resolve_backend(backend)
         self._device = cpu_fingerprint()
-        self._call_ms: float | None = None
         self._parts: Callable[[Graph, Stage], float] = self.stage_latency
+        self._known: dict[str, float] = {}
+        self._remember: Callable[[str, Callable[[], float]], float] = self._remember_here
         self.measurements = 0  # stages (or pairs of stages) run and timed
 
     @property
@@ -146,22 +149,59 @@ class MeasuredCostModel:
         backend = f"cpu-{self.backend}-v3" + (f"-{self.cores}core" if self.cores else "")
         return ProfileContext(self._device, backend, self.versions, batch)
 
-    def price_parts_with(self, price: Callable[[Graph, Stage], float]) -> None:
-        """Take the prices of the nodes a stage's price is built from from ``price`` (the profile
-        store does this, so that those figures come from it and go to it)."""
-        self._parts = price
+    def use_store(self, price: Callable[[Graph, Stage], float],
+                  remember: Callable[[str, Callable[[], float]], float]) -> None:
+        """Take the prices of the nodes a stage's price is built from from ``price``, and keep
+        calibrations with ``remember(name, measure)``: the profile store does this, so that those
+        figures come from it and go to it."""
+        self._parts, self._remember = price, remember
+
+    def _remember_here(self, name: str, measure: Callable[[], float]) -> float:
+        if name not in self._known:
+            self._known[name] = measure()
+        return self._known[name]
 
     def call_overhead_ms(self) -> float:
         """The cost of one backend call that computes (almost) nothing."""
-        if self._call_ms is None:
+        def measure() -> float:
             from opsched.ir import GraphBuilder
 
             b = GraphBuilder("empty_call")
             x = b.input("x", (1, 1))
             g = b.build([b.add("relu", [x], name="noop")])
             (timing,) = self.time_stages(g, [Stage((("noop",),))], repeat=max(self.repeat, 21))
-            self._call_ms = statistics.median(timing.wall_ms)
-        return self._call_ms
+            return statistics.median(timing.wall_ms)
+        return self._remember("call_ms", measure)
+
+    def layout_ms_per_mib(self) -> tuple[float, float]:
+        """ONNX Runtime's conversion of a float tensor into its blocked layout and out of it, per
+        MiB, from a 1x1 convolution over 64x56x56 (one segment's threads: all cores)."""
+        def measure(direction: str) -> Callable[[], float]:
+            def run() -> float:
+                from opsched.ir import GraphBuilder
+
+                b = GraphBuilder("layout_probe")
+                x = b.input("x", (1, 64, 56, 56))
+                w = b.param("w", torch.zeros(64, 64, 1, 1))
+                g = b.build([b.add("conv2d", [x], name="probe", params=[w])])
+                (t,) = self.time_stages(g, [Stage((("probe",),))], repeat=max(self.repeat, 11))
+                mib = 64 * 56 * 56 * 4 / 2**20
+                rounds = t.layout_in_ms if direction == "in" else t.layout_out_ms
+                return statistics.median(rounds or (0.0,)) / mib
+            return run
+        return self._remember("layout_in_ms_per_mib", measure("in")), self._remember("layout_out_ms_per_mib", measure("out"))
+
+    def segment_cut(self, graph: Graph) -> SegmentCut | None:
+        """On ONNX Runtime: the call of the segment that resumes, and converting each 4-D float
+        value that crosses a cut out of (where a segment ends) or into (where one begins) the
+        blocked layout. On torch kernels, segments cost nothing to cut."""
+        if self.backend != "ort":
+            return None
+        to_in, to_out = self.layout_ms_per_mib()
+        values = {i.name: i.type for i in graph.inputs} | {n.name: n.out for n in graph.nodes}
+        mib = {v: t.nbytes / 2**20 for v, t in values.items() if len(t.shape) == 4 and t.dtype.startswith("float")}
+        return SegmentCut(self.call_overhead_ms(), {v: m * to_out for v, m in mib.items()},
+                          {v: m * to_in for v, m in mib.items()})
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
         nodes = stage.nodes
@@ -189,13 +229,11 @@ class MeasuredCostModel:
         call = self.call_overhead_ms()
         return [max(w - call, 0.01 * w) for w in t.wall_ms]
 
-    def _together_ms(self, t: StageTiming) -> list[float]:
-        """Per round, as a phase of its own: the call, and on ORT the conversions and the call it
-        forces on the segments around it."""
-        if t.layout_in_ms is None or t.layout_out_ms is None:
-            return list(t.wall_ms)
-        call = self.call_overhead_ms()
-        return [w + i + o + call for w, i, o in zip(t.wall_ms, t.layout_in_ms, t.layout_out_ms)]
+    @staticmethod
+    def _together_ms(t: StageTiming) -> list[float]:
+        """Per round, as a phase of its own: the call's wall time (its lanes' sessions, their layout
+        conversions, the join). What it costs the segments around it is :meth:`segment_cut`'s."""
+        return list(t.wall_ms)
 
     def _merged_ms(self, t: StageTiming) -> list[float]:
         """Per round, a merged convolution in a segment. On ORT its output is split by an operator

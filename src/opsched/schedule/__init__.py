@@ -18,6 +18,7 @@ from opsched.cost.resources import resources_for
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule.coster import StageCoster
+from opsched.schedule.cuts import cut_latency
 from opsched.schedule.est import choose_merges, est_lanes
 from opsched.schedule.greedy import greedy_stages
 from opsched.schedule.ios import SearchStats, ios_stages
@@ -58,9 +59,10 @@ def schedule(graph: Graph, scheduler: str, cost: CostModel, **options: Any) -> S
 
 
 def estimate(graph: Graph, stages: list[Stage], cost: CostModel | StageCoster) -> float:
-    """The cost model's latency of a stage list: the sum of its stages (the IOS model)."""
+    """The cost model's latency of a stage list: the sum of its stages (the IOS model), plus, where
+    the model charges for them, the segments its stages of several groups cut (:mod:`.cuts`)."""
     coster = cost if isinstance(cost, StageCoster) else StageCoster(graph, cost)
-    return sum(coster.latency(s) for s in stages)
+    return sum(coster.latency(s) for s in stages) + cut_latency(graph, stages, coster.segment_cut)
 
 
 def _lanes(graph: Graph, cost: CostModel, lanes: list[list[str]], name: str) -> Schedule:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from opsched.cost.base import CostModel
+from opsched.cost.base import CostModel, SegmentCut
 from opsched.ir import Graph, group_wiring
 from opsched.schedule.types import Stage
 
@@ -35,6 +36,12 @@ class StageCoster:
         ids: dict[str, int] = {}
         self._node_sig = {v: ids.setdefault(sig, len(ids)) for v, sig in graph.signatures.items()}
         self._cache: dict[tuple[object, ...], float] = {}
+
+    @cached_property
+    def segment_cut(self) -> SegmentCut | None:
+        """The cost model's :class:`~opsched.cost.SegmentCut` for this graph, asked for once."""
+        ask = getattr(self.cost, "segment_cut", None)
+        return ask(self.graph) if ask is not None else None
 
     def group_key(self, group: Sequence[str]) -> tuple[object, ...]:
         """:func:`opsched.ir.stage_key`'s notion of a group, with signatures interned to ints."""

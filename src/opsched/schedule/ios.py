@@ -27,6 +27,12 @@ What makes it cheap:
   sub-stage. The optimum is unchanged. Merge stages are always priced (a merged convolution
   can beat its slowest member alone).
 
+Where the cost model charges for cutting one-lane segments (:class:`opsched.cost.SegmentCut`:
+ONNX Runtime's session calls and layout conversions), an ending of several groups also pays
+``resume + leave(values live before it) + enter(values live after it)`` (:mod:`.cuts`); those
+sums depend only on the states on either side, so they are kept per state, and they join the
+bound above as the exact terms they are.
+
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
 priced: measurements, for a measured cost model). When the budget runs out, parts already
 solved keep their optimum and the others fall back to a heuristic schedule, so the call always
@@ -41,15 +47,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
 from opsched._toposort import bits
-from opsched.cost.base import CostModel
+from opsched.cost.base import CostModel, SegmentCut
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule.coster import StageCoster
+from opsched.schedule.cuts import cut_latency
 from opsched.schedule.endings import parallel_endings
 from opsched.schedule.greedy import wavefront
 from opsched.schedule.merge import merge_class
@@ -129,14 +136,15 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
     for k, part in enumerate(parts):
         if progress:
             progress(k, len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
-        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups)
+        cuts = _PartCuts.build(ug, part, coster.segment_cut)
+        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups, cuts.key)
         solution = solved.get(key)
         if solution is not None:
             stats.parts_reused += 1
         elif not stats.budget_exhausted:
             try:
                 solution = _Solver(ug, part, coster, strategies, max_group_size, max_groups, check_budget,
-                                   stats).solve()
+                                   stats, cuts).solve()
                 solved[key] = solution
                 stats.parts_solved += 1
             except _BudgetExhausted:
@@ -161,7 +169,11 @@ def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_groups: i
     """The cheaper of the greedy wavefront and the sequential order of a part."""
     greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_groups)]
     sequential = [Stage((ug.units[u],)) for u in part]
-    return min((greedy, sequential), key=lambda stages: sum(coster.latency(s) for s in stages))
+    done = [v for u in range(part[0]) for v in ug.units[u]]
+
+    def price(stages: list[Stage]) -> float:
+        return sum(coster.latency(s) for s in stages) + cut_latency(ug.graph, stages, coster.segment_cut, done)
+    return min((greedy, sequential), key=price)
 
 
 def _part_key(graph: Graph, ug: UnitGraph, part: list[int], *options: object) -> str:
@@ -175,12 +187,75 @@ def _to_stage(ug: UnitGraph, part: list[int], st: LocalStage) -> Stage:
     return Stage(tuple(tuple(v for i in g for v in ug.units[part[i]]) for g in groups), strategy)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class _PartCuts:
+    """A :class:`SegmentCut` in one part's local terms. A value counts where it is live: a unit's
+    value (its last node's) while a reader is still to run; a value from before the part (a graph
+    input, an earlier part's unit) while a reader in the part is, or always, if one runs after it.
+
+    ``key``: everything the part's cut costs depend on, for reusing a solution across parts."""
+
+    resume_ms: float
+    always: tuple[float, float]                           # (leave, enter) of values live throughout
+    outside: tuple[tuple[int, float, float], ...]         # (local readers, leave, enter), earlier values
+    inside: tuple[tuple[bool, float, float], ...]         # per local unit: (read after the part, leave, enter)
+
+    @classmethod
+    def build(cls, ug: UnitGraph, part: list[int], cut: SegmentCut | None) -> _PartCuts:
+        if cut is None:
+            return cls(0.0, (0.0, 0.0), (), ())
+        local = {u: i for i, u in enumerate(part)}
+        first, last = part[0], part[-1]
+        g = ug.graph
+        readers: dict[str, set[int]] = {}  # earlier values -> units (global) that read them
+        for u in range(first, len(ug)):
+            for v in ug.units[u]:
+                for x in g.node(v).inputs:
+                    if x not in g.index or ug.unit_of[x] < first:
+                        readers.setdefault(x, set()).add(u)
+        always = [0.0, 0.0]
+        outside = []
+        for x, us in readers.items():
+            leave, enter = cut.leave_ms.get(x, 0.0), cut.enter_ms.get(x, 0.0)
+            if any(u > last for u in us):
+                always[0] += leave
+                always[1] += enter
+            else:
+                outside.append((sum(1 << local[u] for u in us), leave, enter))
+        inside = tuple((any(s > last for s in ug.succs[u]), cut.leave_ms.get(ug.units[u][-1], 0.0),
+                        cut.enter_ms.get(ug.units[u][-1], 0.0)) for u in part)
+        return cls(cut.resume_ms, (always[0], always[1]), tuple(sorted(outside)), inside)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.resume_ms or self.always != (0.0, 0.0) or self.outside or any(w for _, *w in self.inside))
+
+    @property
+    def key(self) -> object:
+        return (self.resume_ms, self.always, self.outside, self.inside) if self.active else None
+
+    def live(self, state: int, succ: Sequence[int]) -> tuple[float, float]:
+        """(leave, enter) summed over the values live once the local units ``state`` have run."""
+        leave, enter = self.always
+        for readers, out_ms, in_ms in self.outside:
+            if readers & ~state:
+                leave += out_ms
+                enter += in_ms
+        for i, (later, out_ms, in_ms) in enumerate(self.inside):
+            if (state >> i) & 1 and (later or succ[i] & ~state):
+                leave += out_ms
+                enter += in_ms
+        return leave, enter
+
+
 class _Solver:
     """The DP over one part; unit indices are local (0..n-1, topological)."""
 
     def __init__(self, ug: UnitGraph, part: list[int], coster: StageCoster, strategies: tuple[str, ...],
-                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats) -> None:
+                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats, cuts: _PartCuts) -> None:
         self.ug, self.part, self.coster = ug, part, coster
+        self.cuts = cuts if cuts.active else None
+        self._live: dict[int, tuple[float, float]] = {}
         self.r, self.s, self.strategies = r, s, strategies
         self.check_budget, self.stats = check_budget, stats
         local = {u: i for i, u in enumerate(part)}
@@ -213,6 +288,17 @@ class _Solver:
             self.prices[key] = value
         return value
 
+    def cut(self, rest: int, state: int) -> float:
+        """What an ending of several groups from ``state`` down to ``rest`` pays for the cut segments."""
+        if self.cuts is None:
+            return 0.0
+        before, after = self._live.get(rest), self._live.get(state)
+        if before is None:
+            before = self._live[rest] = self.cuts.live(rest, self.succ)
+        if after is None:
+            after = self._live[state] = self.cuts.live(state, self.succ)
+        return self.cuts.resume_ms + before[0] + after[1]
+
     def single(self, comp: int) -> float:
         value = self.singles[comp] = self.price("parallel", (comp,))
         return value
@@ -243,20 +329,21 @@ class _Solver:
         bounded = []
         for strategy, mask, comps in endings:
             rest = state & ~mask
+            cut = self.cut(rest, state) if strategy == "parallel" and len(comps) > 1 else 0.0
             if strategy == "merge" or len(comps) == 1 or not self.monotone:
-                total = self.memo[rest][0] + self.price(strategy, comps)
+                total = self.memo[rest][0] + cut + self.price(strategy, comps)
                 if total < best:
                     best, choice, nxt = total, (strategy, comps), rest
             else:
                 singles = [self.singles[c] if c in self.singles else self.single(c) for c in comps]
-                bounded.append((self.memo[rest][0] + max(singles), rest, comps, singles))
+                bounded.append((self.memo[rest][0] + cut + max(singles), rest, comps, singles, cut))
         # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
         bounded.sort(key=lambda e: e[0])
-        for bound, rest, comps, singles in bounded:
+        for bound, rest, comps, singles, cut in bounded:
             if bound >= best - _TIE:
                 self.stats.pruned += 1
                 break
-            done = self.memo[rest][0]
+            done = self.memo[rest][0] + cut
             heavy = [c for _, c in sorted(zip(singles, comps), key=lambda e: -e[0])]
             for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
                 total = done + self.price("parallel", tuple(heavy[:t]))
