@@ -38,7 +38,6 @@ from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost.cached import StoredCostModel  # noqa: E402
 from opsched.cost.measured import MeasuredCostModel  # noqa: E402
 from opsched.cost.store import ProfileStore  # noqa: E402
-from opsched.ir import GraphBuilder  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.runtime.module import ScheduledModule  # noqa: E402
@@ -57,16 +56,9 @@ def ort_session(model_bytes: bytes, parallel: bool) -> ort.InferenceSession:
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 
-def call_overhead_ms() -> float:
-    """What one backend call costs with (almost) nothing to compute: subtracted from every unit,
-    since a plan amortises it over whole segments while isolated measurements pay it each time."""
-    b = GraphBuilder("overhead")
-    x = b.input("x", (1, 1))
-    g = b.build([b.add("relu", [x])])
-    return MeasuredCostModel(repeat=31).stage_latency(g, Stage(((g.nodes[0].name,),)))
-
-
-def lower_bound(graph, store: ProfileStore, batch: int, overhead: float) -> float:  # type: ignore[no-untyped-def]
+def lower_bound(graph, store: ProfileStore, batch: int) -> float:  # type: ignore[no-untyped-def]
+    """Units priced as the measured model prices them in a segment (their kernels), at all cores
+    for the critical path and at one core for the work."""
     ug = UnitGraph.build(graph)
     full, one = MeasuredCostModel(), MeasuredCostModel(cores=1)
     at_full = StoredCostModel(full, store, full.context(batch))
@@ -75,8 +67,8 @@ def lower_bound(graph, store: ProfileStore, batch: int, overhead: float) -> floa
     work = 0.0
     for names in ug.units:
         stage = Stage((names,))
-        per_node[graph.index[names[0]]] = max(0.0, at_full.stage_latency(graph, stage) - overhead)
-        work += max(0.0, at_one.stage_latency(graph, stage) - overhead)
+        per_node[graph.index[names[0]]] = at_full.stage_latency(graph, stage)
+        work += at_one.stage_latency(graph, stage)
     return max(critical_path(graph, per_node)[0], work / (os.cpu_count() or 1))
 
 
@@ -100,7 +92,7 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         # the same search optimize() ran (max_groups = cores): found in the store, nothing new is measured
         ios = schedule(graph, "ios", cost, budget_s=budget, max_groups=os.cpu_count() or 1)
         modules = {s: ScheduledModule(graph, schedule(graph, s, cost)) for s in ("sequential", "greedy")}
-        bound = lower_bound(graph, store, batch, call_overhead_ms())
+        bound = lower_bound(graph, store, batch)
     modules["ios"] = ScheduledModule(graph, ios)
     contenders = {
         "eager PyTorch": lambda: model(*inputs),

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from opsched.cost import AnalyticCostModel
 from opsched.cost.cached import StoredCostModel
-from opsched.cost.measured import MeasuredCostModel, StageTiming
+from opsched.cost.measured import MeasuredCostModel, StageTiming, random_inputs
 from opsched.cost.store import ProfileStore
 from opsched.ir import Graph, GraphBuilder
-from opsched.runtime.ort import KernelTimes, kernel_times, ort_available
+from opsched.runtime.ort import KernelTimes, OrtExecutor, kernel_times, ort_available
+from opsched.runtime.plan import cut_segments, lower
+from opsched.schedule import schedule
 from opsched.schedule.types import Stage
+from opsched.testing import assert_close
 
 needs_ort = pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
 
@@ -113,12 +117,33 @@ def test_a_pair_is_priced_at_the_upper_quartile_of_its_rounds() -> None:
 def test_segment_cut_on_ort_converts_what_crosses() -> None:
     graph = branches(channels=8, size=4)  # 8x4x4 float32: 512 bytes a value
     model = MeasuredCostModel(backend="ort")
-    model._known.update(call_ms=0.05, layout_in_ms_per_mib=2.0, layout_out_ms_per_mib=1.0)
+    model._known.update({"call_ms": 0.05, "layout_in_ms_per_mib": 2.0, "layout_out_ms_per_mib": 1.0,
+                         f"cut_residual_ms/{graph.structural_hash()}": 0.1})
     cut = model.segment_cut(graph)
-    assert cut is not None and cut.resume_ms == 0.05
+    assert cut is not None and cut.resume_ms == pytest.approx(0.05 + 2 * 0.1)  # a call, and two cuts' residue
     mib = 8 * 4 * 4 * 4 / 2**20
     assert cut.leave_ms["x"] == pytest.approx(mib) and cut.enter_ms["a"] == pytest.approx(2 * mib)
     assert MeasuredCostModel(backend="torch").segment_cut(graph) is None  # torch segments: no cost to cut
+
+
+@needs_ort
+def test_a_cut_plan_computes_the_same_and_its_cost_is_measured_once(tmp_path: Path) -> None:
+    graph = branches(channels=16, size=8)
+    plan = lower(graph, schedule(graph, "sequential", AnalyticCostModel("CPU2")))
+    cut = cut_segments(plan, [1, 3])
+    assert [len(p.lanes[0]) for p in cut.phases] == [1, 2, len(plan.steps) - 3]
+    x = random_inputs(graph)
+    assert_close(OrtExecutor(graph, cut)(x), OrtExecutor(graph, plan)(x))
+    with pytest.raises(ValueError, match="one one-lane phase"):
+        cut_segments(cut, [2])
+    with ProfileStore(tmp_path) as store:
+        model = MeasuredCostModel(warmup=1, repeat=2, backend="ort")
+        StoredCostModel(model, store, model.context(1))
+        residue = model.cut_residual_ms(graph, cuts=2)
+        assert residue >= 0.0 and model.measurements >= 1
+        again = MeasuredCostModel(backend="ort")
+        StoredCostModel(again, store, again.context(1))
+        assert again.cut_residual_ms(graph, cuts=2) == residue and again.measurements == 0  # from the store
 
 
 def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:

@@ -175,8 +175,7 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
                 module = baseline
         module.info["optimize time"] = f"{time.perf_counter() - start:.2f} s"
         if isinstance(cost_model, StoredCostModel):
-            module.info["measurements"] = (f"{cost_model.measurements} new, {cost_model.hits} prices from the profile store, "
-                                          f"{cost_model.misses} priced")
+            module.info["measurements"] = f"{cost_model.measurements} new, {cost_model.hits} from the profile store"
     return module
 
 

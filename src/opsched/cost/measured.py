@@ -23,17 +23,20 @@ is timed as a pair, interleaved, so that drift moves both sides alike:
   one group, and costs the sum of its nodes times the ratio of the two, round by round, taken
   at the upper quartile (:data:`PAIR_QUANTILE`): it is priced below its serial twin only when
   it paid in most rounds. Run together, it is timed as a phase of its own: the call's wall
-  time (lanes, threads, their sessions' layout conversions, the join). What it costs the
-  segments around it, which depends on what else is live there, is the search's to add
-  (:meth:`MeasuredCostModel.segment_cut`: the resumed segment's call, and converting every
-  value that crosses either cut out of ORT's blocked layout and back). A merge is
-  timed as the one step it is: its kernels and, on ORT, the conversions its split forces
-  inside a segment (:meth:`MeasuredCostModel._merged_ms`; measured in one session, nine merges
-  of GoogLeNet saved 0.6 ms of convolution and cost 2.3 ms of conversions and split). A stage
-  of several groups never costs less than its dearest group (the model is monotone).
+  time (lanes, threads, their sessions' layout conversions, the join). A merge is timed as
+  the one step it is: its kernels and, on ORT, the conversions its split forces inside a
+  segment (:meth:`MeasuredCostModel._merged_ms`; measured in one session, nine merges of
+  GoogLeNet saved 0.6 ms of convolution and cost 2.3 ms of conversions and split). A stage of
+  several groups never costs less than its dearest group (the model is monotone);
+* what a stage of several groups costs the **segments around it** depends on what else is live
+  there, so it is the search's to add (:meth:`MeasuredCostModel.segment_cut`): on ORT, the
+  call of the segment that resumes, converting every value that crosses either cut out of the
+  blocked layout and back, and per cut a residue measured on the model itself (fusions lost
+  across the cut, threads woken again; :meth:`MeasuredCostModel.cut_residual_ms`).
 
-Prices of parts come through :meth:`MeasuredCostModel.price_parts_with` (the profile store),
-so a stage priced today agrees with the node prices the search already holds.
+Prices of parts and calibrations come through :meth:`MeasuredCostModel.use_store` (the profile
+store), so a stage priced today agrees with the node prices the search already holds, and a
+second search measures nothing.
 """
 
 from __future__ import annotations
@@ -192,16 +195,64 @@ class MeasuredCostModel:
         return self._remember("layout_in_ms_per_mib", measure("in")), self._remember("layout_out_ms_per_mib", measure("out"))
 
     def segment_cut(self, graph: Graph) -> SegmentCut | None:
-        """On ONNX Runtime: the call of the segment that resumes, and converting each 4-D float
-        value that crosses a cut out of (where a segment ends) or into (where one begins) the
-        blocked layout. On torch kernels, segments cost nothing to cut."""
+        """On ONNX Runtime: converting each 4-D float value that crosses a cut out of (where a
+        segment ends) or into (where one begins) the blocked layout, and per stage of several
+        groups the call of the segment that resumes plus, at each of its two cuts, what cutting
+        this model's segments costs beyond calls and conversions (:meth:`cut_residual_ms`).
+        On torch kernels, segments cost nothing to cut."""
         if self.backend != "ort":
             return None
+        leave, enter = self._conversions(graph)
+        return SegmentCut(self.call_overhead_ms() + 2 * self.cut_residual_ms(graph), leave, enter)
+
+    def _conversions(self, graph: Graph) -> tuple[dict[str, float], dict[str, float]]:
         to_in, to_out = self.layout_ms_per_mib()
         values = {i.name: i.type for i in graph.inputs} | {n.name: n.out for n in graph.nodes}
         mib = {v: t.nbytes / 2**20 for v, t in values.items() if len(t.shape) == 4 and t.dtype.startswith("float")}
-        return SegmentCut(self.call_overhead_ms(), {v: m * to_out for v, m in mib.items()},
-                          {v: m * to_in for v, m in mib.items()})
+        return {v: m * to_out for v, m in mib.items()}, {v: m * to_in for v, m in mib.items()}
+
+    def cut_residual_ms(self, graph: Graph, cuts: int = 8) -> float:
+        """What one cut of a segment of ``graph`` costs beyond a call and its conversions: fusions
+        ONNX Runtime can no longer make across it, threads woken again. Measured on the model
+        itself: its sequential plan raced against the same plan cut into ``cuts + 1`` segments
+        (evenly), the difference per cut less the call and the conversions at those cuts.
+        (NASNet-A mobile: plans whose concurrent phases were each priced below their serial
+        twin ran 17-20% slower than sequential, and as fast once those phases were serialized.)"""
+        def measure() -> float:
+            from opsched.runtime.ort import OrtExecutor
+            from opsched.runtime.plan import cut_segments, lower
+            from opsched.schedule.cuts import live_values
+            from opsched.schedule.sequential import sequential_stages
+
+            plan = lower(graph, Schedule(graph.structural_hash(), tuple(sequential_stages(graph)), graph_name=graph.name))
+            (lane,) = plan.phases[0].lanes
+            k = max(1, min(cuts, len(lane) // 4))
+            positions = [round(len(lane) * (j + 1) / (k + 1)) for j in range(k)]
+            whole, cut = OrtExecutor(graph, plan, self.cores), OrtExecutor(graph, cut_segments(plan, positions), self.cores)
+            inputs = random_inputs(graph)
+            diffs = []
+            try:
+                for r in range(self.warmup + max(self.repeat, 15)):
+                    start = time.perf_counter()
+                    whole(inputs)
+                    middle = time.perf_counter()
+                    cut(inputs)
+                    if r >= self.warmup:
+                        diffs.append((time.perf_counter() - middle) - (middle - start))
+            finally:
+                whole.close()
+                cut.close()
+            self.measurements += 1
+            leave, enter = self._conversions(graph)
+            done: set[str] = set()
+            converted = 0.0
+            for j, step in enumerate(lane):
+                if j in positions:
+                    converted += sum(leave.get(v, 0.0) + enter.get(v, 0.0) for v in live_values(graph, done))
+                done.update(plan.steps[step].nodes)
+            per_cut = statistics.median(diffs) * 1e3 / k
+            return max(0.0, per_cut - self.call_overhead_ms() - converted / k)
+        return self._remember(f"cut_residual_ms/{graph.structural_hash()}", measure)
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
         nodes = stage.nodes

@@ -22,7 +22,7 @@ output slot(s). Everything the per-call loop would otherwise decide is decided h
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from opsched.runtime.kernels import ACTIVATION_FNS, Kernel, make_kernel
 from opsched.schedule.merge import merged_conv, merged_parameters
 from opsched.schedule.types import Schedule
 
-__all__ = ["Step", "Phase", "Plan", "lower", "bind_step"]
+__all__ = ["Step", "Phase", "Plan", "lower", "bind_step", "cut_segments"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,20 @@ class Plan:
                 live -= sum(slot_bytes[f] for s in steps for f in self.steps[s].frees)
             live -= sum(slot_bytes[s] for s in phase.frees)
         return peak
+
+
+def cut_segments(plan: Plan, positions: Sequence[int]) -> Plan:
+    """A plan of one one-lane phase, cut into consecutive one-lane phases before each of the step
+    positions ``positions``: the same steps in the same order, run as separate segments. (What a
+    cut costs is measured with it.) A step's own frees stay right: each is at its slot's last reader."""
+    if len(plan.phases) != 1 or len(plan.phases[0].lanes) != 1:
+        raise ValueError(f"only a plan of one one-lane phase can be cut into segments; this one has "
+                        f"{len(plan.phases)} phases of up to {plan.max_lanes} lanes")
+    (lane,) = plan.phases[0].lanes
+    bounds = [0, *sorted({p for p in positions if 0 < p < len(lane)}), len(lane)]
+    phases = [Phase((lane[a:b],), ()) for a, b in zip(bounds, bounds[1:])]
+    phases[-1] = Phase(phases[-1].lanes, plan.phases[0].frees)
+    return dataclasses.replace(plan, phases=tuple(phases))
 
 
 def bind_step(step: Step, release: bool = True) -> Callable[[list[Any]], None]:
