@@ -155,10 +155,11 @@ def main() -> None:
         "> 1 mean opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
         "schedule searched with the measured cost model under the time budget; *optimize()*: what "
         "`opsched.optimize` returns after its end-to-end check against the sequential schedule. "
-        "Unit bound: max(critical path of units at all cores, single-core work / cores), from units "
-        "measured alone minus the cost of an empty backend call. It is an estimate, not a strict bound: "
-        "inside a long segment ONNX Runtime fuses and overlaps across units, which units measured alone "
-        "cannot show, so a ratio below 1 is possible. Peak memory: "
+        "Unit bound: max(critical path of units at all cores, single-core work / cores), each unit "
+        "priced as the measured cost model prices it inside a segment (the time in its kernels, by "
+        "ONNX Runtime's profiler). It is an estimate, not a strict bound: inside a long segment ONNX "
+        "Runtime fuses across units, which units measured alone cannot show, so a ratio below 1 is "
+        "possible. Peak memory: "
         "live activations of the plan, against the sequential plan.", "",
         format_table(headers, rows, markdown=True), "",
         "Geometric means: " + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items()) + "."])
