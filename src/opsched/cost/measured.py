@@ -179,20 +179,22 @@ class MeasuredCostModel:
     def layout_ms_per_mib(self) -> tuple[float, float]:
         """ONNX Runtime's conversion of a float tensor into its blocked layout and out of it, per
         MiB, from a 1x1 convolution over 64x56x56 (one segment's threads: all cores)."""
-        def measure(direction: str) -> Callable[[], float]:
-            def run() -> float:
-                from opsched.ir import GraphBuilder
+        probed: list[StageTiming] = []  # one probe answers both directions
 
-                b = GraphBuilder("layout_probe")
-                x = b.input("x", (1, 64, 56, 56))
-                w = b.param("w", torch.zeros(64, 64, 1, 1))
-                g = b.build([b.add("conv2d", [x], name="probe", params=[w])])
-                (t,) = self.time_stages(g, [Stage((("probe",),))], repeat=max(self.repeat, 11))
-                mib = 64 * 56 * 56 * 4 / 2**20
-                rounds = t.layout_in_ms if direction == "in" else t.layout_out_ms
-                return statistics.median(rounds or (0.0,)) / mib
-            return run
-        return self._remember("layout_in_ms_per_mib", measure("in")), self._remember("layout_out_ms_per_mib", measure("out"))
+        def rate(rounds_of: Callable[[StageTiming], tuple[float, ...] | None]) -> Callable[[], float]:
+            def measure() -> float:
+                if not probed:
+                    from opsched.ir import GraphBuilder
+
+                    b = GraphBuilder("layout_probe")
+                    x = b.input("x", (1, 64, 56, 56))
+                    w = b.param("w", torch.zeros(64, 64, 1, 1))
+                    g = b.build([b.add("conv2d", [x], name="probe", params=[w])])
+                    probed.extend(self.time_stages(g, [Stage((("probe",),))], repeat=max(self.repeat, 11)))
+                return statistics.median(rounds_of(probed[0]) or (0.0,)) / (64 * 56 * 56 * 4 / 2**20)
+            return measure
+        return (self._remember("layout_in_ms_per_mib", rate(lambda t: t.layout_in_ms)),
+                self._remember("layout_out_ms_per_mib", rate(lambda t: t.layout_out_ms)))
 
     def segment_cut(self, graph: Graph) -> SegmentCut | None:
         """On ONNX Runtime: converting each 4-D float value that crosses a cut out of (where a

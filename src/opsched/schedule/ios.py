@@ -136,8 +136,8 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
     for k, part in enumerate(parts):
         if progress:
             progress(k, len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
-        cuts = _PartCuts.build(ug, part, coster.segment_cut)
-        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups, cuts.key)
+        cuts = _PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
+        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups, cuts)
         solution = solved.get(key)
         if solution is not None:
             stats.parts_reused += 1
@@ -193,7 +193,7 @@ class _PartCuts:
     value (its last node's) while a reader is still to run; a value from before the part (a graph
     input, an earlier part's unit) while a reader in the part is, or always, if one runs after it.
 
-    ``key``: everything the part's cut costs depend on, for reusing a solution across parts."""
+    Equal records mean equal cut costs, so a part's solution is reused only with an equal one."""
 
     resume_ms: float
     always: tuple[float, float]                           # (leave, enter) of values live throughout
@@ -201,9 +201,7 @@ class _PartCuts:
     inside: tuple[tuple[bool, float, float], ...]         # per local unit: (read after the part, leave, enter)
 
     @classmethod
-    def build(cls, ug: UnitGraph, part: list[int], cut: SegmentCut | None) -> _PartCuts:
-        if cut is None:
-            return cls(0.0, (0.0, 0.0), (), ())
+    def build(cls, ug: UnitGraph, part: list[int], cut: SegmentCut) -> _PartCuts:
         local = {u: i for i, u in enumerate(part)}
         first, last = part[0], part[-1]
         g = ug.graph
@@ -226,14 +224,6 @@ class _PartCuts:
                         cut.enter_ms.get(ug.units[u][-1], 0.0)) for u in part)
         return cls(cut.resume_ms, (always[0], always[1]), tuple(sorted(outside)), inside)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.resume_ms or self.always != (0.0, 0.0) or self.outside or any(w for _, *w in self.inside))
-
-    @property
-    def key(self) -> object:
-        return (self.resume_ms, self.always, self.outside, self.inside) if self.active else None
-
     def live(self, state: int, succ: Sequence[int]) -> tuple[float, float]:
         """(leave, enter) summed over the values live once the local units ``state`` have run."""
         leave, enter = self.always
@@ -252,9 +242,10 @@ class _Solver:
     """The DP over one part; unit indices are local (0..n-1, topological)."""
 
     def __init__(self, ug: UnitGraph, part: list[int], coster: StageCoster, strategies: tuple[str, ...],
-                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats, cuts: _PartCuts) -> None:
+                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats,
+                 cuts: _PartCuts | None) -> None:
         self.ug, self.part, self.coster = ug, part, coster
-        self.cuts = cuts if cuts.active else None
+        self.cuts = cuts
         self._live: dict[int, tuple[float, float]] = {}
         self.r, self.s, self.strategies = r, s, strategies
         self.check_budget, self.stats = check_budget, stats
