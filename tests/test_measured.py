@@ -13,7 +13,7 @@ from opsched.cost.cached import StoredCostModel
 from opsched.cost.measured import MeasuredCostModel, StageTiming, random_inputs
 from opsched.cost.store import ProfileStore
 from opsched.ir import Graph, GraphBuilder
-from opsched.runtime.ort import KernelTimes, OrtExecutor, kernel_times, ort_available
+from opsched.runtime.ort import KernelEvent, KernelTimes, OrtExecutor, kernel_events, kernel_times, ort_available
 from opsched.runtime.plan import cut_segments, lower
 from opsched.schedule import schedule
 from opsched.schedule.types import Stage
@@ -163,6 +163,9 @@ def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:
 
     assert kernel_times(Session()) == [KernelTimes(20.0, 4.0, 0.0), KernelTimes(30.0, 0.0, 1.0)]
     assert not path.exists()  # the profile file is removed once read
+    path.write_text(json.dumps(events))
+    assert kernel_events(Session())[1] == [KernelEvent("c_nchwc", "Conv", 0.005, 30.0),
+                                           KernelEvent("y", "ReorderOutput", 0.04, 1.0)]
 
 
 @needs_ort

@@ -15,6 +15,7 @@ from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model, list_models
 from opsched.runtime.cpu import CpuExecutor
 from opsched.runtime.module import make_executor
+from opsched.runtime.ort import ort_available
 from opsched.runtime.plan import lower
 from opsched.schedule import Schedule, schedule
 from opsched.testing import assert_close, fork_join, random_dag
@@ -217,6 +218,22 @@ def test_optimize_never_returns_a_plan_slower_than_sequential_in_its_race(tmp_pa
     else:
         chosen, sequential = (float(t.split()[0]) for t in check.split(" vs sequential "))
         assert chosen <= sequential
+
+
+@pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
+def test_ort_profile_shows_each_kernel_under_its_step() -> None:
+    g = random_dag(10, 7, edge_prob=0.3)
+    sched = schedule(g, "greedy", CPU, max_streams=2)
+    module = opsched.ScheduledModule(g, sched, backend="ort")
+    events = module.profile(torch.randn(g.inputs[0].type.shape))
+    labels = {st.label: st.op for st in module.plan.steps}
+    kernels = [e for e in events if e.op != "layout"]
+    assert kernels and all(e.label in labels and e.op == labels[e.label] for e in kernels)  # every kernel owned
+    assert {e.label for e in kernels} >= {st.label for st in module.plan.steps if st.op == "conv2d"}
+    for lane in {e.lane for e in events}:  # one lane runs one kernel at a time
+        spans = sorted((e.start_ms, e.end_ms) for e in events if e.lane == lane)
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:]))
+    assert max(e.lane for e in events) == module.plan.max_lanes - 1
 
 
 def test_profile_records_every_item_on_its_lane() -> None:

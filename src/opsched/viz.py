@@ -16,17 +16,26 @@ _FAMILIES = {
     "add": "elementwise", "mul": "elementwise", "relu": "elementwise", "relu6": "elementwise",
     "sigmoid": "elementwise", "tanh": "elementwise", "gelu": "elementwise", "silu": "elementwise",
     "hardswish": "elementwise", "softmax": "elementwise", "batch_norm": "elementwise",
-    "concat": "data movement", "pad": "data movement", "slice": "data movement",
-    "opaque": "opaque (torch)",
+    "concat": "data movement", "pad": "data movement", "slice": "data movement", "flatten": "data movement",
+    "opaque": "opaque (torch)", "layout": "layout conversion",
+}
+_ORT_FAMILIES = {  # kernels of ONNX Runtime that no opsched step owns, by ORT's operator kind
+    "Conv": "convolution", "FusedConv": "convolution", "Gemm": "linear", "MatMul": "linear",
+    "MaxPool": "pooling", "AveragePool": "pooling", "GlobalAveragePool": "pooling", "GlobalMaxPool": "pooling",
+    "Add": "elementwise", "Sum": "elementwise", "Mul": "elementwise", "Relu": "elementwise", "Clip": "elementwise",
+    "Concat": "data movement", "Split": "data movement", "Reshape": "data movement", "Flatten": "data movement",
+    "Slice": "data movement", "Identity": "data movement",
 }
 _COLORS = {"convolution": "#1f77b4", "merged convolution": "#17becf", "linear": "#9467bd", "pooling": "#2ca02c",
            "elementwise": "#ff7f0e", "data movement": "#8c564b", "onnxruntime segment": "#7f7f7f",
-           "opaque (torch)": "#d62728", "other": "#bcbd22"}
+           "opaque (torch)": "#d62728", "layout conversion": "#e377c2", "other": "#bcbd22"}
 
 
 def op_family(op: str) -> str:
     if op.startswith("onnxruntime["):
         return "onnxruntime segment"
+    if op.startswith("onnxruntime:"):
+        return _ORT_FAMILIES.get(op.removeprefix("onnxruntime:"), "other")
     return _FAMILIES.get(op, "other")
 
 

@@ -331,7 +331,7 @@ class MeasuredCostModel:
             timings = []
             for executor, _, times in runs:
                 program = executor.program
-                if not program.sessions or len(program.sessions) < program.n_items:
+                if not program.sessions or None in program.sessions:
                     timings.append(StageTiming(tuple(times)))  # torch kernels (all or some): no kernel profile
                     continue
                 per_session = [kernel_times(s)[self.warmup:] for s in program.sessions]

@@ -60,7 +60,7 @@ class Program:
     output_slots: tuple[int, ...]
     encode: Callable[[torch.Tensor], Any] = staticmethod(lambda t: t)  # type: ignore[assignment]
     decode: Callable[[Any], torch.Tensor] = staticmethod(lambda v: v)  # type: ignore[assignment]
-    sessions: tuple[Any, ...] = ()  # the backend sessions behind the items (ONNX Runtime), in order
+    sessions: tuple[Any, ...] = ()  # per item, the backend session that runs it (ONNX Runtime), or None
 
 
 def torch_program(plan: Plan) -> Program:

@@ -82,8 +82,13 @@ class ScheduledModule(nn.Module):
         return outputs[0] if self._single else tuple(outputs)
 
     def profile(self, *inputs: torch.Tensor) -> list[TraceEvent]:
-        """Run once, recording when each step (or backend segment) ran on which lane."""
+        """Run once, recording when each step ran on which lane (on ONNX Runtime, each kernel of
+        each segment, by ORT's own profiler)."""
         check_inputs(self.graph, inputs)
+        if self.backend == "ort":
+            from opsched.runtime.ort import profiled_trace
+
+            return profiled_trace(self.graph, self.plan, inputs)
         events: list[TraceEvent] = []
         self._executor(inputs, trace=events)
         return events

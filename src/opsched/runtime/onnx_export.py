@@ -1,7 +1,10 @@
 """Export a segment of a graph (an ordered list of nodes or merged convolutions) to ONNX.
 
 Used by the ONNX Runtime backend: each lane of a plan becomes one ONNX model whose inputs are
-the values it reads from elsewhere and whose outputs are the values read elsewhere. One
+the values it reads from elsewhere and whose outputs are the values read elsewhere. Every ONNX
+node and value made for a step is named after the step (its node, or ``merge(a,b)``), so that
+ORT's profile, whose kernels carry such names even after ORT fused or converted them, can be
+read back per step (:func:`opsched.runtime.ort.profiled_trace`). One
 exporter per op kind, in a registry; an op without one (opaque calls, adaptive pooling to a size
 other than 1x1) raises :class:`NotExportable`, and the backend runs that step with torch.
 """
@@ -16,6 +19,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from opsched.ir import Graph, Node
+from opsched.runtime.plan import step_label
 from opsched.schedule.merge import merged_conv, merged_parameters
 
 __all__ = ["NotExportable", "export_segment", "exportable"]
@@ -42,10 +46,11 @@ class _Builder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
+        self.owner = ""  # the step being exported: a prefix of every name made for it
 
     def fresh(self, hint: str) -> str:
         self._n += 1
-        return f"{hint}__{self._n}"
+        return f"{self.owner}/{hint}__{self._n}"
 
     def init(self, value: np.ndarray | torch.Tensor, hint: str) -> str:
         name = self.fresh(hint)
@@ -60,7 +65,7 @@ class _Builder:
 
     def add(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object) -> str:
         out = output or self.fresh(op)
-        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=self.fresh(op), **attrs))
         return out
 
     def activation(self, x: str, act: str, out: str) -> str:
@@ -232,7 +237,7 @@ def _merged(b: _Builder, names: tuple[str, ...]) -> None:
     if spec.act != "none":
         y = b.activation(y, spec.act, b.fresh("act"))
     sizes = b.init(np.array([c1 - c0 for c0, c1 in spec.channels], np.int64), "split")
-    b.nodes.append(helper.make_node("Split", [y, sizes], list(names), axis=1))
+    b.nodes.append(helper.make_node("Split", [y, sizes], list(names), name=b.fresh("Split"), axis=1))
 
 
 def export_segment(graph: Graph, items: Sequence[tuple[str, ...]], inputs: Sequence[str],
@@ -240,6 +245,7 @@ def export_segment(graph: Graph, items: Sequence[tuple[str, ...]], inputs: Seque
     """``items``: per step, its node names (one, or several for a merged convolution)."""
     b = _Builder(graph)
     for names in items:
+        b.owner = step_label(names)
         if len(names) > 1:
             _merged(b, names)
         else:

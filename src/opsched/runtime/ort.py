@@ -23,6 +23,8 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +32,12 @@ import numpy as np
 import torch
 
 from opsched.ir import Graph
-from opsched.runtime.cpu import Item, LaneExecutor, Program
+from opsched.runtime.cpu import Item, LaneExecutor, Program, TraceEvent
 from opsched.runtime.onnx_export import export_segment, exportable
 from opsched.runtime.plan import Plan
 
-__all__ = ["ort_available", "ort_program", "OrtExecutor", "KernelTimes", "kernel_times", "LAYOUT_KERNELS"]
+__all__ = ["ort_available", "ort_program", "OrtExecutor", "KernelEvent", "KernelTimes", "kernel_events", "kernel_times",
+           "profiled_trace", "LAYOUT_KERNELS"]
 
 #: The kernels ORT inserts to move tensors into and out of its blocked layout.
 LAYOUT_KERNELS = ("ReorderInput", "ReorderOutput")
@@ -70,6 +73,16 @@ def _to_numpy(v: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """One kernel of one run of a profiled session, by ORT's own timing."""
+
+    name: str        # ORT's node name (for opsched's exports, it starts with its step's label)
+    op: str          # ORT's operator kind: Conv, MaxPool, ReorderInput...
+    start_ms: float  # from the start of the run
+    dur_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class KernelTimes:
     """One run of a profiled session, by ORT's own kernel timings (ms)."""
 
@@ -78,10 +91,8 @@ class KernelTimes:
     layout_out_ms: float  # conversions out of it (``ReorderOutput``)
 
 
-def kernel_times(session: Any) -> list[KernelTimes]:
-    """End the profiling of a session made with a ``profile_dir``; per run, in order, its kernel
-    times. (A layout conversion inside a session, before an operator that has no blocked kernel,
-    counts as layout too; in the zoo that is only the classifier's flatten.)"""
+def kernel_events(session: Any) -> list[list[KernelEvent]]:
+    """End the profiling of a session made with a ``profile_dir``; per run, in order, its kernels."""
     path = session.end_profiling()
     try:
         with open(path) as f:
@@ -89,20 +100,76 @@ def kernel_times(session: Any) -> list[KernelTimes]:
     finally:
         os.remove(path)
     runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    sums = {kind: [0.0] * len(runs) for kind in ("compute", *LAYOUT_KERNELS)}
+    out: list[list[KernelEvent]] = [[] for _ in runs]
     for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not name.endswith("_kernel_time"):
             continue
         k = bisect.bisect_right(runs, e["ts"]) - 1
         if k >= 0:
-            op = e.get("args", {}).get("op_name")
-            sums[op if op in LAYOUT_KERNELS else "compute"][k] += e["dur"] / 1e3
-    return [KernelTimes(*times) for times in zip(sums["compute"], *(sums[op] for op in LAYOUT_KERNELS))]
+            out[k].append(KernelEvent(name.removesuffix("_kernel_time"), e.get("args", {}).get("op_name", ""),
+                                      (e["ts"] - runs[k]) / 1e3, e["dur"] / 1e3))
+    return out
+
+
+def kernel_times(session: Any) -> list[KernelTimes]:
+    """End the profiling of a session made with a ``profile_dir``; per run, in order, its kernel
+    times. (A layout conversion inside a session, before an operator that has no blocked kernel,
+    counts as layout too; in the zoo that is only the classifier's flatten.)"""
+    times = []
+    for run in kernel_events(session):
+        sums = dict.fromkeys(("compute", *LAYOUT_KERNELS), 0.0)
+        for e in run:
+            sums[e.op if e.op in LAYOUT_KERNELS else "compute"] += e.dur_ms
+        times.append(KernelTimes(sums["compute"], *(sums[op] for op in LAYOUT_KERNELS)))
+    return times
+
+
+def profiled_trace(graph: Graph, plan: Plan, inputs: Sequence[torch.Tensor], cores: int | None = None) -> list[TraceEvent]:
+    """Run ``plan`` once (after a warm-up) on sessions that profile themselves: one event per
+    kernel, on its lane, at its time within its segment's call, named and typed after the step it
+    computes (ORT's conversions into and out of its blocked layout as ``layout``; a kernel whose
+    name names no step keeps ORT's name and kind); steps run with torch keep their own events."""
+    labels = {st.label: st.op for st in plan.steps}
+    with tempfile.TemporaryDirectory(prefix="opsched-ort-profile-") as profile_dir:
+        executor = OrtExecutor(graph, plan, cores, profile_dir=profile_dir)
+        try:
+            executor(inputs)
+            items: list[TraceEvent] = []
+            executor(inputs, trace=items)
+        finally:
+            executor.close()
+        program = executor.program
+        runs = {i: kernel_events(s)[-1] for i, s in enumerate(program.sessions) if s is not None}
+    item_of = {(k, li, it.label): it.id for k, phase in enumerate(program.phases)
+               for li, lane in enumerate(phase) for it in lane}
+    out: list[TraceEvent] = []
+    for e in items:
+        kernels = runs.get(item_of[(e.phase, e.lane, e.label)])
+        if kernels is None:
+            out.append(e)
+            continue
+        for ke in kernels:
+            owner = _owner(ke.name, labels)
+            op = "layout" if ke.op in LAYOUT_KERNELS else labels[owner] if owner else f"onnxruntime:{ke.op}"
+            start = e.start_ms + ke.start_ms
+            out.append(TraceEvent(e.phase, e.lane, owner or ke.name, op, start, start + ke.dur_ms))
+    return out
+
+
+def _owner(name: str, labels: Mapping[str, str]) -> str | None:
+    """The step whose label is the longest prefix of an ORT node name (ORT extends the names it
+    is given when it fuses or converts nodes)."""
+    for cut in range(len(name), 0, -1):
+        if name[:cut] in labels:
+            return name[:cut]
+    return None
 
 
 def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = None) -> Program:
     """Segments of ``plan`` as ORT sessions; with ``profile_dir``, sessions that profile
-    themselves there (read them with :func:`kernel_times`, from ``Program.sessions``)."""
+    themselves there (read them with :func:`kernel_times` or :func:`kernel_events`, from
+    ``Program.sessions``)."""
     steps = plan.steps
     readers: dict[int, set[int]] = {}
     for s, step in enumerate(steps):
@@ -113,7 +180,7 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
     names = plan.slot_names
     item_of: dict[int, int] = {}
     items: list[Item] = []
-    sessions: list[Any] = []
+    session_of: dict[int, Any] = {}  # item -> its session
 
     def torch_item(s: int) -> Item:
         step = steps[s]
@@ -141,9 +208,8 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
                 if slot in outputs or readers.get(slot, set()) - inside]
         model = export_segment(graph, [steps[s].nodes for s in segment], [names[i] for i in ins],
                                [names[o] for o in outs])
-        prefix = None if profile_dir is None else os.path.join(profile_dir, f"segment{len(sessions)}")
-        session = _session(model.SerializeToString(), threads, prefix)
-        sessions.append(session)
+        prefix = None if profile_dir is None else os.path.join(profile_dir, f"segment{len(items)}")
+        session = session_of[len(items)] = _session(model.SerializeToString(), threads, prefix)
         in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
         frees = [f for s in segment for f in steps[s].frees]
 
@@ -200,7 +266,7 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
                            for lanes in phases)
     return Program(program_phases, tuple(p.frees for p in plan.phases), len(items), len(names), plan.input_slots,
                    plan.output_slots, encode=_to_numpy, decode=lambda v: torch.from_numpy(np.asarray(v)),
-                   sessions=tuple(sessions))
+                   sessions=tuple(session_of.get(i) for i in range(len(items))))
 
 
 def OrtExecutor(graph: Graph, plan: Plan, cores: int | None = None,  # noqa: N802 (a factory)

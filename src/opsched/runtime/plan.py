@@ -35,7 +35,7 @@ from opsched.runtime.kernels import ACTIVATION_FNS, Kernel, make_kernel
 from opsched.schedule.merge import merged_conv, merged_parameters
 from opsched.schedule.types import Schedule
 
-__all__ = ["Step", "Phase", "Plan", "lower", "bind_step", "cut_segments"]
+__all__ = ["Step", "Phase", "Plan", "lower", "bind_step", "cut_segments", "step_label"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,11 @@ class Plan:
                 live -= sum(slot_bytes[f] for s in steps for f in self.steps[s].frees)
             live -= sum(slot_bytes[s] for s in phase.frees)
         return peak
+
+
+def step_label(nodes: Sequence[str]) -> str:
+    """A step's name: its node's, or ``merge(a,b,...)`` for a merged convolution."""
+    return nodes[0] if len(nodes) == 1 else f"merge({','.join(nodes)})"
 
 
 def cut_segments(plan: Plan, positions: Sequence[int]) -> Plan:
@@ -209,7 +214,7 @@ def lower(graph: Graph, schedule: Schedule) -> Plan:
         nodes = [graph.node(v) for v in names]
         if merge:
             kernel = _merged_kernel(graph, names)
-            step = Step(f"merge({','.join(names)})", "conv2d(merged)", names, kernel,
+            step = Step(step_label(names), "conv2d(merged)", names, kernel,
                         (slot_of[nodes[0].inputs[0]],), tuple(slot_of[v] for v in names))
         else:
             (node,) = nodes
