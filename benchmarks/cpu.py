@@ -1,6 +1,7 @@
 """CPU benchmark: opsched against eager PyTorch and ONNX Runtime, every zoo model.
 
-For each model and batch size, in one process, interleaved, after warm-up: eager PyTorch,
+For each model and batch size, in one process, interleaved in a fresh order each round (eager
+PyTorch's spinning OpenMP threads slow whatever runs right after it), after warm-up: eager PyTorch,
 ONNX Runtime sequential and parallel mode (spinning off, so idle ORT threads do not steal the
 cores from whatever runs next), and opsched's sequential, greedy and IOS schedules on the ORT
 backend. The IOS schedule is searched with the measured cost model under a time budget; the
@@ -44,6 +45,7 @@ from opsched.runtime.module import ScheduledModule  # noqa: E402
 from opsched.schedule import schedule  # noqa: E402
 from opsched.schedule.types import Stage  # noqa: E402
 from opsched.schedule.units import UnitGraph  # noqa: E402
+from opsched.timing import interleave  # noqa: E402
 
 
 def ort_session(model_bytes: bytes, parallel: bool) -> ort.InferenceSession:
@@ -103,14 +105,8 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         "opsched IOS": lambda: modules["ios"](*inputs),
         "opsched optimize()": lambda: opt(*inputs),
     }
-    times: dict[str, list[float]] = {k: [] for k in contenders}
     with torch.no_grad():
-        for r in range(rounds + 3):
-            for k, fn in contenders.items():
-                t = time.perf_counter()
-                fn()
-                if r >= 3:
-                    times[k].append((time.perf_counter() - t) * 1e3)
+        times = interleave(contenders, rounds, warmup=3)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
     seq_peak = modules["sequential"].plan.peak_bytes(slot_bytes(modules["sequential"]))
@@ -151,7 +147,8 @@ def main() -> None:
         geo[key] = math.exp(sum(map(math.log, vals)) / len(vals))
     md = "\n".join([
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
-        "Median latency in ms (± interquartile range) over interleaved rounds in one process; ratios "
+        "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "
+        "fresh order each round; ratios "
         "> 1 mean opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
         "schedule searched with the measured cost model under the time budget; *optimize()*: what "
         "`opsched.optimize` returns after its end-to-end check against the sequential schedule. "

@@ -1,6 +1,7 @@
 """GPU benchmark: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile.
 
-For every zoo model, batch size and precision, in one process, interleaved after warm-up, each
+For every zoo model, batch size and precision, in one process, interleaved (a fresh order each
+round) after warm-up, each
 call timed with CUDA events: eager PyTorch; the same model captured into a single-stream CUDA
 graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
 ``torch.compile`` (default and max-autotune); opsched's sequential, greedy, IOS and ``est``
@@ -49,6 +50,7 @@ from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule.types import Stage  # noqa: E402
 from opsched.schedule.units import UnitGraph  # noqa: E402
+from opsched.timing import interleave  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
 OPSCHED = ("sequential", "greedy", "ios", "est")
@@ -175,13 +177,8 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
         except Exception as e:  # a contender that cannot run here is reported, not fatal
             print(f"  {name} b{batch} {dtype}: {LABELS[k]} failed: {type(e).__name__}: {e}", flush=True)
     timer = Timer(device)
-    times: dict[str, list[float]] = {k: [] for k in fns}
     with torch.no_grad():
-        for r in range(args.rounds + 3):
-            for k, fn in fns.items():
-                ms = timer(fn)
-                if r >= 3:
-                    times[k].append(ms)
+        times = interleave(fns, args.rounds, warmup=3, clock=timer)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
     some = next(iter(modules.values()), None)
@@ -226,7 +223,8 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
                      if r["dtype"] == dtype and k in r["median_ms"] and base in r["median_ms"]]
             summary[f"{k} {dtype}"] = {"batch1_geomean": geomean(b1), "worst_any_batch": min(every, default=math.nan)}
     lines = ["# GPU: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile", "",
-             "Median latency in ms (± interquartile range) over interleaved rounds in one process, each call "
+             "Median latency in ms (± interquartile range) over interleaved rounds (a fresh order each round) "
+             "in one process, each call "
              "timed with CUDA events. Ratios > 1 mean opsched is faster than the base "
              f"({LABELS[base]}). Bound: the longest path of isolated unit latencies. Memory: what the "
              "contender holds on the GPU (weights, graph pool, cached activations) against the base.", "",

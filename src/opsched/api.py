@@ -8,7 +8,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from opsched.runtime.module import ScheduledModule
 from opsched.schedule import schedule as run_scheduler
 from opsched.schedule.types import Schedule
 from opsched.testing import TOLERANCES
+from opsched.timing import interleave
 from opsched.transforms.place import place
 
 __all__ = ["optimize", "optimize_graph", "load", "host_cpu_model", "race", "placed_inputs"]
@@ -181,22 +182,23 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
 
 def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...], rounds: int = 7,
          warmup: int = 2) -> list[float]:
-    """Median latencies (ms) of modules run interleaved, in one process, after a warm-up (on a
-    GPU, each call is timed to its completion)."""
-    times: list[list[float]] = [[] for _ in modules]
+    """Median latencies (ms) of modules run interleaved, in one process, in a fresh order each
+    round (:func:`opsched.timing.interleave`), after a warm-up (on a GPU, each call is timed to
+    its completion)."""
     on_gpu = any(t.is_cuda for t in inputs)
+
+    def clock(call: Callable[[], object]) -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        if on_gpu:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
     with torch.no_grad():
-        for r in range(rounds + warmup):
-            for module, sink in zip(modules, times):
-                if on_gpu:
-                    torch.cuda.synchronize()
-                t = time.perf_counter()
-                module(*inputs)
-                if on_gpu:
-                    torch.cuda.synchronize()
-                if r >= warmup:
-                    sink.append((time.perf_counter() - t) * 1e3)
-    return [statistics.median(t) for t in times]
+        times = interleave({k: (lambda m=m: m(*inputs)) for k, m in enumerate(modules)}, rounds, warmup, clock=clock)
+    return [statistics.median(times[k]) for k in range(len(modules))]
 
 
 def _single_output(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:

@@ -45,7 +45,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,6 +55,7 @@ from opsched.cost.base import SegmentCut
 from opsched.cost.store import ProfileContext
 from opsched.ir import Graph
 from opsched.schedule.types import Schedule, Stage
+from opsched.timing import interleave
 
 if TYPE_CHECKING:
     from opsched.runtime.plan import Plan
@@ -226,24 +226,21 @@ class MeasuredCostModel:
             from opsched.schedule.cuts import live_values
             from opsched.schedule.sequential import sequential_stages
 
-            plan = lower(graph, Schedule(graph.structural_hash(), tuple(sequential_stages(graph)), graph_name=graph.name))
+            sequential = Schedule(graph.structural_hash(), tuple(sequential_stages(graph)), graph_name=graph.name)
+            plan = lower(graph, sequential)
             (lane,) = plan.phases[0].lanes
             k = max(1, min(cuts, len(lane) // 4))
             positions = [round(len(lane) * (j + 1) / (k + 1)) for j in range(k)]
-            whole, cut = OrtExecutor(graph, plan, self.cores), OrtExecutor(graph, cut_segments(plan, positions), self.cores)
+            whole = OrtExecutor(graph, plan, self.cores)
+            cut = OrtExecutor(graph, cut_segments(plan, positions), self.cores)
             inputs = random_inputs(graph)
-            diffs = []
             try:
-                for r in range(self.warmup + max(self.repeat, 15)):
-                    start = time.perf_counter()
-                    whole(inputs)
-                    middle = time.perf_counter()
-                    cut(inputs)
-                    if r >= self.warmup:
-                        diffs.append((time.perf_counter() - middle) - (middle - start))
+                times = interleave({"whole": lambda: whole(inputs), "cut": lambda: cut(inputs)},
+                                   max(self.repeat, 15), self.warmup)
             finally:
                 whole.close()
                 cut.close()
+            diffs = [c - w for c, w in zip(times["cut"], times["whole"])]
             self.measurements += 1
             leave, enter = self._conversions(graph)
             done: set[str] = set()
@@ -252,7 +249,7 @@ class MeasuredCostModel:
                 if j in positions:
                     converted += sum(leave.get(v, 0.0) + enter.get(v, 0.0) for v in live_values(graph, done))
                 done.update(plan.steps[step].nodes)
-            per_cut = statistics.median(diffs) * 1e3 / k
+            per_cut = statistics.median(diffs) / k
             return max(0.0, per_cut - self.call_overhead_ms() - converted / k)
         return self._remember(f"cut_residual_ms/{graph.structural_hash()}", measure)
 
@@ -297,8 +294,9 @@ class MeasuredCostModel:
         return [k + 2 * o for k, o in zip(self._serial_ms(t), t.layout_out_ms)]
 
     def time_stages(self, graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
-        """Run each of ``stages`` alone, interleaved, ``warmup + repeat`` times; on ORT with every
-        step in a session, the sessions profile themselves and the kernel figures are ORT's."""
+        """Run each of ``stages`` alone, interleaved (:func:`opsched.timing.interleave`), ``warmup +
+        repeat`` times; on ORT with every step in a session, the sessions profile themselves and
+        the kernel figures are ORT's. Entry r of every timing comes from round r."""
         from opsched.runtime.cpu import CpuExecutor
         from opsched.runtime.ort import OrtExecutor, kernel_times
 
@@ -313,23 +311,20 @@ class MeasuredCostModel:
                     executor = OrtExecutor(sub, plan, self.cores, profile_dir=own)
                 else:
                     executor = CpuExecutor(plan, self.cores)
-                runs.append((executor, random_inputs(sub), []))
+                runs.append((executor, random_inputs(sub)))
             threads = torch.get_num_threads()
             if self.cores:
                 torch.set_num_threads(self.cores)
             try:
-                for r in range(self.warmup + repeat):
-                    for executor, inputs, times in runs:
-                        start = time.perf_counter()
-                        executor(inputs)
-                        if r >= self.warmup:
-                            times.append((time.perf_counter() - start) * 1e3)
+                walls = interleave({k: (lambda ex=ex, x=x: ex(x)) for k, (ex, x) in enumerate(runs)}, repeat,
+                                   self.warmup)
             finally:
-                for executor, _, _ in runs:
+                for executor, _ in runs:
                     executor.close()
                 torch.set_num_threads(threads)
             timings = []
-            for executor, _, times in runs:
+            for k, (executor, _) in enumerate(runs):
+                times = walls[k]
                 program = executor.program
                 if not program.sessions or None in program.sessions:
                     timings.append(StageTiming(tuple(times)))  # torch kernels (all or some): no kernel profile

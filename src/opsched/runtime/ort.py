@@ -125,7 +125,8 @@ def kernel_times(session: Any) -> list[KernelTimes]:
     return times
 
 
-def profiled_trace(graph: Graph, plan: Plan, inputs: Sequence[torch.Tensor], cores: int | None = None) -> list[TraceEvent]:
+def profiled_trace(graph: Graph, plan: Plan, inputs: Sequence[torch.Tensor],
+                   cores: int | None = None) -> list[TraceEvent]:
     """Run ``plan`` once (after a warm-up) on sessions that profile themselves: one event per
     kernel, on its lane, at its time within its segment's call, named and typed after the step it
     computes (ORT's conversions into and out of its blocked layout as ``layout``; a kernel whose
