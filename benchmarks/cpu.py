@@ -109,15 +109,20 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         times = interleave(contenders, rounds, warmup=3)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
+
+    def ratio(slow: str, fast: str) -> float:
+        """Median over rounds of the round's ratio: drift that slows a whole round cancels."""
+        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+    ratios = {"IOS vs ORT seq": ratio("ORT sequential", "opsched IOS"), "IOS vs eager": ratio("eager PyTorch", "opsched IOS"),
+              "IOS vs own seq": ratio("opsched sequential", "opsched IOS"),
+              "optimize() vs ORT seq": ratio("ORT sequential", "opsched optimize()")}
     seq_peak = modules["sequential"].plan.peak_bytes(slot_bytes(modules["sequential"]))
     peaks = {k: m.plan.peak_bytes(slot_bytes(m)) / seq_peak for k, m in modules.items()}
-    record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": iqr, "lower_bound_ms": bound,
+    record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": iqr, "ratios": ratios, "lower_bound_ms": bound,
               "peak_vs_sequential": peaks, "optimize_s": optimize_s, "optimize_info": {k: str(v) for k, v in opt.info.items()},
               "ios_stats": dict(ios.stats)}
     return [name, batch] + [f"{med[k]:.2f} ±{iqr[k]:.2f}" for k in contenders] + [
-        f"{med['ORT sequential'] / med['opsched IOS']:.2f}", f"{med['eager PyTorch'] / med['opsched IOS']:.2f}",
-        f"{med['opsched sequential'] / med['opsched IOS']:.2f}", f"{med['ORT sequential'] / med['opsched optimize()']:.2f}",
-        f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}", f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
+        *(f"{v:.2f}" for v in ratios.values()), f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}", f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
         opt.info.get("measurements", "")], record
 
 
@@ -148,8 +153,8 @@ def main() -> None:
     md = "\n".join([
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
         "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "
-        "fresh order each round; ratios "
-        "> 1 mean opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
+        "fresh order each round; ratios are medians of the per-round ratios (drift that slows a whole "
+        "round cancels), > 1 where opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
         "schedule searched with the measured cost model under the time budget; *optimize()*: what "
         "`opsched.optimize` returns after its end-to-end check against the sequential schedule. "
         "Unit bound: max(critical path of units at all cores, single-core work / cores), each unit "
