@@ -50,11 +50,12 @@ def lane_schedule(g: Graph, plan) -> Schedule:  # type: ignore[no-untyped-def]
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(2, 16), seed=st.integers(0, 10_000), lanes=st.sampled_from([1, 2, 3, None]),
-       overlap=st.sampled_from([1.0, 0.5, 0.0]), share=st.booleans())
+       overlap=st.sampled_from([1.0, 0.5, 0.0]), share=st.booleans(), fork=st.sampled_from([0.0, 0.0, 2.0]))
 def test_the_schedule_replays_exactly_as_planned_and_keeps_the_guarantees(n: int, seed: int, lanes: int | None,
-                                                                         overlap: float, share: bool) -> None:
+                                                                         overlap: float, share: bool,
+                                                                         fork: float) -> None:
     g = random_dag(n, seed, edge_prob=0.3)
-    res = dataclasses.replace(random_resources(g, seed, overlap), oversubscribe=share)
+    res = dataclasses.replace(random_resources(g, seed, overlap), oversubscribe=share, fork_ms=fork)
     plan = est_lanes(g, res, lanes)
     sched = lane_schedule(g, plan).validate(g)
     assert lanes is None or len(sched.lanes or ()) <= lanes
@@ -69,7 +70,7 @@ def test_the_schedule_replays_exactly_as_planned_and_keeps_the_guarantees(n: int
     cp, _ = critical_path(g, durations)
     assert plan.makespan_ms <= work + 1e-9                  # never worse than sequential
     assert plan.makespan_ms >= max(cp, area) - 1e-9         # the model's lower bound holds
-    if overlap == 1.0 and share:                            # the list-scheduling bound of the rules
+    if overlap == 1.0 and share and not fork:               # the list-scheduling bound of the rules
         cap = lanes if lanes is not None and lanes < width(g) else None
         bound = cp + area + (work / cap if cap else 0.0)
         assert plan.makespan_ms <= bound + 1e-9
@@ -102,6 +103,20 @@ def test_a_held_back_operator_waits_for_the_one_that_made_room() -> None:
     unwaited = Schedule(sched.graph_hash, lanes=sched.lanes)
     early = {e.label: e.start_ms for e in simulate(g, unwaited, res).events}
     assert early["c3"] == 0.0  # without the wait it would not have been held back
+
+
+def test_nothing_starts_beside_others_for_less_than_the_cut_it_costs() -> None:
+    g = fan(4)  # four convolutions that fit on the device together, then their sum
+    ops = {**{f"c{i}": OpDemand(1.0 + 0.1 * i, 0.2) for i in range(4)}, "out": OpDemand(0.1, 1.0)}
+    together = est_lanes(g, ResourceModel(ops), max_lanes=None)
+    assert together.makespan_ms == pytest.approx(1.3 + 0.1) and len(together.lanes) == 4
+    apart = est_lanes(g, ResourceModel(ops, fork_ms=1.5), max_lanes=None)  # each shorter than a fork
+    assert apart.makespan_ms == pytest.approx(sum(o.duration_ms for o in ops.values()))
+    assert len(apart.lanes) == 1
+    # only c2 (1.2 ms) and c3 (1.3 ms) outlast a 1.15 ms fork: they run together, c1 and c0 alone
+    some = est_lanes(g, ResourceModel(ops, fork_ms=1.15), max_lanes=None)
+    starts = {v: round(some.start_ms[v], 9) for v in ("c0", "c1", "c2", "c3")}
+    assert starts == {"c3": 0.0, "c2": 0.0, "c1": 1.3, "c0": 2.4}
 
 
 def test_priority_is_the_longest_chain_to_the_end() -> None:

@@ -67,6 +67,11 @@ class ResourceModel:
     share it (a GPU's block scheduler does this); false where the executor gives each lane a
     fixed share (CPU threads), so that a scheduler should start only what fits. The simulator
     treats both alike (as sharing).
+
+    ``fork_ms``: what running operators at once costs the plan beyond them, where the backend
+    charges for cutting its one-lane segments (ONNX Runtime: the
+    :class:`~opsched.cost.SegmentCut`'s ``resume_ms``); a scheduler should not start an operator
+    beside others for less than that. The simulator does not charge it.
     """
 
     ops: Mapping[str, OpDemand]
@@ -74,6 +79,7 @@ class ResourceModel:
     barrier_ms: float = 0.0
     device: str = ""
     oversubscribe: bool = True
+    fork_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -97,7 +103,8 @@ def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
     """The resource model behind ``cost``: its own if it is analytic; otherwise durations priced
     by ``cost`` (each operator, and each of ``merges``, as a stage of its own; structurally equal
     ones are priced once) with the demands of the analytic preset ``demands`` (default: the cost
-    model's device if it is a preset, else this machine's CPU)."""
+    model's device if it is a preset, else this machine's CPU), and the fork cost of ``cost``'s
+    segment cuts, if it charges any."""
     from opsched.cost.analytic import AnalyticCostModel  # it builds on this module
     from opsched.cost.devices import DEVICES, device_spec, host_cpu_spec
     from opsched.schedule.coster import StageCoster
@@ -119,4 +126,6 @@ def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
         alone = shape[key]
         duration = coster.latency(stage) if alone.duration_ms > 0 else 0.0
         ops[key] = OpDemand(max(duration, 0.0), alone.demand)
-    return ResourceModel(ops, shape.overlap, shape.barrier_ms, cost.device, shape.oversubscribe)
+    cut = coster.segment_cut
+    return ResourceModel(ops, shape.overlap, shape.barrier_ms, cost.device, shape.oversubscribe,
+                         cut.resume_ms if cut is not None else 0.0)

@@ -18,6 +18,12 @@ the earliest time dependencies and the device allow. Two rules decide which and 
    and RandWire; on this 2-core CPU, oversubscribing lanes ran Inception V3 1.27x slower than
    its sequential schedule, fitting alone 1.06x.)
 
+Where running operators at once costs the plan something of its own (``ResourceModel.fork_ms``:
+on ONNX Runtime, cutting a one-lane segment), an operator starts beside running ones only if it
+runs longer than that; otherwise it waits for the device to come free. (On this project's 2-core
+machine, without it, est's plans for NASNet-A mobile opened many short concurrent regions and ran
+1.5x slower than the DP's, whose search charges the cuts.)
+
 At most ``max_lanes`` operators run at once (streams or CPU threads). Each started operator goes
 on a free lane: its last-finishing producer's lane when that is free (no event for that edge),
 else a lane that just came free, else the longest-idle one, else a new lane. When an operator
@@ -191,7 +197,10 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
     def admit() -> None:
         # rule 2: start ready operators, most urgent first, while the device is not full
         while heap and fluid.busy < cap and (fluid.load < 1.0 - _EPS or duration[heap[0][2]] <= 0):
-            if not resources.oversubscribe and fluid.busy and fluid.load + demand[heap[0][2]].demand > 1.0 + _EPS:
+            i = heap[0][2]
+            if fluid.busy and 0 < duration[i] < resources.fork_ms:
+                break  # beside the running ones it would gain less than the cut it costs
+            if not resources.oversubscribe and fluid.busy and fluid.load + demand[i].demand > 1.0 + _EPS:
                 break  # a fixed share per lane: starting it now would only starve it
             place(heapq.heappop(heap)[2])
 
