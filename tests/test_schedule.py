@@ -30,6 +30,7 @@ from opsched.schedule.units import UnitGraph
 from opsched.testing import fork_join, random_dag
 
 V100 = AnalyticCostModel("V100")
+CPU2 = AnalyticCostModel("CPU2")  # charges the cut of ONNX Runtime's one-lane segments
 
 
 # --- brute force over all stage schedules -------------------------------------------------
@@ -120,10 +121,11 @@ def mergeable_dag(n: int, seed: int) -> Graph:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(2, 6), seed=st.integers(0, 10_000), r=st.integers(1, 3), s=st.integers(1, 3),
-       model=st.sampled_from(["analytic", "random", "random with cuts"]))
+       model=st.sampled_from(["analytic", "analytic with cuts", "random", "random with cuts"]))
 def test_dp_equals_brute_force(n: int, seed: int, r: int, s: int, model: str) -> None:
     graph = random_dag(n, seed) if seed % 2 else mergeable_dag(n, seed)
-    cost = V100 if model == "analytic" else RandomCostModel(seed, cuts=model == "random with cuts")
+    analytic = {"analytic": V100, "analytic with cuts": CPU2}
+    cost = analytic.get(model) or RandomCostModel(seed, cuts=model == "random with cuts")
     coster = StageCoster(graph, cost)
     stages, _ = ios_stages(graph, cost, max_group_size=r, max_groups=s, coster=coster)
     dp = estimate(graph, stages, coster)
@@ -140,6 +142,14 @@ def test_cut_costs_by_hand() -> None:
     assert cut_latency(graph, stages, cut) == 0.5 + (1.0 + 2.0) + (40.0 + 80.0)
     assert cut_latency(graph, [Stage((v,),) for v in ("a", "b", "c", "d")], cut) == 0.0  # one segment
     assert cut_latency(graph, stages, None) == 0.0  # a backend that charges nothing
+
+
+def test_cpu_presets_charge_the_cut_of_their_segments_gpu_presets_do_not() -> None:
+    graph = fork_join("x")
+    stages = [Stage((("a",),)), Stage((("b",), ("c",))), Stage((("d",),))]
+    assert CPU2.segment_cut(graph) == SegmentCut(0.8) and V100.segment_cut(graph) is None
+    assert estimate(graph, stages, CPU2) == pytest.approx(sum(CPU2.stage_latency(graph, s) for s in stages) + 0.8)
+    assert CPU2.resources(graph).fork_ms == 0.8 and V100.resources(graph).fork_ms == 0.0
 
 
 @settings(max_examples=25, deadline=None)

@@ -31,7 +31,9 @@ ratios match IOS's measured ones (RandWire 1.37 vs 1.35, NASNet 1.38 vs 1.37, In
 ``sync`` is paid by stages of more than one group (the barrier after them). A merge stage is
 one convolution with the merged kernel (zero-padded kernels count as real FLOPs, as they are
 computed). The schedule's latency is the sum of its stages (the IOS model). So concurrency pays
-exactly when operators leave the device partly idle, and costs a barrier.
+exactly when operators leave the device partly idle, and costs a barrier; on a CPU preset also
+the cut of the backend's one-lane segments (``DeviceSpec.cut_us``, :meth:`segment_cut`), which
+list schedulers see as the fork cost of their resource model.
 
 :meth:`AnalyticCostModel.resources` gives the same model per operator, for the simulator and
 the list scheduler (:mod:`opsched.cost.resources`): duration = ``exec_i`` (at least the launch on
@@ -46,6 +48,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from opsched.cost.base import SegmentCut
 from opsched.cost.devices import DeviceSpec, device_spec
 from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.ir import Graph, Node, node_bytes, node_flops, op_schema
@@ -83,7 +86,7 @@ class AnalyticCostModel:
     def key(self) -> str:
         s = self.spec
         return (f"analytic/v2/{s.name}/{s.peak_gflops}/{s.mem_gbps}/{s.slots}x{s.saturation}/{s.tile}x{s.tiles_per_slot}/{s.overlap}/"
-                f"{s.launch_us}/{s.sync_us}/{sorted(s.efficiency.items())}")
+                f"{s.launch_us}/{s.sync_us}/{s.cut_us}/{sorted(s.efficiency.items())}")
 
     def _cost(self, flops: int, nbytes: int, out_elems: int, category: str, channels: int = 0) -> OpCost:
         s = self.spec
@@ -142,7 +145,13 @@ class AnalyticCostModel:
         for members in merges:
             stage = Stage(tuple((v,) for v in members), "merge")
             ops["+".join(members)] = self._demand(self._merged_cost(graph, stage))
-        return ResourceModel(ops, self.spec.overlap, self.spec.sync_us / 1e3, self.device, self.spec.kind == "gpu")
+        return ResourceModel(ops, self.spec.overlap, self.spec.sync_us / 1e3, self.device, self.spec.kind == "gpu",
+                             self.spec.cut_us / 1e3)
+
+    def segment_cut(self, graph: Graph) -> SegmentCut | None:
+        """The preset's ``cut_us`` per stage of several groups, if it charges one (CPUs, whose
+        plans run on ONNX Runtime); layout conversions are not modelled."""
+        return SegmentCut(self.spec.cut_us / 1e3) if self.spec.cut_us else None
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
         s = self.spec
