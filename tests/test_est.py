@@ -11,16 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import opsched
-from opsched.cost import AnalyticCostModel
+from opsched.cost import AnalyticCostModel, RandomCostModel
 from opsched.cost.resources import OpDemand, ResourceModel, resources_for
 from opsched.errors import CostModelError, IllegalMergeError, InvalidScheduleError
-from opsched.ir import Graph, GraphBuilder
+from opsched.ir import Graph, GraphBuilder, op_schema
 from opsched.ir.analysis import critical_path, width
 from opsched.models import example_inputs, get_model
 from opsched.schedule import Schedule, Stage, schedule
 from opsched.schedule.est import bottom_levels, choose_merges, est_lanes
 from opsched.schedule.simulate import simulate
-from opsched.testing import assert_close, random_dag
+from opsched.testing import assert_close, fork_join, random_dag
 
 V100 = AnalyticCostModel("V100")
 
@@ -48,6 +48,11 @@ def lane_schedule(g: Graph, plan) -> Schedule:  # type: ignore[no-untyped-def]
     return Schedule(g.structural_hash(), lanes=plan.lanes, waits=plan.waits, merges=plan.merges, graph_name=g.name)
 
 
+def forking(res: ResourceModel, fork_ms: float) -> ResourceModel:
+    """``res`` with every operator's fork cost set to ``fork_ms``."""
+    return dataclasses.replace(res, ops={k: dataclasses.replace(d, fork_ms=fork_ms) for k, d in res.ops.items()})
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(2, 16), seed=st.integers(0, 10_000), lanes=st.sampled_from([1, 2, 3, None]),
        overlap=st.sampled_from([1.0, 0.5, 0.0]), share=st.booleans(), fork=st.sampled_from([0.0, 0.0, 2.0]))
@@ -55,7 +60,7 @@ def test_the_schedule_replays_exactly_as_planned_and_keeps_the_guarantees(n: int
                                                                          overlap: float, share: bool,
                                                                          fork: float) -> None:
     g = random_dag(n, seed, edge_prob=0.3)
-    res = dataclasses.replace(random_resources(g, seed, overlap), oversubscribe=share, fork_ms=fork)
+    res = forking(dataclasses.replace(random_resources(g, seed, overlap), oversubscribe=share), fork)
     plan = est_lanes(g, res, lanes)
     sched = lane_schedule(g, plan).validate(g)
     assert lanes is None or len(sched.lanes or ()) <= lanes
@@ -110,11 +115,11 @@ def test_nothing_starts_beside_others_for_less_than_the_cut_it_costs() -> None:
     ops = {**{f"c{i}": OpDemand(1.0 + 0.1 * i, 0.2) for i in range(4)}, "out": OpDemand(0.1, 1.0)}
     together = est_lanes(g, ResourceModel(ops), max_lanes=None)
     assert together.makespan_ms == pytest.approx(1.3 + 0.1) and len(together.lanes) == 4
-    apart = est_lanes(g, ResourceModel(ops, fork_ms=1.5), max_lanes=None)  # each shorter than a fork
+    apart = est_lanes(g, forking(ResourceModel(ops), 1.5), max_lanes=None)  # each shorter than a fork
     assert apart.makespan_ms == pytest.approx(sum(o.duration_ms for o in ops.values()))
     assert len(apart.lanes) == 1
     # only c2 (1.2 ms) and c3 (1.3 ms) outlast a 1.15 ms fork: they run together, c1 and c0 alone
-    some = est_lanes(g, ResourceModel(ops, fork_ms=1.15), max_lanes=None)
+    some = est_lanes(g, forking(ResourceModel(ops), 1.15), max_lanes=None)
     starts = {v: round(some.start_ms[v], 9) for v in ("c0", "c1", "c2", "c3")}
     assert starts == {"c3": 0.0, "c2": 0.0, "c1": 1.3, "c0": 2.4}
 
@@ -217,6 +222,20 @@ def test_measured_style_cost_models_lend_durations_and_borrow_demands() -> None:
     for n in g.nodes:
         assert res[n.name].duration_ms == pytest.approx(2 * ref[n.name].duration_ms)
         assert res[n.name].demand == pytest.approx(ref[n.name].demand)
+        assert res[n.name].fork_ms == 0.0  # its segments cost nothing to cut
+
+
+def test_a_fork_costs_the_cut_and_the_conversions_of_what_the_operator_reads_and_writes() -> None:
+    g = fork_join("x")  # x -> a -> b; x -> c; d = b + c
+    cost = RandomCostModel(3, cuts=True)
+    cut = cost.segment_cut(g)
+    assert cut is not None
+    res = resources_for(g, cost, demands="CPU2", merges=[("a", "c")])
+    assert res["b"].fork_ms == pytest.approx(cut.resume_ms + cut.leave_ms["a"] + cut.enter_ms["b"])
+    assert res["d"].fork_ms == pytest.approx(cut.resume_ms + cut.leave_ms["b"] + cut.leave_ms["c"] + cut.enter_ms["d"])
+    # a merge reads its shared input once and writes each member's output
+    assert res["a+c"].fork_ms == pytest.approx(cut.resume_ms + cut.leave_ms["x"] + cut.enter_ms["a"]
+                                               + cut.enter_ms["c"])
 
 
 def test_without_oversubscription_only_what_fits_runs_at_once() -> None:
@@ -230,3 +249,14 @@ def test_without_oversubscription_only_what_fits_runs_at_once() -> None:
     shared = est_lanes(g, ResourceModel(ops))
     # c0 and c1 load the device to 0.9: sharing admits c2 beside them (1.1), fitting does not
     assert shared.start_ms["c2"] == 0.0 and plan.start_ms["c2"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("device", ["V100", "CPU2"])
+def test_views_follow_their_producer_on_its_lane(device: str) -> None:
+    g = opsched.from_torch(get_model("nasnet_mobile"), example_inputs("nasnet_mobile"))
+    sched = schedule(g, "est", AnalyticCostModel(device), max_lanes=2)
+    lane_of = {v: li for li, lane in enumerate(sched.lanes or ()) for v in lane}
+    views = [n for n in g.nodes if op_schema(n.op).is_view and any(u in g.index for u in n.inputs)]
+    assert views  # NASNet slices its cells' outputs
+    for n in views:
+        assert any(lane_of.get(u) == lane_of[n.name] for u in n.inputs), f"{n.name} left its producer's lane"

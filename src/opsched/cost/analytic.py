@@ -136,7 +136,7 @@ class AnalyticCostModel:
         duration = max(c.launch_ms, c.exec_ms) if self.spec.async_launch else c.launch_ms + c.exec_ms
         if c.exec_ms == 0:  # a view: no kernel at all
             return OpDemand(0.0, 0.0)
-        return OpDemand(duration, min(1.0, c.area_ms / duration))
+        return OpDemand(duration, min(1.0, c.area_ms / duration), self.spec.cut_us / 1e3)
 
     def resources(self, graph: Graph, merges: Iterable[Sequence[str]] = ()) -> ResourceModel:
         """Per-operator durations and demands, and per merged convolution (keyed by its members
@@ -145,8 +145,7 @@ class AnalyticCostModel:
         for members in merges:
             stage = Stage(tuple((v,) for v in members), "merge")
             ops["+".join(members)] = self._demand(self._merged_cost(graph, stage))
-        return ResourceModel(ops, self.spec.overlap, self.spec.sync_us / 1e3, self.device, self.spec.kind == "gpu",
-                             self.spec.cut_us / 1e3)
+        return ResourceModel(ops, self.spec.overlap, self.spec.sync_us / 1e3, self.device, self.spec.kind == "gpu")
 
     def segment_cut(self, graph: Graph) -> SegmentCut | None:
         """The preset's ``cut_us`` per stage of several groups, if it charges one (CPUs, whose

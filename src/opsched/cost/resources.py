@@ -45,13 +45,20 @@ __all__ = ["OpDemand", "ResourceModel", "resources_for"]
 
 @dataclass(frozen=True, slots=True)
 class OpDemand:
+    """``fork_ms``: what starting this operator beside running ones costs the plan beyond it,
+    where the backend charges for cutting its one-lane segments (ONNX Runtime: the
+    :class:`~opsched.cost.SegmentCut`'s resume, and converting what the operator reads out of
+    the blocked layout and what it writes back in); a scheduler should not start it beside
+    others to gain less than that. The simulator does not charge it."""
+
     duration_ms: float  # alone on the device
     demand: float       # fraction of the device it occupies alone, in [0, 1]
+    fork_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.duration_ms < 0 or not 0.0 <= self.demand <= 1.0:
-            raise CostModelError(f"an operator needs duration >= 0 and demand in [0, 1], got "
-                                 f"{self.duration_ms} ms and {self.demand}")
+        if self.duration_ms < 0 or not 0.0 <= self.demand <= 1.0 or self.fork_ms < 0:
+            raise CostModelError(f"an operator needs duration >= 0, demand in [0, 1] and fork cost >= 0, got "
+                                 f"{self.duration_ms} ms, {self.demand} and {self.fork_ms} ms")
 
     @property
     def area_ms(self) -> float:
@@ -67,11 +74,6 @@ class ResourceModel:
     share it (a GPU's block scheduler does this); false where the executor gives each lane a
     fixed share (CPU threads), so that a scheduler should start only what fits. The simulator
     treats both alike (as sharing).
-
-    ``fork_ms``: what running operators at once costs the plan beyond them, where the backend
-    charges for cutting its one-lane segments (ONNX Runtime: the
-    :class:`~opsched.cost.SegmentCut`'s ``resume_ms``); a scheduler should not start an operator
-    beside others for less than that. The simulator does not charge it.
     """
 
     ops: Mapping[str, OpDemand]
@@ -79,7 +81,6 @@ class ResourceModel:
     barrier_ms: float = 0.0
     device: str = ""
     oversubscribe: bool = True
-    fork_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -103,8 +104,9 @@ def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
     """The resource model behind ``cost``: its own if it is analytic; otherwise durations priced
     by ``cost`` (each operator, and each of ``merges``, as a stage of its own; structurally equal
     ones are priced once) with the demands of the analytic preset ``demands`` (default: the cost
-    model's device if it is a preset, else this machine's CPU), and the fork cost of ``cost``'s
-    segment cuts, if it charges any."""
+    model's device if it is a preset, else this machine's CPU), and, if ``cost`` charges segment
+    cuts, each operator's fork cost: the cut's resume and the conversions of the values it
+    reads and writes (at least these cross the cut)."""
     from opsched.cost.analytic import AnalyticCostModel  # it builds on this module
     from opsched.cost.devices import DEVICES, device_spec, host_cpu_spec
     from opsched.schedule.coster import StageCoster
@@ -122,10 +124,15 @@ def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
     stages = {n.name: Stage(((n.name,),)) for n in graph.nodes}
     stages.update({"+".join(m): Stage(tuple((v,) for v in m), "merge") for m in merges})
     ops: dict[str, OpDemand] = {}
+    cut = coster.segment_cut
     for key, stage in stages.items():
         alone = shape[key]
         duration = coster.latency(stage) if alone.duration_ms > 0 else 0.0
-        ops[key] = OpDemand(max(duration, 0.0), alone.demand)
-    cut = coster.segment_cut
-    return ResourceModel(ops, shape.overlap, shape.barrier_ms, cost.device, shape.oversubscribe,
-                         cut.resume_ms if cut is not None else 0.0)
+        fork = 0.0
+        if cut is not None:
+            members = [graph.node(v) for v in stage.nodes]
+            reads = {x for n in members for x in n.inputs} - {n.name for n in members}
+            fork = (cut.resume_ms + sum(cut.leave_ms.get(v, 0.0) for v in reads)
+                    + sum(cut.enter_ms.get(n.name, 0.0) for n in members))
+        ops[key] = OpDemand(max(duration, 0.0), alone.demand, fork)
+    return ResourceModel(ops, shape.overlap, shape.barrier_ms, cost.device, shape.oversubscribe)

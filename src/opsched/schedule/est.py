@@ -18,9 +18,10 @@ the earliest time dependencies and the device allow. Two rules decide which and 
    and RandWire; on this 2-core CPU, oversubscribing lanes ran Inception V3 1.27x slower than
    its sequential schedule, fitting alone 1.06x.)
 
-Where running operators at once costs the plan something of its own (``ResourceModel.fork_ms``:
-on ONNX Runtime, cutting a one-lane segment), an operator starts beside running ones only if it
-runs longer than that; otherwise it waits for the device to come free. (On this project's 2-core
+Where running operators at once costs the plan something of its own (``OpDemand.fork_ms``: on
+ONNX Runtime, cutting a one-lane segment and converting what crosses the cut), an operator
+starts beside running ones only if it runs longer than that; otherwise it waits for the device
+to come free. (On this project's 2-core
 machine, without it, est's plans for NASNet-A mobile opened many short concurrent regions and ran
 1.5x slower than the DP's, whose search charges the cuts.)
 
@@ -116,7 +117,10 @@ def bottom_levels(succs: Sequence[Sequence[int]], duration: Sequence[float]) -> 
 
 def choose_merges(graph: Graph, coster: StageCoster) -> list[tuple[str, ...]]:
     """Sibling convolutions that may merge (:func:`opsched.schedule.merge.merge_class`) and cost
-    less merged than run side by side, as the cost model prices the two stages."""
+    less merged than both alternatives, as the cost model prices them: side by side (plus the
+    resume of the segment that cuts, where the backend charges cuts) and one after another.
+    (On ONNX Runtime a merge's split forces layout conversions: SqueezeNet's fire modules merged
+    ran 1.2x slower than sequential, though cheaper than their side-by-side stage.)"""
     classes: dict[object, list[str]] = defaultdict(list)
     for node in graph.nodes:
         cls = merge_class(graph, node)
@@ -126,8 +130,10 @@ def choose_merges(graph: Graph, coster: StageCoster) -> list[tuple[str, ...]]:
     for members in classes.values():
         if len(members) < 2:
             continue
-        side_by_side = coster.latency(Stage(tuple((v,) for v in members)))
-        if coster.latency(Stage(tuple((v,) for v in members), "merge")) < side_by_side:
+        cut = coster.segment_cut
+        side_by_side = coster.latency(Stage(tuple((v,) for v in members))) + (cut.resume_ms if cut else 0.0)
+        one_by_one = sum(coster.latency(Stage(((v,),))) for v in members)
+        if coster.latency(Stage(tuple((v,) for v in members), "merge")) < min(side_by_side, one_by_one):
             chosen.append(tuple(members))
     return chosen
 
@@ -195,10 +201,18 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
             fluid.start(i, duration[i], demand[i].demand)
 
     def admit() -> None:
+        # views first: they take no time and no device, so they follow their producer on its
+        # lane before anything else takes it (on another lane a view would only add events and,
+        # on ONNX Runtime, cut segments)
+        while fluid.busy < cap and (views := [e for e in heap if duration[e[2]] <= 0]):
+            heap[:] = [e for e in heap if duration[e[2]] > 0]
+            heapq.heapify(heap)
+            for _, _, i in sorted(views):
+                place(i)
         # rule 2: start ready operators, most urgent first, while the device is not full
-        while heap and fluid.busy < cap and (fluid.load < 1.0 - _EPS or duration[heap[0][2]] <= 0):
+        while heap and fluid.busy < cap and fluid.load < 1.0 - _EPS:
             i = heap[0][2]
-            if fluid.busy and 0 < duration[i] < resources.fork_ms:
+            if fluid.busy and 0 < duration[i] < demand[i].fork_ms:
                 break  # beside the running ones it would gain less than the cut it costs
             if not resources.oversubscribe and fluid.busy and fluid.load + demand[i].demand > 1.0 + _EPS:
                 break  # a fixed share per lane: starting it now would only starve it
