@@ -129,8 +129,14 @@ class Graph:
         """Check every invariant of the IR and return ``self``.
 
         Raises :class:`DuplicateNameError`, :class:`DanglingInputError`, :class:`CycleError`,
-        :class:`ShapeMismatchError` or :class:`GraphError` naming the offending node.
+        :class:`ShapeMismatchError` or :class:`GraphError` naming the offending node. A graph is
+        frozen, so it is checked once; one that fails raises again on every call.
         """
+        self._verified  # noqa: B018  (computed once; raises where an invariant is broken)
+        return self
+
+    @cached_property
+    def _verified(self) -> bool:
         seen: set[str] = set()
         for name in [i.name for i in self.inputs] + [n.name for n in self.nodes]:
             if name in seen:
@@ -165,7 +171,7 @@ class Graph:
             if inferred is not None and inferred != n.out:
                 raise ShapeMismatchError(f"graph {self.name!r}: node {n.name!r} ({n.op}) records output "
                                          f"{n.out} but its inputs give {inferred}")
-        return self
+        return True
 
     def subgraph(self, names: Iterable[str], name: str | None = None) -> Graph:
         """The nodes ``names`` as a graph of their own: values read from outside become inputs
