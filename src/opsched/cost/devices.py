@@ -41,7 +41,8 @@ class DeviceSpec:
     (:class:`~opsched.cost.SegmentCut`). On a CPU that backend is ONNX Runtime: the call of the
     segment that resumes, and the fusion and weight prepacking lost at the two cuts; the
     measured model's calibration on the project's 2-core machine found 0.03 ms per call and
-    0.4 ms per cut (Inception V3); CPU16 assumes the same, unmeasured. GPU plans are captured whole into one CUDA graph: nothing.
+    0.4 ms per cut (Inception V3); CPU16 assumes the same, unmeasured. GPU plans are captured
+    whole into one CUDA graph: nothing.
     """
 
     name: str

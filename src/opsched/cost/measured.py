@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from opsched.cost.base import SegmentCut
@@ -105,13 +106,6 @@ class StageTiming:
     kernel_ms: tuple[float, ...] | None = None      # inside the kernels, layout conversions excluded (ORT)
     layout_in_ms: tuple[float, ...] | None = None   # converting into ORT's blocked layout (ORT)
     layout_out_ms: tuple[float, ...] | None = None  # converting out of it (ORT)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    lo = int(at)
-    return ordered[lo] + (ordered[min(lo + 1, len(ordered) - 1)] - ordered[lo]) * (at - lo)
 
 
 class MeasuredCostModel:
@@ -264,7 +258,7 @@ class MeasuredCostModel:
         together, apart = self.time_stages(graph, [stage, serial])
         ran = self._merged_ms(together) if stage.strategy == "merge" else self._together_ms(together)
         ratios = [a / max(b, 1e-6) for a, b in zip(ran, self._serial_ms(apart))]
-        price = self._sum(graph, nodes) * _quantile(ratios, PAIR_QUANTILE)
+        price = self._sum(graph, nodes) * float(np.quantile(ratios, PAIR_QUANTILE))
         if stage.strategy == "parallel":
             price = max(price, *(self._sum(graph, g) for g in stage.groups))
         return price

@@ -21,9 +21,9 @@ the earliest time dependencies and the device allow. Two rules decide which and 
 Where running operators at once costs the plan something of its own (``OpDemand.fork_ms``: on
 ONNX Runtime, cutting a one-lane segment and converting what crosses the cut), an operator
 starts beside running ones only if it runs longer than that; otherwise it waits for the device
-to come free. (On this project's 2-core
-machine, without it, est's plans for NASNet-A mobile opened many short concurrent regions and ran
-1.5x slower than the DP's, whose search charges the cuts.)
+to come free. (On this project's 2-core machine, without it, est's plans for NASNet-A mobile
+opened many short concurrent regions and ran 1.5x slower than the DP's, whose search charges
+the cuts.)
 
 At most ``max_lanes`` operators run at once (streams or CPU threads). Each started operator goes
 on a free lane: its last-finishing producer's lane when that is free (no event for that edge),
@@ -126,11 +126,11 @@ def choose_merges(graph: Graph, coster: StageCoster) -> list[tuple[str, ...]]:
         cls = merge_class(graph, node)
         if cls is not None:
             classes[cls].append(node.name)
+    cut = coster.segment_cut
     chosen = []
     for members in classes.values():
         if len(members) < 2:
             continue
-        cut = coster.segment_cut
         side_by_side = coster.latency(Stage(tuple((v,) for v in members))) + (cut.resume_ms if cut else 0.0)
         one_by_one = sum(coster.latency(Stage(((v,),))) for v in members)
         if coster.latency(Stage(tuple((v,) for v in members), "merge")) < min(side_by_side, one_by_one):

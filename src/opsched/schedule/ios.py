@@ -281,14 +281,17 @@ class _Solver:
 
     def cut(self, rest: int, state: int) -> float:
         """What an ending of several groups from ``state`` down to ``rest`` pays for the cut segments."""
-        if self.cuts is None:
+        cuts = self.cuts
+        if cuts is None:
             return 0.0
-        before, after = self._live.get(rest), self._live.get(state)
-        if before is None:
-            before = self._live[rest] = self.cuts.live(rest, self.succ)
-        if after is None:
-            after = self._live[state] = self.cuts.live(state, self.succ)
-        return self.cuts.resume_ms + before[0] + after[1]
+        return cuts.resume_ms + self._live_at(cuts, rest)[0] + self._live_at(cuts, state)[1]
+
+    def _live_at(self, cuts: _PartCuts, state: int) -> tuple[float, float]:
+        """(leave, enter) of the values live at ``state``, computed once per state."""
+        live = self._live.get(state)
+        if live is None:
+            live = self._live[state] = cuts.live(state, self.succ)
+        return live
 
     def single(self, comp: int) -> float:
         value = self.singles[comp] = self.price("parallel", (comp,))
