@@ -26,3 +26,21 @@ def test_gpu_benchmark_cpu_subset_runs_and_resumes(tmp_path: Path) -> None:
     out = subprocess.run(cmd + ["--resume"], check=True, capture_output=True, text=True, timeout=600)
     assert "squeezenet1_1 b1" not in out.stdout  # nothing re-measured
     assert len(json.loads((tmp_path / "smoke.json").read_text())["rows"]) == 1
+
+
+def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() -> None:
+    """``benchmarks/stage_floor.py`` counts the stages no monotone bound can spare; a DP that
+    priced fewer would be discarding endings it cannot prove lose (or the floor would be wrong)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from stage_floor import stage_floor
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from opsched import from_torch
+    from opsched.cost import AnalyticCostModel
+    from opsched.models import example_inputs, get_model
+
+    graph = from_torch(get_model("inception_v3"), example_inputs("inception_v3"))
+    f = stage_floor(graph, AnalyticCostModel("V100"), 3, 8, 50)
+    assert f["multi-group endings"] == (f["ruled out by one group"] + f["ruled out by a sub-stage"] + f["forced"])
+    assert f["forced"] > 0 and 0 < f["floor"] <= f["dp distinct"]
