@@ -39,12 +39,9 @@ from opsched.cost import AnalyticCostModel  # noqa: E402
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.schedule.coster import StageCoster  # noqa: E402
-from opsched.schedule.ios import SearchStats, _PartCuts, _Solver  # noqa: E402 (the DP's own solver, examined)
+from opsched.schedule.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
 from opsched.schedule.partition import partition  # noqa: E402
-from opsched.schedule.types import Stage  # noqa: E402
 from opsched.schedule.units import UnitGraph  # noqa: E402
-
-_TIE = 1e-9
 
 
 def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_size: int) -> dict[str, int]:
@@ -64,7 +61,7 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
         def price(strategy: str, comps: tuple[int, ...]) -> tuple[float, tuple[object, ...]]:
             key = (strategy, tuple(sorted(comps)))
             if key not in known:
-                stage = Stage(tuple(tuple(v for i in bits(c) for v in ug.units[part[i]]) for c in comps), strategy)  # type: ignore[arg-type]
+                stage = _to_stage(ug, part, (strategy, tuple(tuple(bits(c)) for c in comps)))
                 known[key] = (probe.latency(stage), probe.stage_key(stage))
             return known[key]
 
