@@ -156,8 +156,15 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
     waits: list[tuple[str, str]] = []
     fluid = Fluid(resources)
     just_finished: list[int] = []  # operators that finished at the current time
-    heap = [(-level[i], -demand[i].area_ms, i) for i in range(n) if pending[i] == 0]
-    heapq.heapify(heap)
+    heap: list[tuple[float, float, int]] = []  # ready operators, most urgent first
+    views: list[tuple[float, float, int]] = []  # ready views (they take no time), same keys
+
+    def ready(i: int) -> None:
+        entry = (-level[i], -demand[i].area_ms, i)
+        if duration[i] <= 0:
+            views.append(entry)
+        else:
+            heapq.heappush(heap, entry)
 
     def free_lane(i: int, delayed: bool) -> int:
         free = [li for li, busy in enumerate(lane_busy) if not busy]
@@ -182,7 +189,7 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
             pending[s] -= 1
             if pending[s] == 0:
                 ready_at[s] = fluid.t
-                heapq.heappush(heap, (-level[s], -demand[s].area_ms, s))
+                ready(s)
 
     def place(i: int) -> None:
         li = free_lane(i, ready_at[i] < fluid.t)
@@ -204,10 +211,10 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
         # views first: they take no time and no device, so they follow their producer on its
         # lane before anything else takes it (on another lane a view would only add events and,
         # on ONNX Runtime, cut segments)
-        while fluid.busy < cap and (views := [e for e in heap if duration[e[2]] <= 0]):
-            heap[:] = [e for e in heap if duration[e[2]] > 0]
-            heapq.heapify(heap)
-            for _, _, i in sorted(views):
+        while views and fluid.busy < cap:
+            batch = sorted(views)
+            views.clear()
+            for _, _, i in batch:
                 place(i)
         # rule 2: start ready operators, most urgent first, while the device is not full
         while heap and fluid.busy < cap and fluid.load < 1.0 - _EPS:
@@ -218,13 +225,16 @@ def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = No
                 break  # a fixed share per lane: starting it now would only starve it
             place(heapq.heappop(heap)[2])
 
+    for i in range(n):
+        if pending[i] == 0:
+            ready(i)
     admit()
     while fluid.busy:
         just_finished.clear()
         for i in fluid.advance():
             finish(i)
         admit()
-    if any(p > 0 for p in pending) or heap:
+    if any(p > 0 for p in pending) or heap or views:
         raise AssertionError("est left operators unscheduled on a verified graph: a bug")
     node_times = [(v, start[t], end[t]) for t, group in enumerate(tasks.members) for v in group]
     return EstPlan(tuple(tuple(v for t in lane for v in tasks.members[t]) for lane in lanes), tuple(waits),

@@ -48,6 +48,7 @@ class Fluid:
         self.model = model
         self.t = 0.0
         self.load = 0.0
+        self.holding = 0  # running operators of demand > 0
         self.work: dict[int, float] = {}  # running operator -> duration-alone left, in start order
         self.demand: dict[int, float] = {}
 
@@ -55,6 +56,7 @@ class Fluid:
         self.work[op] = work
         self.demand[op] = demand
         self.load += demand
+        self.holding += demand > 0
 
     @property
     def busy(self) -> int:
@@ -62,21 +64,22 @@ class Fluid:
 
     def advance(self) -> list[int]:
         """Run until the next operator(s) finish; return them in start order."""
-        holding = sum(1 for d in self.demand.values() if d > 0)
-        shared = self.model.rate(self.load, holding)
-        rates = {i: shared if self.demand[i] > 0 else 1.0 for i in self.work}
-        step = min(w / rates[i] for i, w in self.work.items())
+        work, demand = self.work, self.demand
+        shared = self.model.rate(self.load, self.holding)
+        step = min(w / shared if demand[i] > 0 else w for i, w in work.items())
         self.t += step
         finished = []
-        for i in list(self.work):
-            left = self.work[i] - step * rates[i]
+        for i, w in list(work.items()):
+            d = demand[i]
+            left = w - step * (shared if d > 0 else 1.0)
             if left <= _DONE:
                 finished.append(i)
-                del self.work[i]
-                self.load -= self.demand.pop(i)
+                del work[i], demand[i]
+                self.load -= d
+                self.holding -= d > 0
             else:
-                self.work[i] = left
-        if not self.work:
+                work[i] = left
+        if not work:
             self.load = 0.0  # no drift from adding and removing floats
         return finished
 
