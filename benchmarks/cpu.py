@@ -113,16 +113,19 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
     def ratio(slow: str, fast: str) -> float:
         """Median over rounds of the round's ratio: drift that slows a whole round cancels."""
         return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
-    ratios = {"IOS vs ORT seq": ratio("ORT sequential", "opsched IOS"), "IOS vs eager": ratio("eager PyTorch", "opsched IOS"),
+    ratios = {"IOS vs ORT seq": ratio("ORT sequential", "opsched IOS"),
+              "IOS vs eager": ratio("eager PyTorch", "opsched IOS"),
               "IOS vs own seq": ratio("opsched sequential", "opsched IOS"),
               "optimize() vs ORT seq": ratio("ORT sequential", "opsched optimize()")}
     seq_peak = modules["sequential"].plan.peak_bytes(slot_bytes(modules["sequential"]))
     peaks = {k: m.plan.peak_bytes(slot_bytes(m)) / seq_peak for k, m in modules.items()}
     record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": iqr, "ratios": ratios, "lower_bound_ms": bound,
-              "peak_vs_sequential": peaks, "optimize_s": optimize_s, "optimize_info": {k: str(v) for k, v in opt.info.items()},
+              "peak_vs_sequential": peaks, "optimize_s": optimize_s,
+              "optimize_info": {k: str(v) for k, v in opt.info.items()},
               "ios_stats": dict(ios.stats)}
     return [name, batch] + [f"{med[k]:.2f} ±{iqr[k]:.2f}" for k in contenders] + [
-        *(f"{v:.2f}" for v in ratios.values()), f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}", f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
+        *(f"{v:.2f}" for v in ratios.values()), f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}",
+        f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
         opt.info.get("measurements", "")], record
 
 

@@ -203,7 +203,8 @@ def test_resource_model_checks_its_figures() -> None:
 
 def test_rate_combines_capacity_and_contention() -> None:
     res = ResourceModel({}, overlap=0.5)
-    assert res.rate(0.3, 1) == 1.0 and res.rate(0.3, 2) == pytest.approx(2 / 3) and res.rate(1.5, 2) == pytest.approx(2 / 3)
+    assert res.rate(0.3, 1) == 1.0
+    assert res.rate(0.3, 2) == pytest.approx(2 / 3) and res.rate(1.5, 2) == pytest.approx(2 / 3)
     assert res.rate(2.5, 3) == pytest.approx(1 / 2.5)
 
 

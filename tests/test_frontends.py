@@ -12,7 +12,13 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from opsched import from_onnx, from_torch
-from opsched.errors import FrontendError, InputMismatchError, MalformedModelError, UnsupportedOpError, UntraceableModuleError
+from opsched.errors import (
+    FrontendError,
+    InputMismatchError,
+    MalformedModelError,
+    UnsupportedOpError,
+    UntraceableModuleError,
+)
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
 

@@ -30,9 +30,9 @@ def diamond() -> Graph:
     b = GraphBuilder("diamond")
     x = b.input("x", (1, 4, 8, 8))
     a = b.add("relu", [x], name="a")
-    l = b.add("sigmoid", [a], name="l")
-    r = b.add("tanh", [a], name="r")
-    d = b.add("add", [l, r], name="d")
+    left = b.add("sigmoid", [a], name="l")
+    right = b.add("tanh", [a], name="r")
+    d = b.add("add", [left, right], name="d")
     return b.build([d])
 
 

@@ -85,7 +85,8 @@ def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) 
             options = []
             if len(comps) <= s and all(len(c) <= r for c in comps):
                 groups = tuple(tuple(v for u in sorted(c, key=order.get) for v in ug.units[u]) for c in comps)
-                options.append(coster.latency(Stage(groups)) + cut_latency(graph, [Stage(groups)], coster.segment_cut, done))
+                cuts = cut_latency(graph, [Stage(groups)], coster.segment_cut, done)
+                options.append(coster.latency(Stage(groups)) + cuts)
             names = [ug.units[u] for u in block]
             if merge and len(block) > 1 and len(comps) == len(block) and all(len(n) == 1 for n in names):
                 try:
@@ -248,9 +249,9 @@ def diamond() -> Graph:
     x = b.input("x", (1, 4, 8, 8))
     w = b.param("w", torch.randn(4, 4, 1, 1))
     a = b.add("relu", [x], name="a")
-    l = b.add("conv2d", [a], name="l", params=[w])
-    r = b.add("conv2d", [a], name="r", params=[w])
-    return b.build([b.add("add", [l, r], name="d")])
+    left = b.add("conv2d", [a], name="l", params=[w])
+    right = b.add("conv2d", [a], name="r", params=[w])
+    return b.build([b.add("add", [left, right], name="d")])
 
 
 def test_validate_names_each_offence() -> None:

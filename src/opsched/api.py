@@ -222,6 +222,7 @@ def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequenc
     sched = Schedule.load(path).validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
                              single_output=_single_output(model, inputs))
-    if dev.type == "cuda" and sched.device and torch.cuda.get_device_name(dev) not in sched.device:
-        log.warning("schedule %s was made for %s; running it on %s", path, sched.device, torch.cuda.get_device_name(dev))
+    here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
+    if here and sched.device and here not in sched.device:
+        log.warning("schedule %s was made for %s; running it on %s", path, sched.device, here)
     return module

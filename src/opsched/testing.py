@@ -45,7 +45,8 @@ def random_dag(n: int, seed: int, *, edge_prob: float = 0.35, channels: int = 4,
     x = b.input("x", (1, channels, size, size))
     outs: list[str] = []
     for i in range(n):
-        preds = [o for o in outs if rng.random() < edge_prob] or [rng.choice(outs) if outs and rng.random() < 0.7 else x]
+        preds = [o for o in outs if rng.random() < edge_prob]
+        preds = preds or [rng.choice(outs) if outs and rng.random() < 0.7 else x]
         src = preds[0] if len(preds) == 1 else b.add("add", preds, name=f"sum{i}")
         k = rng.choice((1, 3))
         w = b.param(f"w{i}", torch.randn(channels, channels, k, k, generator=gen) * (1.0 / (channels * k * k)) ** 0.5)

@@ -69,8 +69,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         contenders["sequential" if "sequential" not in contenders and module.schedule.scheduler == "sequential"
                    else f"optimized ({module.schedule.scheduler})"] = module
         if loaded.module is not None:
-            eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if inputs[0] is not loaded.inputs[0] \
-                else loaded.module
+            moved = inputs[0] is not loaded.inputs[0]
+            eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if moved else loaded.module
             contenders = {"eager PyTorch": eager, **contenders}
         times = race(*contenders.values(), inputs=inputs, rounds=args.rounds)  # type: ignore[arg-type]
         ms = dict(zip(contenders, times))
@@ -81,7 +81,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         os.makedirs(args.out, exist_ok=True)
         module.save(os.path.join(args.out, "schedule.json"))
         events = module.profile(*inputs)
-        title = f"{loaded.name}, batch {args.batch}: {module.schedule.scheduler} schedule on the {module.backend} backend"
+        title = (f"{loaded.name}, batch {args.batch}: {module.schedule.scheduler} schedule "
+                 f"on the {module.backend} backend")
         draw_timeline(events, os.path.join(args.out, "timeline.png"), title)
         write_chrome_trace(events, os.path.join(args.out, "trace.json"), loaded.name)
         print(f"wrote {args.out}/schedule.json, timeline.png, trace.json")

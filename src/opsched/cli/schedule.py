@@ -12,7 +12,8 @@ from opsched.cli.table import format_table
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--device", default="V100", help="analytic device preset (V100, A100, H100, H200, RTX3090, K80, CPU2, CPU16)")
+    p.add_argument("--device", default="V100",
+                   help="analytic device preset (V100, A100, H100, H200, RTX3090, K80, CPU2, CPU16)")
     p.add_argument("--scheduler", default="ios", help="ios, est, greedy, sequential, nimble or opara")
     p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
     p.add_argument("--max-groups", type=int, default=8, help="s: groups per stage, or est's lanes")

@@ -85,8 +85,9 @@ class AnalyticCostModel:
     @property
     def key(self) -> str:
         s = self.spec
-        return (f"analytic/v2/{s.name}/{s.peak_gflops}/{s.mem_gbps}/{s.slots}x{s.saturation}/{s.tile}x{s.tiles_per_slot}/{s.overlap}/"
-                f"{s.launch_us}/{s.sync_us}/{s.cut_us}/{sorted(s.efficiency.items())}")
+        return (f"analytic/v2/{s.name}/{s.peak_gflops}/{s.mem_gbps}/{s.slots}x{s.saturation}/"
+                f"{s.tile}x{s.tiles_per_slot}/{s.overlap}/{s.launch_us}/{s.sync_us}/{s.cut_us}/"
+                f"{sorted(s.efficiency.items())}")
 
     def _cost(self, flops: int, nbytes: int, out_elems: int, category: str, channels: int = 0) -> OpCost:
         s = self.spec

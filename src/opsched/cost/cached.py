@@ -1,9 +1,10 @@
 """A cost model that remembers: answers come from the profile store when they can.
 
 Wraps any cost model (in practice the measured one): a stage's structural key is looked up
-(:func:`opsched.ir.stage_key`) under the wrapped model's measuring context; only a miss reaches the model, and its answer is
-committed at once. Optimising the same model twice measures nothing the second time, and a
-search interrupted with Ctrl-C keeps everything it measured.
+(:func:`opsched.ir.stage_key`) under the wrapped model's measuring context; only a miss
+reaches the model, and its answer is committed at once. Optimising the same model twice
+measures nothing the second time, and a search interrupted with Ctrl-C keeps everything it
+measured.
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ onnx_converter("HardSwish", 14)(_unary("hardswish"))
 @onnx_converter("Gelu", 20)
 def _gelu(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
     approx = a.get("approximate", "none")
-    return c.ctx.add("gelu", [c.tensor(ins[0])], name=c.out_name(), **({} if approx == "none" else {"approximate": approx}))
+    attrs = {} if approx == "none" else {"approximate": approx}
+    return c.ctx.add("gelu", [c.tensor(ins[0])], name=c.out_name(), **attrs)
 
 
 def _clip(c: _OnnxConverter, x: Value, lo: float | None, hi: float | None) -> str:

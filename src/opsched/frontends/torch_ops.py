@@ -260,7 +260,8 @@ def _pad(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str,
 @_register(MODULE_CONVERTERS, nn.ZeroPad2d, nn.ConstantPad2d)
 def _pad_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n)
-    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding), value=float(getattr(m, "value", 0.0)))
+    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding),
+                     value=float(getattr(m, "value", 0.0)))
 
 
 def _chunks(c: _FxConverter, n: torch.fx.Node, x: str, sizes: list[int], dim: int) -> tuple[str, ...]:

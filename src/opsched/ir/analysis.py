@@ -10,8 +10,8 @@ from opsched._toposort import bits
 from opsched.ir.graph import Graph
 
 __all__ = [
-    "descendants", "ancestors", "width", "max_antichain", "min_chain_cover", "generations", "critical_path", "total_flops",
-    "parameter_count",
+    "descendants", "ancestors", "width", "max_antichain", "min_chain_cover", "generations", "critical_path",
+    "total_flops", "parameter_count",
 ]
 
 

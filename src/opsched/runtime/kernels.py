@@ -64,7 +64,8 @@ def _conv2d(graph: Graph, node: Node) -> Kernel:
     p = _params(graph, node)
     weight, bias = p[0], (p[1] if len(p) > 1 else None)
     a = node.attrs
-    stride, padding, dilation, groups = a.get("stride", 1), a.get("padding", 0), a.get("dilation", 1), a.get("groups", 1)
+    stride, padding = a.get("stride", 1), a.get("padding", 0)
+    dilation, groups = a.get("dilation", 1), a.get("groups", 1)
 
     def conv(x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
@@ -141,7 +142,8 @@ def _pad(graph: Graph, node: Node) -> Kernel:
 @register_kernel("max_pool2d")
 def _max_pool(graph: Graph, node: Node) -> Kernel:
     a = node.attrs
-    k, s, p, d, c = a["kernel"], a.get("stride", a["kernel"]), a.get("padding", 0), a.get("dilation", 1), a.get("ceil_mode", False)
+    k, s, p = a["kernel"], a.get("stride", a["kernel"]), a.get("padding", 0)
+    d, c = a.get("dilation", 1), a.get("ceil_mode", False)
     return lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c)
 
 

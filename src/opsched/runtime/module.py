@@ -107,8 +107,9 @@ class ScheduledModule(nn.Module):
             lines.append(f"  cost model estimate: {s.estimated_ms:.3f} ms")
         capture_error = getattr(self._executor, "capture_error", None)
         if self.device.type == "cuda":
-            lines.append(f"  {self._executor.program.n_streams} CUDA streams; " + (
-                f"not captured into a CUDA graph: {capture_error}" if capture_error else "captured into one CUDA graph"))
+            captured = (f"not captured into a CUDA graph: {capture_error}" if capture_error
+                        else "captured into one CUDA graph")
+            lines.append(f"  {self._executor.program.n_streams} CUDA streams; {captured}")
         for key, value in self.info.items():
             lines.append(f"  {key}: {value}")
         if s.stats:

@@ -173,7 +173,8 @@ def _pad(b: _Builder, n: Node) -> None:
 @_exporter("max_pool2d", "avg_pool2d")
 def _pool(b: _Builder, n: Node) -> None:
     pad = _pair(n.attr("padding", 0))
-    attrs: dict[str, object] = dict(kernel_shape=_pair(n.attr("kernel")), strides=_pair(n.attr("stride", n.attr("kernel"))),
+    attrs: dict[str, object] = dict(kernel_shape=_pair(n.attr("kernel")),
+                                    strides=_pair(n.attr("stride", n.attr("kernel"))),
                                     pads=pad + pad, ceil_mode=int(bool(n.attr("ceil_mode", False))))
     if n.op == "max_pool2d":
         attrs["dilations"] = _pair(n.attr("dilation", 1))

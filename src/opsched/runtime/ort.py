@@ -220,7 +220,8 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
                 slots[slot] = value
             for f in frees:
                 slots[f] = None
-        label = steps[segment[0]].label if len(segment) == 1 else f"{steps[segment[0]].label}..{steps[segment[-1]].label}"
+        first, last = steps[segment[0]].label, steps[segment[-1]].label
+        label = first if len(segment) == 1 else f"{first}..{last}"
         return Item(len(items), label, f"onnxruntime[{len(segment)} steps]", run)
 
     def ok(s: int) -> bool:

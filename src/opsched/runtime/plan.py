@@ -7,8 +7,9 @@ output slot(s). Everything the per-call loop would otherwise decide is decided h
 * a stage of one group joins the phase before it when that phase also has one lane (IOS does
   not synchronise consecutive single-group stages); a stage of several groups is a phase of
   several lanes, with a barrier at its end;
-* a merge stage (or a lane-based schedule's merge) is one step: the merged convolution (weights concatenated at plan time) whose
-  output is split, as views, into its members' slots;
+* a merge stage (or a lane-based schedule's merge) is one step: the merged convolution
+  (weights concatenated at plan time) whose output is split, as views, into its members'
+  slots;
 * a lane-based schedule runs its lanes at once; a step waits on the steps of other lanes it
   reads, or that the schedule's ``waits`` name (``Step.waits``). Where the lanes' order has a
   *cut*, a step that every other step either precedes or follows, the lanes are split into

@@ -73,8 +73,8 @@ def _lanes(graph: Graph, cost: CostModel, lanes: list[list[str]], name: str) -> 
 
 def _make(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: dict[str, Any],
           stats: dict[str, Any] | None = None, coster: StageCoster | None = None) -> Schedule:
-    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name, batch=graph_batch(graph),
-                    device=cost.device, scheduler=name, options=options,
+    return Schedule(graph_hash=graph.structural_hash(), stages=tuple(stages), graph_name=graph.name,
+                    batch=graph_batch(graph), device=cost.device, scheduler=name, options=options,
                     estimated_ms=estimate(graph, stages, coster or cost), stats=stats or {})
 
 

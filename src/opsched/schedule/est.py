@@ -13,10 +13,11 @@ the earliest time dependencies and the device allow. Two rules decide which and 
    by that, and the critical operator never waits while there is room. Where the executor
    gives each lane a fixed share instead (a CPU's threads: ``ResourceModel.oversubscribe`` is
    false), the most urgent ready operator starts only if its demand fits in what the running
-   ones leave, or if nothing runs, and the others wait behind it. (Measured on the GPU presets' model, starting only what fits, or also
-   backfilling lower-priority operators that fit first, gave 1-9% longer makespans on NASNet
-   and RandWire; on this 2-core CPU, oversubscribing lanes ran Inception V3 1.27x slower than
-   its sequential schedule, fitting alone 1.06x.)
+   ones leave, or if nothing runs, and the others wait behind it. (Measured on the GPU
+   presets' model, starting only what fits, or also backfilling lower-priority operators that
+   fit first, gave 1-9% longer makespans on NASNet and RandWire; on this 2-core CPU,
+   oversubscribing lanes ran Inception V3 1.27x slower than its sequential schedule, fitting
+   alone 1.06x.)
 
 Where running operators at once costs the plan something of its own (``OpDemand.fork_ms``: on
 ONNX Runtime, cutting a one-lane segment and converting what crosses the cut), an operator

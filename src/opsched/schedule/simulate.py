@@ -113,7 +113,8 @@ def _ops(graph: Graph, schedule: Schedule, demands: ResourceModel) -> list[_Op]:
                 index[v] = len(ops)
                 key = "+".join(members)
                 d = demands[key]
-                label, op = (f"merge({','.join(members)})", "conv2d(merged)") if len(members) > 1 else (v, graph.node(v).op)
+                merged = len(members) > 1
+                label, op = (f"merge({','.join(members)})", "conv2d(merged)") if merged else (v, graph.node(v).op)
                 ops.append(_Op(key, label, op, li, 0, d.duration_ms, d.demand, set()))
         for lane in schedule.lanes:
             for pos, v in enumerate(lane):
