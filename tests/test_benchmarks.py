@@ -44,3 +44,17 @@ def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() 
     f = stage_floor(graph, AnalyticCostModel("V100"), 3, 8, 50)
     assert f["multi-group endings"] == (f["ruled out by one group"] + f["ruled out by a sub-stage"] + f["forced"])
     assert f["forced"] > 0 and 0 < f["floor"] <= f["dp distinct"]
+    # every stage the DP prices is an ending of a state it solves, or some of an ending's groups
+    # (an ending too): never more than the original optimizer's rule, which prices them all
+    assert f["dp distinct"] < f["by node set"]
+
+
+def test_down_sets_count_what_the_dp_would_visit_on_an_unpartitioned_dag() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from stage_floor import down_sets
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert down_sets([[], [0], [0], [1, 2]]) == 6  # a diamond: {}, a, ab, ac, abc, abcd
+    assert down_sets([[], [0], [1], [2], [3]]) == 6  # a chain of 5: its prefixes
+    assert down_sets([[]] * 10) == 2 ** 10  # independent nodes: every subset
