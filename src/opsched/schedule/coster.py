@@ -36,6 +36,7 @@ class StageCoster:
         ids: dict[str, int] = {}
         self._node_sig = {v: ids.setdefault(sig, len(ids)) for v, sig in graph.signatures.items()}
         self._cache: dict[tuple[object, ...], float] = {}
+        self._group_keys: dict[tuple[str, ...], tuple[object, ...]] = {}  # a group recurs in many stages
 
     @cached_property
     def segment_cut(self) -> SegmentCut | None:
@@ -45,7 +46,12 @@ class StageCoster:
 
     def group_key(self, group: Sequence[str]) -> tuple[object, ...]:
         """:func:`opsched.ir.stage_key`'s notion of a group, with signatures interned to ints."""
-        return tuple(zip((self._node_sig[v] for v in group), group_wiring(self.graph, group)))
+        group = tuple(group)
+        key = self._group_keys.get(group)
+        if key is None:
+            key = self._group_keys[group] = tuple(zip((self._node_sig[v] for v in group),
+                                                      group_wiring(self.graph, group)))
+        return key
 
     def stage_key(self, stage: Stage) -> tuple[object, ...]:
         return (stage.strategy, tuple(sorted(self.group_key(g) for g in stage.groups)))

@@ -50,6 +50,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from operator import itemgetter
 
 from opsched._toposort import bits
 from opsched.cost.base import CostModel, SegmentCut
@@ -264,19 +265,22 @@ class _Solver:
             names = ug.units[u]
             self.merge_cls.append(merge_class(graph, graph.node(names[0])) if len(names) == 1 else None)
         self.memo: dict[int, tuple[float, LocalStage | None, int]] = {0: (0.0, None, 0)}
-        self.prices: dict[tuple[str, tuple[int, ...]], float] = {}
+        # Stage prices by strategy and mask: the mask alone names the stage, as a parallel stage's
+        # groups are the weakly connected components of its units (:mod:`.endings`; so are any of
+        # them together) and a merge's are its units.
+        self.prices: dict[str, dict[int, float]] = {"parallel": {}, "merge": {}}
         self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
         self.n = n
         self.monotone = bool(getattr(coster.cost, "monotone", False))
 
-    def price(self, strategy: str, comps: tuple[int, ...]) -> float:
-        key = (strategy, tuple(sorted(comps)))
-        value = self.prices.get(key)
+    def price(self, strategy: str, comps: tuple[int, ...], mask: int) -> float:
+        """The price of the stage whose groups are ``comps`` (their union: ``mask``)."""
+        known = self.prices[strategy]
+        value = known.get(mask)
         if value is None:
             self.check_budget()
             groups = tuple(tuple(v for i in bits(c) for v in self.ug.units[self.part[i]]) for c in comps)
-            value = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
-            self.prices[key] = value
+            value = known[mask] = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
         return value
 
     def cut(self, rest: int, state: int) -> float:
@@ -294,7 +298,7 @@ class _Solver:
         return live
 
     def single(self, comp: int) -> float:
-        value = self.singles[comp] = self.price("parallel", (comp,))
+        value = self.singles[comp] = self.price("parallel", (comp,), comp)
         return value
 
     def endings(self, state: int) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -321,26 +325,32 @@ class _Solver:
         """(cost of ``state``, its best last stage as (strategy, group masks), the state before it)."""
         best, choice, nxt = float("inf"), None, 0
         bounded = []
+        memo, known, monotone, charges_cuts = self.memo, self.singles, self.monotone, self.cuts is not None
         for strategy, mask, comps in endings:
             rest = state & ~mask
-            cut = self.cut(rest, state) if strategy == "parallel" and len(comps) > 1 else 0.0
-            if strategy == "merge" or len(comps) == 1 or not self.monotone:
-                total = self.memo[rest][0] + cut + self.price(strategy, comps)
+            several = strategy == "parallel" and len(comps) > 1
+            cut = self.cut(rest, state) if several and charges_cuts else 0.0
+            if not several or not monotone:
+                total = memo[rest][0] + cut + self.price(strategy, comps, mask)
                 if total < best:
                     best, choice, nxt = total, (strategy, comps), rest
             else:
-                singles = [self.singles[c] if c in self.singles else self.single(c) for c in comps]
-                bounded.append((self.memo[rest][0] + cut + max(singles), rest, comps, singles, cut))
+                singles = [known[c] if c in known else self.single(c) for c in comps]
+                bounded.append((memo[rest][0] + cut + max(singles), rest, comps, singles, cut))
         # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
-        bounded.sort(key=lambda e: e[0])
+        bounded.sort(key=itemgetter(0))
+        priced = self.prices["parallel"]
         for bound, rest, comps, singles, cut in bounded:
             if bound >= best - _TIE:
                 self.stats.pruned += 1
                 break
             done = self.memo[rest][0] + cut
-            heavy = [c for _, c in sorted(zip(singles, comps), key=lambda e: -e[0])]
+            heavy = [c for _, c in sorted(zip(singles, comps), key=itemgetter(0), reverse=True)]
+            prefix = heavy[0]
             for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
-                total = done + self.price("parallel", tuple(heavy[:t]))
+                prefix |= heavy[t - 1]
+                value = priced.get(prefix)
+                total = done + (value if value is not None else self.price("parallel", tuple(heavy[:t]), prefix))
                 if total >= best - _TIE:
                     break
             else:
