@@ -270,6 +270,7 @@ class _Solver:
         # them together) and a merge's are its units.
         self.prices: dict[str, dict[int, float]] = {"parallel": {}, "merge": {}}
         self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
+        self.by_weight: dict[int, tuple[int, ...]] = {}  # an ending's groups, dearest first, by its mask
         self.n = n
         self.monotone = bool(getattr(coster.cost, "monotone", False))
 
@@ -301,6 +302,15 @@ class _Solver:
         value = self.singles[comp] = self.price("parallel", (comp,), comp)
         return value
 
+    def heaviest_first(self, comps: tuple[int, ...], mask: int) -> tuple[int, ...]:
+        """An ending's groups, the dearest alone first (ties as enumerated). Kept per mask: an
+        ending's groups, and the order the enumeration gives them, depend on its mask alone."""
+        known = self.singles
+        singles = [known[c] if c in known else self.single(c) for c in comps]
+        order = self.by_weight[mask] = tuple(c for _, c in sorted(zip(singles, comps), key=itemgetter(0),
+                                                                   reverse=True))
+        return order
+
     def endings(self, state: int) -> list[tuple[str, int, tuple[int, ...]]]:
         out: list[tuple[str, int, tuple[int, ...]]] = []
         if "parallel" in self.strategies:
@@ -326,6 +336,7 @@ class _Solver:
         best, choice, nxt = float("inf"), None, 0
         bounded = []
         memo, known, monotone, charges_cuts = self.memo, self.singles, self.monotone, self.cuts is not None
+        by_weight = self.by_weight
         for strategy, mask, comps in endings:
             rest = state & ~mask
             several = strategy == "parallel" and len(comps) > 1
@@ -335,17 +346,16 @@ class _Solver:
                 if total < best:
                     best, choice, nxt = total, (strategy, comps), rest
             else:
-                singles = [known[c] if c in known else self.single(c) for c in comps]
-                bounded.append((memo[rest][0] + cut + max(singles), rest, comps, singles, cut))
+                heavy = by_weight.get(mask) or self.heaviest_first(comps, mask)
+                bounded.append((memo[rest][0] + cut + known[heavy[0]], rest, comps, heavy, cut))
         # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
         bounded.sort(key=itemgetter(0))
         priced = self.prices["parallel"]
-        for bound, rest, comps, singles, cut in bounded:
+        for bound, rest, comps, heavy, cut in bounded:
             if bound >= best - _TIE:
                 self.stats.pruned += 1
                 break
             done = self.memo[rest][0] + cut
-            heavy = [c for _, c in sorted(zip(singles, comps), key=itemgetter(0), reverse=True)]
             prefix = heavy[0]
             for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
                 prefix |= heavy[t - 1]
