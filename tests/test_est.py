@@ -208,21 +208,29 @@ def test_rate_combines_capacity_and_contention() -> None:
     assert res.rate(2.5, 3) == pytest.approx(1 / 2.5)
 
 
-def test_measured_style_cost_models_lend_durations_and_borrow_demands() -> None:
+@pytest.mark.parametrize("device,preset", [("V100", "V100"),
+                                           ("NVIDIA H100 80GB HBM3 sm_90 81559 MiB x132 SMs", "H100")])
+def test_measured_style_cost_models_lend_durations_and_borrow_demands(device: str, preset: str) -> None:
+    """Durations come from the cost model, demands from the preset its device is or names (a GPU
+    measured model's device is the card's own name)."""
     g = random_dag(6, 2)
 
     class Doubled:  # any cost model: twice the analytic price of every stage
         monotone = True
-        key, device = "doubled", "V100"
+        key = "doubled"
+
+        def __init__(self) -> None:
+            self.device = device
 
         def stage_latency(self, graph, stage):  # type: ignore[no-untyped-def]
             return 2 * V100.stage_latency(graph, stage)
 
     res = resources_for(g, Doubled())
-    ref = V100.resources(g)
+    ref, shape = V100.resources(g), AnalyticCostModel(preset).resources(g)
+    assert any(shape[n.name].demand != AnalyticCostModel("CPU2").resources(g)[n.name].demand for n in g.nodes)
     for n in g.nodes:
         assert res[n.name].duration_ms == pytest.approx(2 * ref[n.name].duration_ms)
-        assert res[n.name].demand == pytest.approx(ref[n.name].demand)
+        assert res[n.name].demand == pytest.approx(shape[n.name].demand)
         assert res[n.name].fork_ms == 0.0  # its segments cost nothing to cut
 
 

@@ -89,6 +89,19 @@ def device_spec(name: str) -> DeviceSpec:
     raise CostModelError(f"no device preset {name!r}; presets: {', '.join(DEVICES)}")
 
 
+def gpu_spec_named_in(name: str) -> DeviceSpec | None:
+    """The GPU preset whose name appears in a device's name ("NVIDIA H100 80GB HBM3 sm_90 ..." ->
+    H100), or None."""
+    flat = name.lower().replace(" ", "")
+    return next((s for key, s in DEVICES.items() if s.kind == "gpu" and key.lower() in flat), None)
+
+
+def preset_for(device: str) -> DeviceSpec:
+    """The preset that models ``device`` (a cost model's device string): the preset of that name,
+    else the GPU preset named in it, else this machine's CPU."""
+    return DEVICES.get(device) or gpu_spec_named_in(device) or host_cpu_spec()
+
+
 def host_cpu_spec() -> DeviceSpec:
     """The CPU preset with this machine's core count."""
     cores = os.cpu_count() or 1

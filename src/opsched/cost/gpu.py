@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from opsched.cost.devices import DEVICES, DeviceSpec
+from opsched.cost.devices import DEVICES, DeviceSpec, gpu_spec_named_in
 from opsched.cost.measured import random_inputs, stage_plan
 from opsched.cost.store import ProfileContext
 from opsched.errors import CostModelError
@@ -50,9 +50,9 @@ def _driver_version() -> str:
 
 def gpu_preset(name: str) -> DeviceSpec:
     """The analytic preset whose name appears in a CUDA device name ("NVIDIA H100 80GB HBM3" -> H100)."""
-    for key, spec in DEVICES.items():
-        if spec.kind == "gpu" and key.lower() in name.lower().replace(" ", ""):
-            return spec
+    spec = gpu_spec_named_in(name)
+    if spec is not None:
+        return spec
     presets = ", ".join(k for k, s in DEVICES.items() if s.kind == "gpu")
     raise CostModelError(f"no analytic preset for the GPU {name!r} (presets: {presets}); use cost='measured'")
 

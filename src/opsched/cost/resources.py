@@ -104,21 +104,18 @@ def resources_for(graph: Graph, cost: CostModel, demands: str | None = None,
     """The resource model behind ``cost``: its own if it is analytic; otherwise durations priced
     by ``cost`` (each operator, and each of ``merges``, as a stage of its own; structurally equal
     ones are priced once) with the demands of the analytic preset ``demands`` (default: the cost
-    model's device if it is a preset, else this machine's CPU), and, if ``cost`` charges segment
+    model's device if it is a preset or names a GPU preset, else this machine's CPU), and, if ``cost`` charges segment
     cuts, each operator's fork cost: the cut's resume and the conversions of the values it
     reads and writes (at least these cross the cut)."""
     from opsched.cost.analytic import AnalyticCostModel  # it builds on this module
-    from opsched.cost.devices import DEVICES, device_spec, host_cpu_spec
+    from opsched.cost.devices import device_spec, preset_for
     from opsched.schedule.coster import StageCoster
     from opsched.schedule.types import Stage
 
     merges = [tuple(m) for m in merges]
     if isinstance(cost, AnalyticCostModel) and demands is None:
         return cost.resources(graph, merges)
-    if demands is not None:
-        spec = device_spec(demands)
-    else:
-        spec = DEVICES[cost.device] if cost.device in DEVICES else host_cpu_spec()
+    spec = device_spec(demands) if demands is not None else preset_for(cost.device)
     shape = AnalyticCostModel(spec).resources(graph, merges)
     coster = StageCoster(graph, cost)
     stages = {n.name: Stage(((n.name,),)) for n in graph.nodes}
