@@ -23,7 +23,7 @@ from opsched.runtime.reference import run_graph
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait, stream_program
 from opsched.schedule import schedule
 from opsched.schedule.types import Schedule
-from opsched.testing import assert_close, check_stream_program, fork_join, random_dag
+from opsched.testing import assert_close, check_stream_program, fork_join, random_dag, tf32_in_use
 from opsched.transforms.place import dtype_name, place
 
 SCHEDULERS = {"ios": {"budget_s": 5}, "est": {}, "opara": {}, "nimble": {}, "greedy": {}}
@@ -297,10 +297,24 @@ def test_cuda_device_is_refused_cleanly_without_a_gpu() -> None:
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
+@pytest.fixture
+def strict_float32() -> Any:
+    """float32 as float32: no TF32 in cuDNN convolutions or matrix products while the test runs."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+ZOO_PRECISIONS = [(name, dtype) for name in list_models() for dtype in ("float32", "float16")] + [
+    (name, "bfloat16") for name in ("inception_v3", "nasnet_mobile", "randwire_small")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("name", list_models())
-def test_zoo_through_the_cuda_executor_equals_eager(name: str, dtype: str) -> None:
+@pytest.mark.parametrize("name,dtype", ZOO_PRECISIONS)
+def test_zoo_through_the_cuda_executor_equals_eager(name: str, dtype: str, strict_float32: Any) -> None:
+    """Every zoo model, IOS and est schedules (merged convolutions included), captured, against
+    eager PyTorch in the same precision (float32 strictly: TF32 off for both)."""
     model, x = get_model(name).eval(), example_inputs(name)
     for scheduler in ("ios", "est"):
         module = optimize(model, x, device="cuda", dtype=dtype, scheduler=scheduler, cost="analytic",
@@ -314,6 +328,9 @@ def test_zoo_through_the_cuda_executor_equals_eager(name: str, dtype: str) -> No
 
 @pytest.mark.gpu
 def test_cuda_measured_cost_and_channels_last() -> None:
+    """PyTorch's defaults (TF32 convolutions in float32): optimize() verifies against the model
+    within TF32's tolerance, on stages measured as captured replays, in channels-last layout."""
+    assert tf32_in_use()
     model, x = get_model("inception_v3").eval(), example_inputs("inception_v3")
     module = optimize(model, x, device="cuda", channels_last=True, scheduler="ios", budget_s=20)
     xs = [t.cuda() for t in x]

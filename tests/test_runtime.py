@@ -275,3 +275,11 @@ def test_lane_baselines_execute_equal_to_eager(name: str, model: str) -> None:
     assert module.plan.max_lanes >= 2
     with torch.no_grad():
         assert_close(module(*inputs), m(*inputs), f"{model} / {name}")
+
+
+def test_tolerances_follow_the_reference_dtype_and_scale() -> None:
+    from opsched.testing import tolerance
+
+    assert tolerance(torch.tensor([0.5, -3.0])) == pytest.approx(3e-4)  # float32: 1e-4 of the scale
+    assert tolerance(torch.tensor([0.5], dtype=torch.float16)) == pytest.approx(1e-2)  # scale at least 1
+    assert tolerance(torch.tensor([2.0], dtype=torch.bfloat16)) == pytest.approx(0.1)

@@ -25,7 +25,7 @@ from opsched.ir import Graph
 from opsched.runtime.module import ScheduledModule
 from opsched.schedule import schedule as run_scheduler
 from opsched.schedule.types import Schedule
-from opsched.testing import TOLERANCES
+from opsched.testing import tolerance
 from opsched.timing import interleave
 from opsched.transforms.place import place
 
@@ -73,7 +73,7 @@ def _verify(module: ScheduledModule, model: nn.Module, inputs: tuple[torch.Tenso
     exp = [expected] if isinstance(expected, torch.Tensor) else list(expected)
     act = [actual] if isinstance(actual, torch.Tensor) else list(actual)
     for i, (a, e) in enumerate(zip(act, exp)):
-        tol = TOLERANCES.get(e.dtype, 1e-4) * max(1.0, float(e.abs().max()))
+        tol = tolerance(e)
         err = float((a - e).abs().max())
         if err > tol:
             raise ExecutionError(f"the scheduled module's output {i} differs from the model's by {err:.3g} "
