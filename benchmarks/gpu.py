@@ -12,8 +12,9 @@ sequential one where its end-to-end check finds that faster). Stages are measure
 
 Reported per row: median latency and interquartile range, ratios to the single-stream graph,
 the critical-path bound (the longest path of isolated unit latencies: no schedule that keeps
-the kernels can beat it), the GPU memory each contender holds (weights, graph pools, cached
-activations) against the single-stream graph, and search or compile time. Results are
+the kernels can beat it), the GPU memory a call of each contender needs (its own weights, its
+graph's memory pool, activations: the peak reserved during a call) against the single-stream
+graph, and search or compile time. Results are
 written after every row, so an interrupted run keeps what it measured (``--resume`` skips
 rows already in the JSON).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import statistics
@@ -99,13 +101,18 @@ def single_stream_graph(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> 
             s.copy_(t)
         graph.replay()
         return out.clone()
+    call.model = model  # type: ignore[attr-defined]  # the graph reads the weights in place: keep them
     return call
 
 
 def held_memory(build: Callable[[], Callable[[], Any]], device: torch.device) -> tuple[Callable[[], Any], float, float]:
-    """Build a contender and call it three times; its build seconds and the MiB it holds."""
+    """Build a contender and call it three times; its build seconds and the MiB of GPU memory a
+    call needs: the peak reserved during one call, after the build's leftovers (a search's
+    scratch, warm-up activations) are returned, over what was reserved before the build. That
+    is its weights, its graph's memory pool and, for an uncaptured contender, its activations."""
     if device.type == "cuda":
         torch.cuda.synchronize()
+        gc.collect()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
     t = time.perf_counter()
@@ -113,11 +120,17 @@ def held_memory(build: Callable[[], Callable[[], Any]], device: torch.device) ->
     with torch.no_grad():
         for _ in range(3):
             fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    if device.type != "cuda":
+        return fn, time.perf_counter() - t, float("nan")
+    torch.cuda.synchronize()
     seconds = time.perf_counter() - t
-    mib = (torch.cuda.memory_reserved() - before) / 2**20 if device.type == "cuda" else float("nan")
-    return fn, seconds, mib
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        fn()
+    torch.cuda.synchronize()
+    return fn, seconds, (torch.cuda.max_memory_reserved() - before) / 2**20
 
 
 def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: str) -> float:
@@ -144,13 +157,15 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
     dt = getattr(torch, dtype)
     model, x_cpu = get_model(name).eval(), example_inputs(name, batch)
     x = tuple(t.to(device, dt) for t in x_cpu)
-    placed_model = copy.deepcopy(model).to(device, dt)
+
+    def placed() -> torch.nn.Module:  # each contender holds its own weights, as opsched's modules do
+        return copy.deepcopy(model).to(device, dt)
+
     builders: dict[str, Callable[[], Callable[[], Any]]] = {
-        "eager": lambda: lambda: placed_model(*x),
-        "graph": lambda: single_stream_graph(placed_model, x),
-        "compile": lambda: (lambda m: lambda: m(*x))(torch.compile(copy.deepcopy(placed_model))),
-        "compile-max": lambda: (lambda m: lambda: m(*x))(torch.compile(copy.deepcopy(placed_model),
-                                                                        mode="max-autotune")),
+        "eager": lambda: (lambda m: lambda: m(*x))(placed()),
+        "graph": lambda: single_stream_graph(placed(), x),
+        "compile": lambda: (lambda m: lambda: m(*x))(torch.compile(placed())),
+        "compile-max": lambda: (lambda m: lambda: m(*x))(torch.compile(placed(), mode="max-autotune")),
     }
     modules: dict[str, opsched.ScheduledModule] = {}
 
@@ -226,8 +241,10 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
              "Median latency in ms (± interquartile range) over interleaved rounds (a fresh order each round) "
              "in one process, each call "
              "timed with CUDA events. Ratios > 1 mean opsched is faster than the base "
-             f"({LABELS[base]}). Bound: the longest path of isolated unit latencies. Memory: what the "
-             "contender holds on the GPU (weights, graph pool, cached activations) against the base.", "",
+             f"({LABELS[base]}). Bound: the longest path of isolated unit latencies. Memory: the GPU memory "
+             "a call of the contender needs (its weights, graph pool and activations: peak reserved) "
+             "against the base's; for a contender whose build measures (IOS, est, optimize()) it can "
+             "include allocator segments the search left reserved, so read it as an upper bound.", "",
              format_table(headers, rows, markdown=True), "", "## Targets (batch 1 geomean; worst over every batch)", ""]
     for key, v in summary.items():
         lines.append(f"- {key} vs {LABELS[base]}: batch-1 geomean {v['batch1_geomean']:.3f}x, "

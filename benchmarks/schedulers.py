@@ -5,14 +5,17 @@ by the simulator under the preset's resource model (the same model for all, so s
 merges and lanes are compared like with like), and the wall time of the ``schedule()`` call
 that made it (pricing included).
 
-Part 2, *measured on this CPU* (``--cpu``): each scheduler with the cost information it needs,
-from a fresh profile store: the DP prices stages by measuring them (under the time budget, as
-``opsched.optimize`` does), ``est`` prices single operators from the analytic model of this
-CPU (no measurement at all) or, as ``est (measured)``, by measuring them; the peers' lane
-assignments need no costs. The plans run on the ONNX Runtime backend, interleaved in one process.
+Part 2, *measured on this CPU* (``--cpu``) and *on this GPU* (``--gpu``): each scheduler
+with the cost information it needs, from a fresh profile store: the DP prices stages by
+measuring them (under the time budget, as ``opsched.optimize`` does), ``est`` prices single
+operators from the analytic model of this device (this CPU, or the GPU preset the card's name
+names: no measurement at all) or, as ``est (measured)``, by measuring them; the peers' lane
+assignments need no costs. On the CPU the plans run on the ONNX Runtime backend; on the GPU,
+on CUDA streams, each plan captured into one CUDA graph. Interleaved in one process.
 
     python benchmarks/schedulers.py                                  # simulated, V100 and H100
     python benchmarks/schedulers.py --devices V100 --cpu --budget 60 # and measured on this CPU
+    python benchmarks/schedulers.py --devices H100 --gpu --budget 60 # and measured on this GPU
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write  # noqa: E402
+from _report import RESULTS, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import host_cpu_model, race  # noqa: E402
@@ -86,34 +89,91 @@ def simulated(graphs: dict[str, Any], device: str) -> tuple[list[list[object]], 
     return rows, records
 
 
-def measured(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[object], dict[str, Any]]:
+def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[object],
+                                                                                          dict[str, Any]]:
+    """One model's schedules made and raced on ``device`` ("cpu" or "cuda"); a table row and a record."""
     model, inputs = get_model(name), example_inputs(name)
     graph = opsched.from_torch(model, inputs)
-    cores = os.cpu_count() or 1
+    if device == "cuda":
+        import torch
+
+        from opsched.cost.gpu import CudaMeasuredCostModel, gpu_preset
+
+        graph, inputs = opsched.place(graph, device), tuple(t.to(device) for t in inputs)
+        preset = gpu_preset(torch.cuda.get_device_name())
+        m: Any = CudaMeasuredCostModel(device)
+        analytic: Callable[[], Any] = lambda: AnalyticCostModel(preset)  # noqa: E731
+        lanes: dict[str, int] = {}
+    else:
+        cores = os.cpu_count() or 1
+        m, analytic, lanes = MeasuredCostModel(), host_cpu_model, {"max_groups": cores, "max_lanes": cores}
     made: dict[str, tuple[Any, float]] = {}
     with ProfileStore(cache_dir) as store:
-        m = MeasuredCostModel()
         cost = StoredCostModel(m, store, m.context(inputs[0].shape[0]))
-        made["sequential"] = timed_fresh(graph, "sequential", host_cpu_model)
-        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, max_groups=cores)
+        made["sequential"] = timed_fresh(graph, "sequential", analytic)
+        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, **_only(lanes, "max_groups"))
         before = cost.measurements
-        made["est (measured)"] = timed_once(graph, "est", cost, max_lanes=cores)
+        made["est (measured)"] = timed_once(graph, "est", cost, **_only(lanes, "max_lanes"))
         est_measurements = cost.measurements - before
-        made["est"] = timed_fresh(graph, "est", host_cpu_model, max_lanes=cores)
-        made["nimble"] = timed_fresh(graph, "nimble", host_cpu_model)
-        made["opara"] = timed_fresh(graph, "opara", host_cpu_model)
-    modules = {k: ScheduledModule(graph, s) for k, (s, _) in made.items()}
+        made["est"] = timed_fresh(graph, "est", analytic, **_only(lanes, "max_lanes"))
+        made["nimble"] = timed_fresh(graph, "nimble", analytic)
+        made["opara"] = timed_fresh(graph, "opara", analytic)
+    modules = {k: ScheduledModule(graph, s, device=device) for k, (s, _) in made.items()}
     lat = dict(zip(modules, race(*modules.values(), inputs=inputs, rounds=rounds)))
     secs = {k: t for k, (_, t) in made.items()}
     record = {"model": name, "median_ms": lat, "schedule_s": secs, "ios_stats": dict(made["ios"][0].stats),
               "est_measurements": est_measurements, "lanes": {k: len(s.lanes or ()) for k, (s, _) in made.items()}}
     cut_short = bool(made["ios"][0].stats.get("budget_exhausted"))  # its time is the budget: a lower bound
     at_least = ">= " if cut_short else ""
-    row = [name, *(f"{lat[k]:.2f}" for k in modules), f"{lat['est'] / lat['ios']:.3f}",
+    digits = 3 if device == "cuda" else 2
+    row = [name, *(f"{lat[k]:.{digits}f}" for k in modules), f"{lat['est'] / lat['ios']:.3f}",
            f"{lat['est (measured)'] / lat['ios']:.3f}", f"{at_least}{secs['ios']:.1f}", f"{secs['est'] * 1e3:.1f}",
            f"{secs['est (measured)']:.1f}", f"{at_least}{secs['ios'] / secs['est']:.0f}x"]
-    print("  cpu " + " | ".join(map(str, row)), flush=True)
+    print(f"  {device} " + " | ".join(map(str, row)), flush=True)
     return row, record
+
+
+def _only(options: dict[str, int], key: str) -> dict[str, int]:
+    return {key: options[key]} if key in options else {}
+
+
+def measured_section(models: list[str], device: str, budget: float, rounds: int) -> tuple[list[str], list[Any], str]:
+    """The measured table for ``device``: markdown lines, the records, and a summary line."""
+    cache_dir = tempfile.mkdtemp(prefix="opsched-bench-")
+    rows, records = [], []
+    for name in models:
+        row, record = measured(name, device, budget, rounds, cache_dir)
+        rows.append(row)
+        records.append(record)
+    lat = geomean([r["median_ms"]["est"] / r["median_ms"]["ios"] for r in records])
+    lat_m = geomean([r["median_ms"]["est (measured)"] / r["median_ms"]["ios"] for r in records])
+    speed = geomean([r["schedule_s"]["ios"] / r["schedule_s"]["est"] for r in records])
+    cut_short = [r["model"] for r in records if r["ios_stats"].get("budget_exhausted")]
+    at_least = "at least " if cut_short else ""
+    if device == "cuda":
+        import torch
+
+        where, how = f"this GPU ({torch.cuda.get_device_name()})", "each plan captured into one CUDA graph"
+        label = "GPU"
+    else:
+        where, how = f"this CPU ({os.cpu_count()} cores)", "on the ONNX Runtime backend"
+        label = "CPU"
+    summary = (f"{label} measured: est / ios latency {lat:.3f}, est (measured) / ios {lat_m:.3f} (geomean); "
+               f"est schedules {at_least}{speed:.0f}x faster than the measured DP")
+    names = list(records[0]["median_ms"])
+    lines = [f"## Measured on {where}; ms, median of {rounds} interleaved rounds, {how}", "",
+             "Schedule time: the DP's includes measuring its stages (fresh profile store, budget "
+             f"{budget:.0f} s); est's is the analytic model only; est (measured) runs after the "
+             "DP on the same store, so its time counts only the operators and merges the DP had not measured. "
+             "Where the DP ran out of its budget (marked >=), its time is the budget, less than the search "
+             "needs, and its schedule finishes the unsolved parts with greedy or sequential stages.", "",
+             format_table(["model", *names, "est / ios", "est (measured) / ios", "ios schedule s",
+                           "est schedule ms", "est (measured) schedule s", "ios / est time"], rows,
+                          markdown=True), "",
+             f"Geometric means: est / ios latency {lat:.3f}; est (measured) / ios {lat_m:.3f}; "
+             f"schedule-time ratio {at_least}{speed:.0f}x"
+             + (f" (the DP ran out of its budget on {', '.join(cut_short)})." if cut_short else "."), ""]
+    return lines, records, summary
 
 
 def main() -> None:
@@ -121,10 +181,17 @@ def main() -> None:
     p.add_argument("--models", nargs="*", default=list_models())
     p.add_argument("--devices", nargs="*", default=["V100", "H100"])
     p.add_argument("--cpu", action="store_true", help="also measure every schedule on this CPU")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of DP search per model on the CPU")
+    p.add_argument("--gpu", action="store_true", help="also measure every schedule on this machine's GPU")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of measured DP search per model")
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--name", default="schedulers")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu needs a GPU (torch.cuda.is_available() is False)")
     graphs = {n: opsched.from_torch(get_model(n), example_inputs(n)) for n in args.models}
     out = ["# Schedulers: the IOS dynamic program, list scheduling (est) and the peers' lanes", "",
            "Batch 1. *ios*: the dynamic program (P(r=3, s=8), parallel and merge stages); *est*: "
@@ -132,7 +199,7 @@ def main() -> None:
            "*nimble*: a minimum chain cover onto lanes; *opara*: a lane inherited from a producer. "
            "Schedule times are the wall time of a `schedule()` call on a fresh cost model, pricing included: "
            "the median of up to five calls within a second (a measured search: one call).", ""]
-    data: dict[str, Any] = {"simulated": [], "cpu": []}
+    data: dict[str, Any] = {"simulated": [], "cpu": [], "cuda": []}
     summary = []
     for device in args.devices:
         rows, records = simulated(graphs, device)
@@ -144,37 +211,15 @@ def main() -> None:
                 format_table(["model", *SIMULATED, "est / ios", "ios schedule ms", "est schedule ms",
                               "ios / est time"], rows, markdown=True), "",
                 f"Geometric mean of est / ios latency: {lat:.3f}; of the schedule-time ratio: {speed:.0f}x.", ""]
-    if args.cpu:
-        cache_dir = tempfile.mkdtemp(prefix="opsched-bench-")
-        rows, records = [], []
-        for name in args.models:
-            row, record = measured(name, args.budget, args.rounds, cache_dir)
-            rows.append(row)
-            records.append(record)
-        data["cpu"] = records
-        lat = geomean([r["median_ms"]["est"] / r["median_ms"]["ios"] for r in records])
-        lat_m = geomean([r["median_ms"]["est (measured)"] / r["median_ms"]["ios"] for r in records])
-        speed = geomean([r["schedule_s"]["ios"] / r["schedule_s"]["est"] for r in records])
-        cut_short = [r["model"] for r in records if r["ios_stats"].get("budget_exhausted")]
-        at_least = "at least " if cut_short else ""
-        summary.append(f"CPU measured: est / ios latency {lat:.3f}, est (measured) / ios {lat_m:.3f} (geomean); "
-                       f"est schedules {at_least}{speed:.0f}x faster than the measured DP")
-        names = list(records[0]["median_ms"])
-        out += [f"## Measured on this CPU ({os.cpu_count()} cores; ms, median of {args.rounds} interleaved rounds)", "",
-                "Schedule time: the DP's includes measuring its stages (fresh profile store, budget "
-                f"{args.budget:.0f} s); est's is the analytic model only; est (measured) runs after the "
-                "DP on the same store, so its time counts only the operators and merges the DP had not measured. "
-                "Where the DP ran out of its budget (marked >=), its time is the budget, less than the search "
-                "needs, and its schedule finishes the unsolved parts with greedy or sequential stages.", "",
-                format_table(["model", *names, "est / ios", "est (measured) / ios", "ios schedule s",
-                              "est schedule ms", "est (measured) schedule s", "ios / est time"], rows,
-                             markdown=True), "",
-                f"Geometric means: est / ios latency {lat:.3f}; est (measured) / ios {lat_m:.3f}; "
-                f"schedule-time ratio {at_least}{speed:.0f}x"
-                + (f" (the DP ran out of its budget on {', '.join(cut_short)})." if cut_short else "."), ""]
+    for flag, device in ((args.cpu, "cpu"), (args.gpu, "cuda")):
+        if flag:
+            lines, records, line = measured_section(args.models, device, args.budget, args.rounds)
+            out += lines
+            data[device] = records
+            summary.append(line)
     out += ["## Summary", "", *(f"- {s}" for s in summary)]
     data["summary"] = summary
-    md, js = write(args.name, "\n".join(out), data)
+    md, js = write(args.name, "\n".join(out), data, args.out)
     print("\n".join(summary))
     print(f"wrote {md} and {js}")
 

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write  # noqa: E402
+from _report import RESULTS, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -154,6 +154,7 @@ def main() -> None:
     p.add_argument("--save", type=Path, help="write the measured schedules here")
     p.add_argument("--schedules", type=Path, help="also run the schedules another GPU saved here")
     p.add_argument("--name", default="specialization")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
     sections, data = ["# Specialization", "", __doc__.split("\n\n")[1], ""], {"batch": [], "device": [],
                                                                               "measured": []}
@@ -174,7 +175,7 @@ def main() -> None:
             sections.append(md)
             data["measured"].append(rec)
         name = f"{args.name}-{torch.cuda.get_device_name().replace(' ', '_')}"
-    md_path, _ = write(name, "\n".join(sections), data)
+    md_path, _ = write(name, "\n".join(sections), data, args.out)
     print(f"wrote {md_path}")
 
 

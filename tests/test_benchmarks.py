@@ -58,3 +58,15 @@ def test_down_sets_count_what_the_dp_would_visit_on_an_unpartitioned_dag() -> No
     assert down_sets([[], [0], [0], [1, 2]]) == 6  # a diamond: {}, a, ab, ac, abc, abcd
     assert down_sets([[], [0], [1], [2], [3]]) == 6  # a chain of 5: its prefixes
     assert down_sets([[]] * 10) == 2 ** 10  # independent nodes: every subset
+
+
+def test_schedulers_benchmark_measured_section_runs(tmp_path: Path) -> None:
+    """The measured part of ``benchmarks/schedulers.py`` (the CPU column; the GPU column is the
+    same function on another device) runs end to end and reports every contender."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "schedulers.py"), "--devices", "--cpu", "--models",
+           "squeezenet1_1", "--budget", "3", "--rounds", "2", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (record,) = json.loads((tmp_path / "smoke.json").read_text())["cpu"]
+    assert set(record["median_ms"]) == {"sequential", "ios", "est (measured)", "est", "nimble", "opara"}
+    assert all(ms > 0 for ms in record["median_ms"].values())
+    assert "CPU measured: est / ios latency" in (tmp_path / "smoke.md").read_text()
