@@ -6,8 +6,9 @@ call timed with CUDA events: eager PyTorch; the same model captured into a singl
 graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
 ``torch.compile`` (default and max-autotune); opsched's sequential, greedy, IOS and ``est``
 schedules, each run by the CUDA executor with the whole plan captured into one CUDA graph; and
-``opsched optimize()``, what :func:`opsched.optimize` returns (the IOS schedule, or the
-sequential one where its end-to-end check finds that faster). Stages are measured on the GPU
+``opsched optimize()``, what :func:`opsched.optimize` returns when asked for
+``scheduler=("ios", "est")`` (the faster of the two plans, or the sequential one where its
+end-to-end check finds that faster). Stages are measured on the GPU
 (captured replays timed with CUDA events) into a profile store.
 
 Reported per row: median latency and interquartile range, ratios to the single-stream graph,
@@ -173,7 +174,7 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
         def build() -> Callable[[], Any]:
             options: dict[str, Any] = {"budget_s": args.budget} if key in ("ios", "optimize") else {}
             if key == "optimize":
-                module = opsched.optimize(model, x_cpu, device=device, dtype=dtype, scheduler="ios",
+                module = opsched.optimize(model, x_cpu, device=device, dtype=dtype, scheduler=("ios", "est"),
                                           cache_dir=cache_dir, **options)
             else:
                 graph = opsched.place(opsched.from_torch(model, x_cpu), device, dtype)

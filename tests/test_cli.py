@@ -51,12 +51,14 @@ def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: p
     import json
 
     out = tmp_path / "out"
-    code = main(["optimize", "squeezenet1_1", "--cost", "analytic", "--rounds", "2", "--out", str(out)])
+    code = main(["optimize", "squeezenet1_1", "--scheduler", "ios,est", "--cost", "analytic", "--rounds", "2",
+                 "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
     for row in ("eager PyTorch", "sequential", "greedy"):
         assert row in text
-    assert "optimized (ios)" in text or "kept sequential" in text  # the IOS plan, or sequential if it won
+    kept = text.split("end-to-end check: ")[1].split("\n")[0].rsplit(": kept ", 1)[1]  # the race of ios and est
+    assert kept in ("ios", "est") and f"optimized ({kept})" in text
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads((out / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]

@@ -24,7 +24,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--channels-last", action="store_true", help="4-D weights and inputs in channels-last layout")
     p.add_argument("--no-graphs", action="store_true", help="on CUDA, run eagerly on streams (no CUDA graph)")
     p.add_argument("--scheduler", default="ios", help="ios (the DP), est (list scheduling, milliseconds), greedy, "
-                                                       "sequential, nimble or opara")
+                                                       "sequential, nimble or opara; several, comma-separated "
+                                                       "(ios,est): their plans race, the fastest is kept")
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
     p.add_argument("--backend", default="auto", choices=["auto", "ort", "torch"])
     p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
@@ -45,14 +46,17 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
         loaded = load_model(args.model, args.batch, shape)
         graph = loaded.graph
+        names = [name.strip() for name in args.scheduler.split(",")]
         options: dict[str, object] = {}
-        if args.scheduler == "ios":
-            options = dict(max_group_size=args.max_group_size, max_groups=args.max_groups, budget_s=args.budget,
+        if "ios" in names:
+            options.update(max_group_size=args.max_group_size, budget_s=args.budget,
                            progress=ProgressBar("searching").update)
-        elif args.scheduler == "est":
-            options = dict(max_lanes=args.max_groups)
+            if args.max_groups is not None:
+                options["max_groups"] = args.max_groups
+        if "est" in names and args.max_groups is not None:
+            options["max_lanes"] = args.max_groups
         placement = dict(device=args.device, graphs=not args.no_graphs, channels_last=args.channels_last)
-        module = optimize_graph(graph, dtype=args.dtype, scheduler=args.scheduler, cost=args.cost,
+        module = optimize_graph(graph, dtype=args.dtype, scheduler=names, cost=args.cost,
                                 backend=args.backend, cache_dir=args.cache_dir, **placement, **options)
         from opsched.api import host_cpu_model, placed_inputs
 

@@ -27,7 +27,8 @@ from opsched.schedule.streams import nimble_lanes, opara_lanes
 from opsched.schedule.types import Schedule, Stage, graph_batch
 from opsched.schedule.units import UnitGraph
 
-__all__ = ["SCHEDULERS", "Schedule", "Stage", "estimate", "register_scheduler", "schedule", "scheduler_names"]
+__all__ = ["SCHEDULERS", "Schedule", "Stage", "estimate", "register_scheduler", "schedule", "scheduler_names",
+           "scheduler_options"]
 
 Scheduler = Callable[..., Schedule]
 SCHEDULERS: dict[str, Scheduler] = {}
@@ -44,14 +45,22 @@ def scheduler_names() -> list[str]:
     return list(SCHEDULERS)
 
 
+def _scheduler(name: str) -> Scheduler:
+    try:
+        return SCHEDULERS[name]
+    except KeyError:
+        raise ScheduleError(f"no scheduler {name!r}; available: {', '.join(SCHEDULERS)}") from None
+
+
+def scheduler_options(name: str) -> list[str]:
+    """The options scheduler ``name`` takes."""
+    return [p for p in inspect.signature(_scheduler(name)).parameters if p not in ("graph", "cost")]
+
+
 def schedule(graph: Graph, scheduler: str, cost: CostModel, **options: Any) -> Schedule:
     """Run scheduler ``scheduler`` on ``graph``; the result is validated before it is returned."""
     graph.verify()
-    try:
-        fn = SCHEDULERS[scheduler]
-    except KeyError:
-        raise ScheduleError(f"no scheduler {scheduler!r}; available: {', '.join(SCHEDULERS)}") from None
-    accepted = [p for p in inspect.signature(fn).parameters if p not in ("graph", "cost")]
+    fn, accepted = _scheduler(scheduler), scheduler_options(scheduler)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ScheduleError(f"scheduler {scheduler!r} has no option(s) {unknown}; it takes {accepted}")
