@@ -1,10 +1,11 @@
 """CPU benchmark: opsched against eager PyTorch and ONNX Runtime, every zoo model.
 
-For each model and batch size, in one process, interleaved in a fresh order each round (eager
-PyTorch's spinning OpenMP threads slow whatever runs right after it), after warm-up: eager PyTorch,
-ONNX Runtime sequential and parallel mode (spinning off, so idle ORT threads do not steal the
-cores from whatever runs next), and opsched's sequential, greedy and IOS schedules on the ORT
-backend. The IOS schedule is searched with the measured cost model under a time budget; the
+For each model and batch size, in one process, interleaved in a fresh order each round, each
+call after 50 ms of untimed sleep (eager PyTorch's OpenMP threads and ONNX Runtime's intra-op
+threads spin after a run and would take the cores of whatever runs next), after warm-up: eager
+PyTorch, ONNX Runtime sequential and parallel mode with ONNX Runtime's default options (what a
+user gets: idle threads spin between kernels), and opsched's sequential, greedy and IOS
+schedules on the ORT backend. The IOS schedule is searched with the measured cost model under a time budget; the
 row "opsched optimize()" is what ``opsched.optimize`` returns (the IOS schedule, or the
 sequential one when the end-to-end check finds that faster). Reported: median latency with
 its interquartile range, ratios from the same run, the lower bound max(critical path of units
@@ -49,12 +50,11 @@ from opsched.timing import interleave  # noqa: E402
 
 
 def ort_session(model_bytes: bytes, parallel: bool) -> ort.InferenceSession:
+    """ONNX Runtime's own session of the exported model, with its default options."""
     so = ort.SessionOptions()
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if parallel:
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         so.inter_op_num_threads = os.cpu_count() or 2
-        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 
@@ -106,7 +106,7 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         "opsched optimize()": lambda: opt(*inputs),
     }
     with torch.no_grad():
-        times = interleave(contenders, rounds, warmup=3)
+        times = interleave(contenders, rounds, warmup=3, settle_s=0.05)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
 
@@ -156,7 +156,9 @@ def main() -> None:
     md = "\n".join([
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
         "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "
-        "fresh order each round; ratios are medians of the per-round ratios (drift that slows a whole "
+        "fresh order each round, each call after 50 ms of sleep (spinning threads of the previous call "
+        "go idle); ONNX Runtime's sessions with its default options (idle threads spin); ratios are "
+        "medians of the per-round ratios (drift that slows a whole "
         "round cancels), > 1 where opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
         "schedule searched with the measured cost model under the time budget; *optimize()*: what "
         "`opsched.optimize` returns after its end-to-end check against the sequential schedule. "

@@ -310,3 +310,23 @@ def test_tolerances_follow_the_reference_dtype_and_scale() -> None:
     assert tolerance(torch.tensor([0.5, -3.0])) == pytest.approx(3e-4)  # float32: 1e-4 of the scale
     assert tolerance(torch.tensor([0.5], dtype=torch.float16)) == pytest.approx(1e-2)  # scale at least 1
     assert tolerance(torch.tensor([2.0], dtype=torch.bfloat16)) == pytest.approx(0.1)
+
+
+@pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
+def test_only_a_module_that_is_one_ort_session_lets_its_threads_spin() -> None:
+    """Spinning threads keep a core busy after a run: only a plan of one session (nothing else
+    of it needs the cores) spins, as ONNX Runtime's own sessions do; executors built to measure
+    stages never do."""
+    from opsched.runtime.ort import OrtExecutor
+
+    graph = from_torch_zoo("googlenet")
+
+    def spins(executor: object) -> list[str]:
+        return [s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+                for s in executor.program.sessions]  # type: ignore[attr-defined]
+
+    sequential = schedule(graph, "sequential", CPU)
+    assert spins(opsched.ScheduledModule(graph, sequential, backend="ort")._executor) == ["1"]
+    assert spins(OrtExecutor(graph, lower(graph, sequential))) == ["0"]  # as the measured cost model builds it
+    lanes = spins(opsched.ScheduledModule(graph, schedule(graph, "greedy", CPU), backend="ort")._executor)
+    assert len(lanes) > 1 and set(lanes) == {"0"}

@@ -219,10 +219,11 @@ def _fastest(contenders: dict[str, ScheduledModule], inputs: tuple[torch.Tensor,
 
 
 def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...], rounds: int = 7,
-         warmup: int = 2) -> list[float]:
+         warmup: int = 2, settle_s: float = 0.05) -> list[float]:
     """Median latencies (ms) of modules run interleaved, in one process, in a fresh order each
-    round (:func:`opsched.timing.interleave`), after a warm-up (on a GPU, each call is timed to
-    its completion)."""
+    round (:func:`opsched.timing.interleave`), after a warm-up, each call after ``settle_s`` of
+    sleep (an ONNX Runtime session's spinning threads kept a core busy for about 40 ms after
+    its run here) (on a GPU, each call is timed to its completion)."""
     on_gpu = any(t.is_cuda for t in inputs)
 
     def clock(call: Callable[[], object]) -> float:
@@ -235,7 +236,8 @@ def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...]
         return (time.perf_counter() - start) * 1e3
 
     with torch.no_grad():
-        times = interleave({k: (lambda m=m: m(*inputs)) for k, m in enumerate(modules)}, rounds, warmup, clock=clock)
+        times = interleave({k: (lambda m=m: m(*inputs)) for k, m in enumerate(modules)}, rounds, warmup, clock=clock,
+                           settle_s=settle_s)
     return [statistics.median(times[k]) for k in range(len(modules))]
 
 

@@ -29,9 +29,12 @@ def wall_ms(call: Callable[[], object]) -> float:
 
 
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,
-               clock: Callable[[Callable[[], object]], float] = wall_ms, seed: int = 0) -> dict[K, list[float]]:
+               clock: Callable[[Callable[[], object]], float] = wall_ms, seed: int = 0,
+               settle_s: float = 0.0) -> dict[K, list[float]]:
     """Run every call once a round, in a fresh (seeded) order each round: ``warmup`` rounds
-    untimed, then ``rounds`` timed by ``clock``. Returns each call's times, one per timed round,
+    untimed, then ``rounds`` timed by ``clock``, each call after ``settle_s`` seconds of sleep
+    (untimed: threads that the previous call left spinning, ONNX Runtime's or OpenMP's, go
+    idle instead of taking this call's cores). Returns each call's times, one per timed round,
     in round order (so the k-th times of two calls come from the same round)."""
     order = list(calls)
     rng = random.Random(seed)
@@ -39,6 +42,8 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
     for r in range(warmup + rounds):
         rng.shuffle(order)
         for k in order:
+            if settle_s:
+                time.sleep(settle_s)
             elapsed = clock(calls[k])
             if r >= warmup:
                 times[k].append(elapsed)

@@ -50,7 +50,7 @@ def make_executor(graph: Graph, plan: Plan, backend: str, cores: int | None = No
     if resolve_backend(backend) == "ort":
         from opsched.runtime.ort import OrtExecutor
 
-        return OrtExecutor(graph, plan, cores)
+        return OrtExecutor(graph, plan, cores, spin=True)  # a module that is one session spins, as ORT's own
     return CpuExecutor(plan, cores)
 
 
