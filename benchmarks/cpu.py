@@ -1,8 +1,9 @@
 """CPU benchmark: opsched against eager PyTorch and ONNX Runtime, every zoo model.
 
-For each model and batch size, in one process, interleaved in a fresh order each round, each
-call after 50 ms of untimed sleep (eager PyTorch's OpenMP threads and ONNX Runtime's intra-op
-threads spin after a run and would take the cores of whatever runs next), after warm-up: eager
+For each model and batch size, in one process, interleaved in a fresh order each round; in
+its turn a contender sleeps 50 ms (eager PyTorch's OpenMP threads and ONNX Runtime's intra-op
+threads spin after a run and would take the cores of whatever runs next), runs once untimed
+and then five times, its sample the median of the five (:func:`opsched.timing.interleave`): eager
 PyTorch, ONNX Runtime sequential and parallel mode with ONNX Runtime's default options (what a
 user gets: idle threads spin between kernels), and opsched's sequential, greedy and IOS
 schedules on the ORT backend. The IOS schedule is searched with the measured cost model under a time budget; the
@@ -106,7 +107,7 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         "opsched optimize()": lambda: opt(*inputs),
     }
     with torch.no_grad():
-        times = interleave(contenders, rounds, warmup=3, settle_s=0.05)
+        times = interleave(contenders, rounds, warmup=1, settle_s=0.05, block=5)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
 
@@ -156,8 +157,9 @@ def main() -> None:
     md = "\n".join([
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
         "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "
-        "fresh order each round, each call after 50 ms of sleep (spinning threads of the previous call "
-        "go idle); ONNX Runtime's sessions with its default options (idle threads spin); ratios are "
+        "fresh order each round; a contender's sample in a round is the median of five calls after 50 ms "
+        "of sleep and one untimed call (spinning threads of the previous contender go idle, its own warm "
+        "up); ONNX Runtime's sessions with its default options (idle threads spin); ratios are "
         "medians of the per-round ratios (drift that slows a whole "
         "round cancels), > 1 where opsched is faster. opsched runs its plans on the ONNX Runtime backend. *IOS*: the "
         "schedule searched with the measured cost model under the time budget; *optimize()*: what "

@@ -26,3 +26,17 @@ def test_rounds_pair_up_and_no_contender_always_follows_the_same_one() -> None:
     again: list[str] = []
     interleave({k: (lambda k=k: again.append(k)) for k in "abcd"}, rounds=20, warmup=2)
     assert again == ran  # seeded: the same orders every time
+
+
+def test_blocks_sample_the_median_of_a_turn_after_one_untimed_call() -> None:
+    log: list[str] = []
+    ticks = iter(range(1000))
+
+    def clock(call):  # type: ignore[no-untyped-def]
+        call()
+        return float(next(ticks))  # 0, 1, 2, ...: a block of 3 has its middle tick as median
+
+    times = interleave({k: (lambda k=k: log.append(k)) for k in "ab"}, rounds=2, warmup=1, clock=clock, block=3)
+    assert len(log) == 3 * 2 * 4  # (1 untimed + 3 timed) per turn, 2 calls, 3 rounds
+    assert all(len(v) == 2 for v in times.values())
+    assert sorted(times["a"] + times["b"]) == [7.0, 10.0, 13.0, 16.0]  # rounds after the warm-up one

@@ -219,11 +219,11 @@ def _fastest(contenders: dict[str, ScheduledModule], inputs: tuple[torch.Tensor,
 
 
 def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...], rounds: int = 7,
-         warmup: int = 2, settle_s: float = 0.05) -> list[float]:
+         warmup: int = 1, settle_s: float = 0.05, block: int = 3) -> list[float]:
     """Median latencies (ms) of modules run interleaved, in one process, in a fresh order each
-    round (:func:`opsched.timing.interleave`), after a warm-up, each call after ``settle_s`` of
-    sleep (an ONNX Runtime session's spinning threads kept a core busy for about 40 ms after
-    its run here) (on a GPU, each call is timed to its completion)."""
+    round (:func:`opsched.timing.interleave`): in its turn a module sleeps ``settle_s`` (an ONNX
+    Runtime session's spinning threads kept a core busy for about 40 ms after its run here),
+    runs once untimed, then ``block`` timed calls (on a GPU, each timed to its completion)."""
     on_gpu = any(t.is_cuda for t in inputs)
 
     def clock(call: Callable[[], object]) -> float:
@@ -237,7 +237,7 @@ def race(*modules: ScheduledModule | nn.Module, inputs: tuple[torch.Tensor, ...]
 
     with torch.no_grad():
         times = interleave({k: (lambda m=m: m(*inputs)) for k, m in enumerate(modules)}, rounds, warmup, clock=clock,
-                           settle_s=settle_s)
+                           settle_s=settle_s, block=block)
     return [statistics.median(times[k]) for k in range(len(modules))]
 
 

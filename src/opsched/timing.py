@@ -7,11 +7,19 @@ spinning after each parallel region; on this project's 2-core machine, whichever
 (always the same one, in a fixed order) took 20% longer (SqueezeNet 1.0 on ONNX Runtime: 12.3
 ms after eager PyTorch, 9.8 ms after another session). Shuffling the order each round, with a
 seed, spreads such effects over all contenders instead of charging them to one.
+
+Spinning threads also help their own contender: ONNX Runtime's default sessions keep their
+idle threads spinning between kernels and for about 40 ms after a run (measured here), which
+makes back-to-back calls of one session faster and a call of anything else right after it
+slower. ``block`` and ``settle_s`` time that fairly: each contender runs a block of calls in
+its turn (the sample is the block's median, after one untimed call), and sleeps ``settle_s``
+first, so the last contender's threads have gone idle.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
@@ -30,12 +38,13 @@ def wall_ms(call: Callable[[], object]) -> float:
 
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,
                clock: Callable[[Callable[[], object]], float] = wall_ms, seed: int = 0,
-               settle_s: float = 0.0) -> dict[K, list[float]]:
+               settle_s: float = 0.0, block: int = 1) -> dict[K, list[float]]:
     """Run every call once a round, in a fresh (seeded) order each round: ``warmup`` rounds
-    untimed, then ``rounds`` timed by ``clock``, each call after ``settle_s`` seconds of sleep
-    (untimed: threads that the previous call left spinning, ONNX Runtime's or OpenMP's, go
-    idle instead of taking this call's cores). Returns each call's times, one per timed round,
-    in round order (so the k-th times of two calls come from the same round)."""
+    untimed, then ``rounds`` timed by ``clock``. With ``block`` > 1 a call's turn is one
+    untimed call and ``block`` timed ones, its sample their median; each turn begins with
+    ``settle_s`` seconds of sleep (untimed: threads the previous call left spinning go idle).
+    Returns each call's samples, one per timed round, in round order (so the k-th samples of
+    two calls come from the same round)."""
     order = list(calls)
     rng = random.Random(seed)
     times: dict[K, list[float]] = {k: [] for k in order}
@@ -44,7 +53,11 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
         for k in order:
             if settle_s:
                 time.sleep(settle_s)
-            elapsed = clock(calls[k])
+            if block > 1:
+                calls[k]()
+                elapsed = statistics.median(clock(calls[k]) for _ in range(block))
+            else:
+                elapsed = clock(calls[k])
             if r >= warmup:
                 times[k].append(elapsed)
     return times
