@@ -130,7 +130,7 @@ class MeasuredCostModel:
 
     @property
     def key(self) -> str:
-        return (f"measured/v3/cpu-{self.backend}/{self._device}/{self.versions}/{self.warmup}x{self.repeat}"
+        return (f"measured/v4/cpu-{self.backend}/{self._device}/{self.versions}/{self.warmup}x{self.repeat}"
                 f"/cores={self.cores or 'all'}")
 
     @property
@@ -142,8 +142,9 @@ class MeasuredCostModel:
         return f"torch={torch.__version__}"
 
     def context(self, batch: int) -> ProfileContext:
-        # v3: priced as the plan runs the stage, relative to node prices (v2: each stage alone)
-        backend = f"cpu-{self.backend}-v3" + (f"-{self.cores}core" if self.cores else "")
+        # v4: sums exported as chains of Adds (v3: as Sum); v3: priced as the plan runs the
+        # stage, relative to node prices (v2: each stage alone)
+        backend = f"cpu-{self.backend}-v4" + (f"-{self.cores}core" if self.cores else "")
         return ProfileContext(self._device, backend, self.versions, batch)
 
     def use_store(self, price: Callable[[Graph, Stage], float],
