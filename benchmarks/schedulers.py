@@ -103,19 +103,21 @@ def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str)
         preset = gpu_preset(torch.cuda.get_device_name())
         m: Any = CudaMeasuredCostModel(device)
         analytic: Callable[[], Any] = lambda: AnalyticCostModel(preset)  # noqa: E731
-        lanes: dict[str, int] = {}
-    else:
+        ios_options: dict[str, int] = {}
+        est_options: dict[str, int] = {}
+    else:  # no more concurrent groups or lanes than cores, as opsched.optimize does on a CPU
         cores = os.cpu_count() or 1
-        m, analytic, lanes = MeasuredCostModel(), host_cpu_model, {"max_groups": cores, "max_lanes": cores}
+        m, analytic = MeasuredCostModel(), host_cpu_model
+        ios_options, est_options = {"max_groups": cores}, {"max_lanes": cores}
     made: dict[str, tuple[Any, float]] = {}
     with ProfileStore(cache_dir) as store:
         cost = StoredCostModel(m, store, m.context(inputs[0].shape[0]))
         made["sequential"] = timed_fresh(graph, "sequential", analytic)
-        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, **_only(lanes, "max_groups"))
+        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, **ios_options)
         before = cost.measurements
-        made["est (measured)"] = timed_once(graph, "est", cost, **_only(lanes, "max_lanes"))
+        made["est (measured)"] = timed_once(graph, "est", cost, **est_options)
         est_measurements = cost.measurements - before
-        made["est"] = timed_fresh(graph, "est", analytic, **_only(lanes, "max_lanes"))
+        made["est"] = timed_fresh(graph, "est", analytic, **est_options)
         made["nimble"] = timed_fresh(graph, "nimble", analytic)
         made["opara"] = timed_fresh(graph, "opara", analytic)
     modules = {k: ScheduledModule(graph, s, device=device) for k, (s, _) in made.items()}
@@ -131,10 +133,6 @@ def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str)
            f"{secs['est (measured)']:.1f}", f"{at_least}{secs['ios'] / secs['est']:.0f}x"]
     print(f"  {device} " + " | ".join(map(str, row)), flush=True)
     return row, record
-
-
-def _only(options: dict[str, int], key: str) -> dict[str, int]:
-    return {key: options[key]} if key in options else {}
 
 
 def measured_section(models: list[str], device: str, budget: float, rounds: int) -> tuple[list[str], list[Any], str]:

@@ -176,7 +176,7 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
     With ``spin``, a plan that is one ORT session (one lane, every step exportable) lets that
     session's idle intra-op threads spin between kernels, ONNX Runtime's default, instead of
     sleeping and being woken for every kernel: on two cores its sequential plans of the zoo ran
-    1.07x (Inception V3) to 1.7x (RandWire-small) faster. After a run the spinning threads keep
+    1.05x (Inception V3) to 1.7x (RandWire-small) faster, timed in blocks. After a run the spinning threads keep
     a core busy for tens of milliseconds, so plans of several sessions or lanes never spin
     (they would take the cores their other sessions need); nor do stages being measured."""
     steps = plan.steps
