@@ -11,6 +11,12 @@ the profile store would measure them), these *forced* stages are a floor under t
 states the DP solves. (A search that proved whole states irrelevant could go below it; the
 top-down variant we tried skipped almost none.)
 
+The DP's bounds drop whole groups. Physically a stage is also never faster than the stage
+with one unit fewer at an end of one of its groups (the group stays one chain; splitting it
+in two would add a lane and a barrier, so that is not a sub-stage). The second floor lets a
+search rule endings out with those *sub-chains* too: what the strongest monotone argument
+could still not spare.
+
 The floor is computed with an oracle: each part is solved first, then every ending of every
 state is examined again against the state's optimal cost. A few minutes on RandWire.
 
@@ -21,6 +27,10 @@ like-for-like reference for the DP's count.
 
     python benchmarks/stage_floor.py                     # RandWire and NASNet, V100, P(3, 8)
     python benchmarks/stage_floor.py --models inception_v3 --device H100
+    python benchmarks/stage_floor.py --models randwire_large --randwire-graphs ws-16-4-0.75-2.txt \
+        ws-32-4-0.75-3.txt ws-32-4-0.75-4.txt ws-32-4-0.75-5.txt --name stage-floor-ios-randwire
+
+(the last on IOS's own stored RandWire graphs, from its repository: see benchmarks/schedules.py)
 """
 
 from __future__ import annotations
@@ -30,20 +40,19 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from itertools import combinations
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write  # noqa: E402
-from schedules import IOS_SEARCH  # noqa: E402
+from schedules import IOS_SEARCH, stored_graphs, zoo_model  # noqa: E402
 
 from opsched import from_torch  # noqa: E402
 from opsched._toposort import bits  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import AnalyticCostModel  # noqa: E402
 from opsched.ir import Graph  # noqa: E402
-from opsched.models import example_inputs, get_model  # noqa: E402
+from opsched.models import example_inputs  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
 from opsched.schedule.coster import StageCoster  # noqa: E402
 from opsched.schedule.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
@@ -73,50 +82,85 @@ def down_sets(preds: Sequence[Sequence[int]]) -> int:
     return count
 
 
+def components(mask: int, adj: Sequence[int]) -> tuple[int, ...]:
+    """The weakly connected components of the units in ``mask`` (``adj``: neighbour masks)."""
+    out = []
+    while mask:
+        comp = frontier = mask & -mask
+        while frontier:
+            reach = 0
+            for i in bits(frontier):
+                reach |= adj[i]
+            frontier = reach & mask & ~comp
+            comp |= frontier
+        out.append(comp)
+        mask &= ~comp
+    return tuple(out)
+
+
+def sub_chains(comps: Sequence[int], adj: Sequence[int]) -> list[int]:
+    """The stages with one unit fewer at an end of one of the groups ``comps``, each group kept
+    one chain (a one-unit group just goes)."""
+    mask = sum(comps)
+    return [mask & ~(1 << u) for g in comps for u in bits(g)
+            if g.bit_count() == 1 or len(components(g & ~(1 << u), adj)) == 1]
+
+
 def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_size: int) -> dict[str, int]:
     ug = UnitGraph.build(graph)
     coster = StageCoster(graph, cost)  # the DP's: its distinct stages are the figure compared
     probe = StageCoster(graph, cost)   # the oracle's, kept apart so as not to count its prices
     stats = SearchStats()
     counts = Counter(dict.fromkeys(("multi-group endings", "ruled out by one group", "ruled out by a sub-stage",
-                                    "forced"), 0))
+                                    "forced", "ruled out by a sub-chain"), 0))
     floor: set[tuple[object, ...]] = set()
+    floor_chains: set[tuple[object, ...]] = set()
     by_node_set: set[tuple[int, str, int]] = set()  # what the original optimizer would price here
     for index, part in enumerate(partition(ug, max_part_size)):
         cuts = _PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
         solver = _Solver(ug, part, coster, ("parallel", "merge"), r, s, lambda: None, stats, cuts)
         solver.solve()
-        known: dict[tuple[str, tuple[int, ...]], tuple[float, tuple[object, ...]]] = {}
+        adj = list(solver.succ)
+        for i, succ in enumerate(solver.succ):
+            for j in bits(succ):
+                adj[j] |= 1 << i
+        known: dict[tuple[str, int], tuple[float, tuple[object, ...]]] = {}
 
-        def price(strategy: str, comps: tuple[int, ...]) -> tuple[float, tuple[object, ...]]:
-            key = (strategy, tuple(sorted(comps)))
-            if key not in known:
-                stage = _to_stage(ug, part, (strategy, tuple(tuple(bits(c)) for c in comps)))
-                known[key] = (probe.latency(stage), probe.stage_key(stage))
-            return known[key]
+        def price(strategy: str, mask: int) -> tuple[float, tuple[object, ...]]:
+            """A stage by its units: a parallel stage's groups are their components, a merge's the units."""
+            if (strategy, mask) not in known:
+                groups = components(mask, adj) if strategy == "parallel" else tuple(1 << i for i in bits(mask))
+                stage = _to_stage(ug, part, (strategy, tuple(tuple(bits(c)) for c in groups)))
+                known[strategy, mask] = (probe.latency(stage), probe.stage_key(stage))
+            return known[strategy, mask]
 
         for state, (best, choice, _) in solver.memo.items():
             if not state:
                 continue
             assert choice is not None
             strategy, groups = choice
-            floor.add(price(strategy, tuple(sum(1 << i for i in g) for g in groups))[1])
+            last = price(strategy, sum(1 << i for g in groups for i in g))[1]
+            floor.add(last)
+            floor_chains.add(last)
             for strategy, mask, comps in solver.endings(state):
                 by_node_set.add((index, strategy, mask))
                 if strategy != "parallel" or len(comps) < 2:
                     continue
                 counts["multi-group endings"] += 1
                 done = solver.memo[state & ~mask][0] + solver.cut(state & ~mask, state)
-                if done + max(price("parallel", (c,))[0] for c in comps) >= best - _TIE:
+                if done + max(price("parallel", c)[0] for c in comps) >= best - _TIE:
                     counts["ruled out by one group"] += 1
-                elif any(done + price("parallel", sub)[0] >= best - _TIE
-                         for sub in combinations(comps, len(comps) - 1) if len(sub) > 1):
+                elif any(done + price("parallel", mask & ~c)[0] >= best - _TIE for c in comps):
                     counts["ruled out by a sub-stage"] += 1
                 else:
                     counts["forced"] += 1
-                    floor.add(price("parallel", comps)[1])
-    return {"states": stats.states, **counts, "floor": len(floor), "dp distinct": coster.stats.distinct,
-            "by node set": len(by_node_set)}
+                    floor.add(price("parallel", mask)[1])
+                    if any(done + price("parallel", sub)[0] >= best - _TIE for sub in sub_chains(comps, adj)):
+                        counts["ruled out by a sub-chain"] += 1
+                    else:
+                        floor_chains.add(price("parallel", mask)[1])
+    return {"states": stats.states, **counts, "floor": len(floor), "floor with sub-chains": len(floor_chains),
+            "dp distinct": coster.stats.distinct, "by node set": len(by_node_set)}
 
 
 def main() -> None:
@@ -126,16 +170,18 @@ def main() -> None:
     p.add_argument("--max-group-size", type=int, default=3)
     p.add_argument("--max-groups", type=int, default=8)
     p.add_argument("--max-part-size", type=int, default=50)
+    p.add_argument("--randwire-graphs", nargs=4, metavar="FILE",
+                   help="RandWire-large on these stage graphs (edge lists, e.g. IOS's), not ours")
     p.add_argument("--name", default="stage-floor", help="results file name under docs/results/")
     args = p.parse_args()
     cost = AnalyticCostModel(args.device)
     rows, records, wiring = [], [], []
     for name in args.models:
-        model = get_model(name)
+        title, model = zoo_model(name, args.randwire_graphs)
         graph = from_torch(model, example_inputs(name), name=name)
         if isinstance(model, RandWire):
             ours = [down_sets(stage.preds) for stage in model.stages]
-            wiring.append(f"{name}'s random stage graphs have {' / '.join(f'{n:,}' for n in ours)} down-sets "
+            wiring.append(f"The stage graphs of {title} have {' / '.join(f'{n:,}' for n in ours)} down-sets "
                           f"({sum(ours):,} in all) against {' / '.join(f'{n:,}' for n in IOS_RANDWIRE_STATES)} "
                           f"({sum(IOS_RANDWIRE_STATES):,}) in the IOS paper's RandWire (its DP states per block): "
                           f"{sum(ours) / sum(IOS_RANDWIRE_STATES):.1f}x the search space, from the wiring alone.")
@@ -143,33 +189,42 @@ def main() -> None:
         f = stage_floor(graph, cost, args.max_group_size, args.max_groups, args.max_part_size)
         secs = time.perf_counter() - start
         ios_states, _, ios = IOS_SEARCH.get(name, (None, None, None))
-        rows.append([name, f["states"], f["multi-group endings"], f["ruled out by one group"],
-                     f["ruled out by a sub-stage"], f["forced"], f["floor"], f["dp distinct"],
-                     f"{f['dp distinct'] / f['floor']:.2f}", ios_states or "-", ios or "-",
-                     f"{ios / f['floor']:.1f}x" if ios else "-", f["by node set"],
-                     f"{f['by node set'] / f['dp distinct']:.1f}x", f"{f['by node set'] / f['floor']:.1f}x"])
-        records.append({"model": name, **f, "ios_states": ios_states, "ios_stages": ios, "seconds": secs})
-        print(f"{name}: floor {f['floor']} distinct stages, the DP prices {f['dp distinct']} ({secs:.0f} s)",
-              flush=True)
+        rows.append([title, f["states"], f["multi-group endings"], f["ruled out by one group"],
+                     f["ruled out by a sub-stage"], f["forced"], f["floor"], f["ruled out by a sub-chain"],
+                     f["floor with sub-chains"], f["dp distinct"], f"{f['dp distinct'] / f['floor']:.2f}",
+                     ios_states or "-", ios or "-", f"{ios / f['floor']:.1f}x" if ios else "-",
+                     f"{ios / f['floor with sub-chains']:.1f}x" if ios else "-", f["by node set"],
+                     f"{f['by node set'] / f['dp distinct']:.1f}x"])
+        records.append({"model": name, "title": title, **f, "ios_states": ios_states, "ios_stages": ios,
+                        "seconds": secs})
+        print(f"{title}: floor {f['floor']} distinct stages ({f['floor with sub-chains']} with sub-chains), "
+              f"the DP prices {f['dp distinct']} ({secs:.0f} s)", flush=True)
     headers = ["model", "states", "multi-group endings", "ruled out by one group", "ruled out by a sub-stage",
-               "forced (not distinct)", "floor (distinct)", "DP distinct", "DP / floor", "IOS states", "IOS stages",
-               "IOS / floor", "by node set, here", "by node set / DP", "by node set / floor"]
+               "forced (not distinct)", "floor (distinct)", "then ruled out by a sub-chain",
+               "floor with sub-chains", "DP distinct", "DP / floor", "IOS states", "IOS stages", "IOS / floor",
+               "IOS / floor with sub-chains", "by node set, here", "by node set / DP"]
     md = "\n".join([
         f"# How few stages a provably optimal search must price (analytic {cost.device}, "
         f"P(r={args.max_group_size}, s={args.max_groups}), max_part_size={args.max_part_size})", "",
         "Every multi-group ending of every state the DP solves, examined against the state's optimal "
         "cost: *ruled out by one group* when the price of its costliest group already reaches it; "
         "*by a sub-stage* when the price of the ending without one of its groups does; otherwise "
-        "*forced*: no monotone bound can rule it out without its own price. The *floor* counts, "
+        "*forced*: no bound that drops groups can rule it out without its own price. The *floor* counts, "
         "structurally distinct, the forced endings and every state's optimal last stage: what any "
-        "search proving its optimum from monotone bounds must price. *IOS states* and *IOS stages* are "
-        "the original optimizer's counts at the same r, s and part size, on its own graphs (RandWire's "
-        "random wiring and NASNet's cells differ from ours: compare the states). *By node set, here* "
-        "counts what the original optimizer's rule would price on this graph: every ending of every "
-        "state, cached per part by its set of nodes (no structural sharing, no bound), with the "
+        "search proving its optimum from such bounds must price (the DP's bounds are of this kind). "
+        "*Then ruled out by a sub-chain*: forced endings that the stage with one unit fewer at an end "
+        "of a group rules out; the *floor with sub-chains* counts the rest, the floor for a search "
+        "that also used those bounds. *IOS states* and *IOS stages* are the original optimizer's "
+        "counts at the same r, s and part size, on its own graphs (compare the states: RandWire's "
+        "wiring and NASNet's cells differ from ours unless the stage graphs are IOS's). *By node set, "
+        "here* counts what the original optimizer's rule would price on this graph: every ending of "
+        "every state, cached per part by its set of nodes (no structural sharing, no bound), with the "
         "corrected ending rule.", "",
-        format_table(headers, rows, markdown=True), "", *(line + "\n" for line in wiring)])
-    md_path, js_path = write(args.name, md, {"device": cost.device, "models": records})
+        format_table(headers, rows, markdown=True), "",
+        *([stored_graphs(args.randwire_graphs), ""] if args.randwire_graphs else []),
+        *(line + "\n" for line in wiring)])
+    md_path, js_path = write(args.name, md, {"device": cost.device, "randwire_graphs": args.randwire_graphs,
+                                             "models": records})
     print()
     print(format_table(headers, rows))
     print(f"\nwrote {md_path} and {js_path}")

@@ -44,6 +44,7 @@ def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() 
     f = stage_floor(graph, AnalyticCostModel("V100"), 3, 8, 50)
     assert f["multi-group endings"] == (f["ruled out by one group"] + f["ruled out by a sub-stage"] + f["forced"])
     assert f["forced"] > 0 and 0 < f["floor"] <= f["dp distinct"]
+    assert 0 < f["floor with sub-chains"] <= f["floor"] and f["ruled out by a sub-chain"] <= f["forced"]
     # every stage the DP prices is an ending of a state it solves, or some of an ending's groups
     # (an ending too): never more than the original optimizer's rule, which prices them all
     assert f["dp distinct"] < f["by node set"]
@@ -70,3 +71,16 @@ def test_schedulers_benchmark_measured_section_runs(tmp_path: Path) -> None:
     assert set(record["median_ms"]) == {"sequential", "ios", "est (measured)", "est", "nimble", "opara"}
     assert all(ms > 0 for ms in record["median_ms"].values())
     assert "CPU measured: est / ios latency" in (tmp_path / "smoke.md").read_text()
+
+
+def test_sub_chains_drop_an_end_unit_of_a_group_and_never_split_one() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from stage_floor import components, sub_chains
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    adj = [0b0010, 0b0101, 0b0010, 0b0000]  # units 0 - 1 - 2 a chain, unit 3 alone
+    assert components(0b1111, adj) == (0b0111, 0b1000)
+    assert components(0b0101, adj) == (0b0001, 0b0100)  # without its middle, the chain falls apart
+    # ends 0 and 2 of the chain may go, its middle 1 may not; the one-unit group 3 may go whole
+    assert sorted(sub_chains((0b0111, 0b1000), adj)) == sorted([0b1110, 0b1011, 0b0111])

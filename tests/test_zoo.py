@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from opsched import from_onnx, from_torch
-from opsched.errors import ModelNotFoundError
+from opsched.errors import MalformedModelError, ModelNotFoundError
 from opsched.ir.analysis import width
 from opsched.models import example_inputs, get_model, list_models
+from opsched.models.randwire import RandWire, read_edge_list
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
 
@@ -79,3 +80,35 @@ def test_onnx_export_bytes_import_without_file() -> None:
     graph = from_onnx(onnx.load_from_string(buf.getvalue()))
     with torch.no_grad():
         assert_close(run_graph(graph, inputs), [model(*inputs)])
+
+
+DIAMOND = "4\n4\n0 1\n0 2\n1 3\n2 3\n"  # the format IOS stores its RandWire graphs in
+
+
+def test_randwire_on_stored_stage_graphs_wires_them_and_equals_eager(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "diamond.txt"
+    path.write_text(DIAMOND)
+    assert read_edge_list(path) == (4, [(0, 1), (0, 2), (1, 3), (2, 3)])
+    model = RandWire.from_edge_lists([path, path], channels=8, num_classes=10).eval()
+    assert [stage.preds for stage in model.stages] == [[[], [0], [0], [1, 2]]] * 2
+    assert [stage.sinks for stage in model.stages] == [[3], [3]]
+    x = torch.randn(1, 3, 64, 64)
+    graph = from_torch(model, (x,))
+    assert sum(n.op == "conv2d" and n.attrs.get("groups", 1) > 1 for n in graph.nodes) == 8  # a depthwise per node
+    with torch.no_grad():
+        assert_close(run_graph(graph, (x,)), [model(x)], "RandWire on stored graphs")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", "ends after 0 lines, expected the node count on line 1"),
+    ("4\n3\n0 1\n1 2\n", "ends after 4 lines, expected edge 3 of 3 as 'u v' on line 5"),
+    ("4\n2\n0 1\n1 x\n", "line 4 is '1 x', expected edge 2 of 2 as 'u v'"),
+    ("4\n1\n0 4\n", "line 3: edge \\(0, 4\\) is not between two of the 4 nodes"),
+    ("4\n1\n2 2\n", "line 3: edge \\(2, 2\\) is not between two of the 4 nodes"),
+    ("4\n1\n0 1\n1 2\n", "1 lines after the 1 edges the header announces"),
+])
+def test_a_malformed_edge_list_names_the_file_and_line(tmp_path, text: str, expected: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "graph.txt"
+    path.write_text(text)
+    with pytest.raises(MalformedModelError, match=f"graph.txt: {expected}"):
+        read_edge_list(path)
