@@ -84,3 +84,27 @@ def test_sub_chains_drop_an_end_unit_of_a_group_and_never_split_one() -> None:
     assert components(0b0101, adj) == (0b0001, 0b0100)  # without its middle, the chain falls apart
     # ends 0 and 2 of the chain may go, its middle 1 may not; the one-unit group 3 may go whole
     assert sorted(sub_chains((0b0111, 0b1000), adj)) == sorted([0b1110, 0b1011, 0b0111])
+
+
+def test_figures_are_drawn_from_the_committed_results_and_skip_what_is_missing(tmp_path: Path, monkeypatch,
+                                                                              capsys) -> None:  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import figures
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("cpu", "stage-floor"):  # stage-counts can do without the IOS-wiring run
+        (results / f"{name}.json").write_text((ROOT / "docs" / "results" / f"{name}.json").read_text())
+    monkeypatch.setattr(figures, "RESULTS", results)
+    monkeypatch.setattr(sys, "argv", ["figures.py", "--out", str(tmp_path / "png")])
+    figures.main()
+    out = capsys.readouterr().out
+    assert "gpu.png: skipped, no docs/results/gpu-NVIDIA_H100_80GB_HBM3.json" in out
+    assert "schedules.png: skipped, no docs/results/schedules.json" in out
+    drawn = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert drawn == ["cpu.png", "stage-counts.png"]
+    for name in drawn:
+        data = (tmp_path / "png" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -1,0 +1,191 @@
+"""Pictures of the committed benchmark results: what the tables in docs/results/ say, at a glance.
+
+Each figure is drawn from the JSON its benchmark wrote (nothing is measured here), so it can be
+redrawn after any rerun; a figure whose results are not there is skipped with a line saying so.
+
+* ``gpu.png``: speedup over the model captured into one single-stream CUDA graph, per zoo model
+  at batch 1 (float32 and float16), with the critical-path bound and the 1.5x target;
+* ``cpu.png``: speedup over ONNX Runtime's sequential session on this repository's CPU, batch 1;
+* ``schedules.png``: the simulated IOS table (each schedule against sequential) beside IOS's
+  measured V100 figures;
+* ``stage-counts.png``: the stages a search prices, log scale: the original optimizer's count,
+  what its rule would price on our graph, the DP's, and the floors under any monotone-bound proof.
+
+    python benchmarks/figures.py                 # every figure whose results exist
+    python benchmarks/figures.py --only gpu cpu --out /tmp/figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import RESULTS  # noqa: E402
+
+Results = dict[str, Any]
+FIGURES: dict[str, tuple[tuple[str, ...], Callable[..., None]]] = {}
+
+
+def figure(name: str, *results: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a figure drawn from the named results files (docs/results/<name>.json)."""
+    def register(draw: Callable[..., None]) -> Callable[..., None]:
+        FIGURES[name] = (results, draw)
+        return draw
+    return register
+
+
+def _grouped_bars(ax, labels: Sequence[str], series: dict[str, Sequence[float]], colors: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, values, width, label=name, color=colors.get(name))
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels([label.replace(", ", "\n") for label in labels], fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _gmean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+GPU_CONTENDERS = {"sequential": "#7f7f7f", "ios": "#1f77b4", "est": "#ff7f0e", "optimize": "#2ca02c"}
+
+
+@figure("gpu", "gpu-NVIDIA_H100_80GB_HBM3")
+def draw_gpu(plt, gpu: Results) -> None:  # type: ignore[no-untyped-def]
+    rows = [r for r in gpu["rows"] if r["batch"] == 1 and "graph" in r["median_ms"]]
+    dtypes = [d for d in ("float32", "float16", "bfloat16") if any(r["dtype"] == d for r in rows)]
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(11, 3.4 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        models = [r["model"] for r in mine]
+        series = {c: [r["median_ms"]["graph"] / r["median_ms"][c] if c in r["median_ms"] else 0.0 for r in mine]
+                  for c in GPU_CONTENDERS if any(c in r["median_ms"] for r in mine)}
+        _grouped_bars(ax, models, series, GPU_CONTENDERS)
+        bound = [r["median_ms"]["graph"] / r["critical_path_bound_ms"] for r in mine]
+        ax.plot(range(len(models)), bound, "k_", markersize=14, label="critical-path bound")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(1.5, color="red", linestyle="--", linewidth=0.8, label="target 1.5x (geomean)")
+        ios = [v for v in series.get("ios", []) if v > 0]
+        ax.set_title(f"{dtype}, batch 1: IOS {_gmean(ios):.2f}x the single-stream CUDA graph (geomean)"
+                     if ios else f"{dtype}, batch 1", fontsize=10)
+        ax.set_ylabel("speedup over the\nsingle-stream CUDA graph")
+        ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.suptitle(f"{gpu['environment'].get('gpu', 'GPU').split(' sm_')[0]}: opsched's captured plans", fontsize=11)
+
+
+CPU_CONTENDERS = {"eager PyTorch": "#d62728", "ORT parallel": "#bcbd22", "opsched sequential": "#7f7f7f",
+                  "opsched greedy": "#9467bd", "opsched IOS": "#1f77b4", "opsched optimize()": "#2ca02c"}
+
+
+@figure("cpu", "cpu")
+def draw_cpu(plt, cpu: Results) -> None:  # type: ignore[no-untyped-def]
+    rows = [r for r in cpu["rows"] if r["batch"] == 1]
+    models = [r["model"] for r in rows]
+    series = {c: [r["median_ms"]["ORT sequential"] / r["median_ms"][c] for r in rows]
+              for c in CPU_CONTENDERS if all(c in r["median_ms"] for r in rows)}
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    _grouped_bars(ax, models, series, CPU_CONTENDERS)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.1, color="red", linestyle="--", linewidth=0.8, label="target 1.1x (geomean)")
+    ax.set_ylabel("speedup over ONNX Runtime\nsequential (its defaults)")
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.set_ylim(0, 1.45)
+    opt = series.get("opsched optimize()")
+    ax.set_title(f"{cpu['environment']['machine']}, batch 1: optimize() {_gmean(opt):.2f}x ONNX Runtime "
+                 f"sequential, {cpu['geomean']['IOS vs eager']:.1f}x eager PyTorch (geomean)" if opt else "",
+                 fontsize=10)
+
+
+SCHEDULES = {"Sequential": "#7f7f7f", "Greedy": "#9467bd", "IOS-Merge": "#17becf", "IOS-Parallel": "#ff7f0e",
+             "IOS-Both": "#1f77b4"}
+
+
+@figure("schedules", "schedules")
+def draw_schedules(plt, sched: Results) -> None:  # type: ignore[no-untyped-def]
+    rows = sched["models"]
+    models = [r["model"] for r in rows]
+    series = {v: [r["estimated_ms"]["Sequential"] / r["estimated_ms"][v] for r in rows] for v in SCHEDULES}
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    _grouped_bars(ax, models, series, SCHEDULES)
+    width = 0.8 / len(SCHEDULES)
+    for i, r in enumerate(rows):  # IOS's own measured V100 figures, same order
+        measured = (r.get("ios_reference") or {}).get("measured_v100_ms")
+        if measured:
+            xs = [i + (k - (len(SCHEDULES) - 1) / 2) * width for k in range(len(SCHEDULES))]
+            ax.plot(xs, [measured[0] / m for m in measured], "k.", markersize=6,
+                    label="IOS, measured on a V100" if i == 0 else None)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylim(0, 1.9)
+    ax.set_ylabel("speedup over sequential")
+    ax.legend(fontsize=7, ncol=3, loc="upper right")
+    ax.set_title(f"Simulated IOS table (analytic {sched['device']} model, P(r={sched['options']['max_group_size']}, "
+                 f"s={sched['options']['max_groups']}))", fontsize=10)
+
+
+STAGE_COUNTS = {"IOS stages (its graphs)": ("ios_stages", "#d62728"),
+                "IOS's rule on this graph": ("by node set", "#ff9896"),
+                "opsched DP": ("dp distinct", "#1f77b4"),
+                "floor (group bounds)": ("floor", "#7f7f7f"),
+                "floor (with sub-chains)": ("floor with sub-chains", "#c7c7c7")}
+
+
+@figure("stage-counts", "stage-floor", "stage-floor-ios-randwire?")
+def draw_stage_counts(plt, floor: Results, ios_wiring: Results | None) -> None:  # type: ignore[no-untyped-def]
+    rows = list(floor["models"]) + (list(ios_wiring["models"]) if ios_wiring else [])
+    labels = [r.get("title", r["model"]).replace(" (stored graphs)", ", on IOS's graphs") for r in rows]
+    series = {name: [float(r.get(key) or 0) for r in rows] for name, (key, _) in STAGE_COUNTS.items()}
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    _grouped_bars(ax, labels, series, {name: color for name, (_, color) in STAGE_COUNTS.items()})
+    for i, r in enumerate(rows):
+        if r.get("ios_stages"):
+            ax.plot([i - 0.45, i + 0.45], [r["ios_stages"] / 10] * 2, "r--", linewidth=1,
+                    label="a tenth of IOS's count" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_ylabel("distinct stages priced")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.set_title(f"Stages to price at P(3, 8) (analytic {floor['device']}); floors: what any search proving its "
+                 f"optimum from monotone bounds must price", fontsize=9)
+
+
+def load(name: str) -> Results | None:
+    """docs/results/<name>.json; ``name?`` marks results a figure can do without."""
+    path = RESULTS / f"{name.rstrip('?')}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="*", choices=list(FIGURES), help="draw only these")
+    p.add_argument("--out", type=Path, default=RESULTS / "figures", help="directory for the PNG files")
+    args = p.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.only or FIGURES:
+        sources, draw = FIGURES[name]
+        results = [load(s) for s in sources]
+        missing = [s for s, r in zip(sources, results) if r is None and not s.endswith("?")]
+        if missing:
+            print(f"{name}.png: skipped, no {', '.join(f'docs/results/{m}.json' for m in missing)}")
+            continue
+        draw(plt, *results)
+        path = args.out / f"{name}.png"
+        plt.tight_layout()
+        plt.savefig(path, dpi=110)
+        plt.close("all")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
