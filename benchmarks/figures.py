@@ -134,7 +134,8 @@ STAGE_COUNTS = {"IOS stages (its graphs)": ("ios_stages", "#d62728"),
                 "IOS's rule on this graph": ("by node set", "#ff9896"),
                 "opsched DP": ("dp distinct", "#1f77b4"),
                 "floor (group bounds)": ("floor", "#7f7f7f"),
-                "floor (with sub-chains)": ("floor with sub-chains", "#c7c7c7")}
+                "floor (with sub-chains)": ("floor with sub-chains", "#c7c7c7"),
+                "floor skipping states (suffix bound 90% exact)": ("floor skipping states, bound 0.9", "#e7e7e7")}
 
 
 @figure("stage-counts", "stage-floor", "stage-floor-ios-randwire?")
@@ -142,7 +143,7 @@ def draw_stage_counts(plt, floor: Results, ios_wiring: Results | None) -> None: 
     rows = list(floor["models"]) + (list(ios_wiring["models"]) if ios_wiring else [])
     labels = [r.get("title", r["model"]).replace(" (stored graphs)", ", on IOS's graphs") for r in rows]
     series = {name: [float(r.get(key) or 0) for r in rows] for name, (key, _) in STAGE_COUNTS.items()}
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(11.5, 3.8))
     _grouped_bars(ax, labels, series, {name: color for name, (_, color) in STAGE_COUNTS.items()})
     for i, r in enumerate(rows):
         if r.get("ios_stages"):
@@ -150,7 +151,7 @@ def draw_stage_counts(plt, floor: Results, ios_wiring: Results | None) -> None: 
                     label="a tenth of IOS's count" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_ylabel("distinct stages priced")
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"Stages to price at P(3, 8) (analytic {floor['device']}); floors: what any search proving its "
                  f"optimum from monotone bounds must price", fontsize=9)
 

@@ -8,8 +8,7 @@ sub-stage rules out (``cost(S - E) + cut + L(T) < cost(S)`` for every such T) mu
 priced itself, and so must the stage each state's optimum ends with. Counted structurally (as
 the profile store would measure them), these *forced* stages are a floor under the DP's
 *distinct stages* for every search that proves its optimum from monotone bounds and solves the
-states the DP solves. (A search that proved whole states irrelevant could go below it; the
-top-down variant we tried skipped almost none.)
+states the DP solves.
 
 The DP's bounds drop whole groups. Physically a stage is also never faster than the stage
 with one unit fewer at an end of one of its groups (the group stays one chain; splitting it
@@ -17,8 +16,20 @@ in two would add a lane and a barrier, so that is not a sub-stage). The second f
 search rule endings out with those *sub-chains* too: what the strongest monotone argument
 could still not spare.
 
-The floor is computed with an oracle: each part is solved first, then every ending of every
-state is examined again against the state's optimal cost. A few minutes on RandWire.
+A search could also skip whole states, branch and bound over the states: holding the optimum
+as its incumbent and a lower bound B(S) on the cost of what comes after state S, it needs no
+ending of S whose ``cost(S - E) + cut + bound(E)`` reaches ``optimum - B(S)``, and no state
+that only such endings lead to. How much that spares depends on how tight B is; the third
+floor gives the search B = f x the exact cost after S (an oracle again), for fractions f
+(``--suffix-bounds``), and counts what it must still price: every kind of ending that no
+group, sub-stage or sub-chain bound rules out against ``min(cost(S), optimum - B(S))``, in
+the states it reaches. The bound a search can compute without pricing (the critical path of
+isolated units, or the work) is about half the optimum on these graphs (``Both / bound`` in
+docs/results/schedules.md), where this floor is the sub-chain floor's.
+
+The floors are computed with an oracle: each part is solved first, then every ending of every
+state is examined again against the state's optimal cost (and priced, for the exact cost after
+each state). Several minutes on RandWire.
 
 Beside it, what the original optimizer's rule would price on the same graph: it measured every
 ending it generated, cached per part by node set. The IOS paper's counts come from its own
@@ -39,7 +50,7 @@ import argparse
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +117,58 @@ def sub_chains(comps: Sequence[int], adj: Sequence[int]) -> list[int]:
             if g.bit_count() == 1 or len(components(g & ~(1 << u), adj)) == 1]
 
 
-def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_size: int) -> dict[str, int]:
+def costs_after(solver: _Solver, price: Callable[[str, int], tuple[float, object]]) -> dict[int, float]:
+    """The exact cost of scheduling the part's units outside each state, once the state has run:
+    the DP run backwards from the full part, every ending priced."""
+    full = (1 << solver.n) - 1
+    after = {full: 0.0}
+    for state in sorted(solver.memo, key=int.bit_count, reverse=True):
+        if not state or state not in after:
+            continue
+        for strategy, mask, comps in solver.endings(state):
+            rest = state & ~mask
+            cut = solver.cut(rest, state) if strategy == "parallel" and len(comps) > 1 else 0.0
+            total = after[state] + cut + price(strategy, mask)[0]
+            if total < after.get(rest, float("inf")):
+                after[rest] = total
+    return after
+
+
+def state_pruned_floor(solver: _Solver, price: Callable[[str, int], tuple[float, object]], adj: Sequence[int],
+                       after: dict[int, float], fraction: float) -> tuple[set[object], int]:
+    """The stages (structural keys) a branch and bound over states must price when the bound on
+    what comes after a state is ``fraction`` of its exact cost, and the states it reaches."""
+    full = (1 << solver.n) - 1
+    optimum = solver.memo[full][0]
+    assert abs(after[0] - optimum) <= 1e-6 * max(1.0, optimum), "backwards and forwards, one optimum"
+    forced: set[object] = set()
+    reached = {full}
+    for state in sorted(solver.memo, key=int.bit_count, reverse=True):
+        if not state or state not in reached:
+            continue
+        best, choice, _ = solver.memo[state]
+        threshold = min(best, optimum - fraction * after[state])
+        if best <= threshold + _TIE:  # an optimum may pass here: its last stage is priced
+            assert choice is not None
+            forced.add(price(choice[0], sum(1 << i for g in choice[1] for i in g))[1])
+        for strategy, mask, comps in solver.endings(state):
+            rest = state & ~mask
+            several = strategy == "parallel" and len(comps) > 1
+            done = solver.memo[rest][0] + (solver.cut(rest, state) if several else 0.0)
+            bounds = [0.0]
+            if strategy == "parallel":
+                subs = [*comps, *(mask & ~c for c in comps)] if several else []
+                bounds += [price("parallel", sub)[0] for sub in subs + sub_chains(comps, adj) if sub]
+            if done + max(bounds) >= threshold - _TIE:
+                continue
+            forced.add(price(strategy, mask)[1])
+            if rest:
+                reached.add(rest)
+    return forced, len(reached)
+
+
+def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_size: int,
+                suffix_bounds: Sequence[float] = ()) -> dict[str, int]:
     ug = UnitGraph.build(graph)
     coster = StageCoster(graph, cost)  # the DP's: its distinct stages are the figure compared
     probe = StageCoster(graph, cost)   # the oracle's, kept apart so as not to count its prices
@@ -116,6 +178,8 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
     floor: set[tuple[object, ...]] = set()
     floor_chains: set[tuple[object, ...]] = set()
     by_node_set: set[tuple[int, str, int]] = set()  # what the original optimizer would price here
+    pruned: dict[float, set[object]] = {f: set() for f in suffix_bounds}
+    reached: dict[float, int] = dict.fromkeys(suffix_bounds, 0)
     for index, part in enumerate(partition(ug, max_part_size)):
         cuts = _PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
         solver = _Solver(ug, part, coster, ("parallel", "merge"), r, s, lambda: None, stats, cuts)
@@ -159,8 +223,16 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
                         counts["ruled out by a sub-chain"] += 1
                     else:
                         floor_chains.add(price("parallel", mask)[1])
+        if suffix_bounds:
+            after = costs_after(solver, price)
+            for f in suffix_bounds:
+                keys, states = state_pruned_floor(solver, price, adj, after, f)
+                pruned[f] |= keys
+                reached[f] += states
     return {"states": stats.states, **counts, "floor": len(floor), "floor with sub-chains": len(floor_chains),
-            "dp distinct": coster.stats.distinct, "by node set": len(by_node_set)}
+            "dp distinct": coster.stats.distinct, "by node set": len(by_node_set),
+            **{f"floor skipping states, bound {f:g}": len(pruned[f]) for f in suffix_bounds},
+            **{f"states reached, bound {f:g}": reached[f] for f in suffix_bounds}}
 
 
 def main() -> None:
@@ -172,6 +244,8 @@ def main() -> None:
     p.add_argument("--max-part-size", type=int, default=50)
     p.add_argument("--randwire-graphs", nargs=4, metavar="FILE",
                    help="RandWire-large on these stage graphs (edge lists, e.g. IOS's), not ours")
+    p.add_argument("--suffix-bounds", nargs="*", type=float, default=[0.5, 0.9, 0.95], metavar="F",
+                   help="fractions of the exact cost after a state given to the state-skipping floor")
     p.add_argument("--name", default="stage-floor", help="results file name under docs/results/")
     args = p.parse_args()
     cost = AnalyticCostModel(args.device)
@@ -186,7 +260,7 @@ def main() -> None:
                           f"({sum(IOS_RANDWIRE_STATES):,}) in the IOS paper's RandWire (its DP states per block): "
                           f"{sum(ours) / sum(IOS_RANDWIRE_STATES):.1f}x the search space, from the wiring alone.")
         start = time.perf_counter()
-        f = stage_floor(graph, cost, args.max_group_size, args.max_groups, args.max_part_size)
+        f = stage_floor(graph, cost, args.max_group_size, args.max_groups, args.max_part_size, args.suffix_bounds)
         secs = time.perf_counter() - start
         ios_states, _, ios = IOS_SEARCH.get(name, (None, None, None))
         rows.append([title, f["states"], f["multi-group endings"], f["ruled out by one group"],
@@ -194,7 +268,10 @@ def main() -> None:
                      f["floor with sub-chains"], f["dp distinct"], f"{f['dp distinct'] / f['floor']:.2f}",
                      ios_states or "-", ios or "-", f"{ios / f['floor']:.1f}x" if ios else "-",
                      f"{ios / f['floor with sub-chains']:.1f}x" if ios else "-", f["by node set"],
-                     f"{f['by node set'] / f['dp distinct']:.1f}x"])
+                     f"{f['by node set'] / f['dp distinct']:.1f}x"]
+                    + [f"{f[f'floor skipping states, bound {b:g}']} ({f[f'states reached, bound {b:g}']} states)"
+                       + (f", IOS / it {ios / f[f'floor skipping states, bound {b:g}']:.1f}x" if ios else "")
+                       for b in args.suffix_bounds])
         records.append({"model": name, "title": title, **f, "ios_states": ios_states, "ios_stages": ios,
                         "seconds": secs})
         print(f"{title}: floor {f['floor']} distinct stages ({f['floor with sub-chains']} with sub-chains), "
@@ -202,7 +279,8 @@ def main() -> None:
     headers = ["model", "states", "multi-group endings", "ruled out by one group", "ruled out by a sub-stage",
                "forced (not distinct)", "floor (distinct)", "then ruled out by a sub-chain",
                "floor with sub-chains", "DP distinct", "DP / floor", "IOS states", "IOS stages", "IOS / floor",
-               "IOS / floor with sub-chains", "by node set, here", "by node set / DP"]
+               "IOS / floor with sub-chains", "by node set, here", "by node set / DP"] + [
+               f"floor skipping states, B = {b:g} x after" for b in args.suffix_bounds]
     md = "\n".join([
         f"# How few stages a provably optimal search must price (analytic {cost.device}, "
         f"P(r={args.max_group_size}, s={args.max_groups}), max_part_size={args.max_part_size})", "",
@@ -219,7 +297,10 @@ def main() -> None:
         "wiring and NASNet's cells differ from ours unless the stage graphs are IOS's). *By node set, "
         "here* counts what the original optimizer's rule would price on this graph: every ending of "
         "every state, cached per part by its set of nodes (no structural sharing, no bound), with the "
-        "corrected ending rule.", "",
+        "corrected ending rule. *Floor skipping states, B = f x after*: what a branch and bound over "
+        "states must price (and how many states it reaches) when its lower bound on the cost after each "
+        "state is that fraction of the exact one and its incumbent is the optimum; every kind of ending "
+        "counts. The bounds a search can compute without pricing are about half the optimum here.", "",
         format_table(headers, rows, markdown=True), "",
         *([stored_graphs(args.randwire_graphs), ""] if args.randwire_graphs else []),
         *(line + "\n" for line in wiring)])

@@ -41,10 +41,16 @@ def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() 
     from opsched.models import example_inputs, get_model
 
     graph = from_torch(get_model("inception_v3"), example_inputs("inception_v3"))
-    f = stage_floor(graph, AnalyticCostModel("V100"), 3, 8, 50)
+    f = stage_floor(graph, AnalyticCostModel("V100"), 3, 8, 50, suffix_bounds=(0.0, 0.9, 1.0))
     assert f["multi-group endings"] == (f["ruled out by one group"] + f["ruled out by a sub-stage"] + f["forced"])
     assert f["forced"] > 0 and 0 < f["floor"] <= f["dp distinct"]
     assert 0 < f["floor with sub-chains"] <= f["floor"] and f["ruled out by a sub-chain"] <= f["forced"]
+    # a tighter bound on what follows a state never needs more stages or states; with the exact
+    # one, only states an optimum can pass through are reached
+    skip = [f[f"floor skipping states, bound {b:g}"] for b in (0.0, 0.9, 1.0)]
+    reached = [f[f"states reached, bound {b:g}"] for b in (0.0, 0.9, 1.0)]
+    assert skip == sorted(skip, reverse=True) and 0 < skip[-1] < skip[0]
+    assert reached == sorted(reached, reverse=True) and reached[0] <= f["states"]
     # every stage the DP prices is an ending of a state it solves, or some of an ending's groups
     # (an ending too): never more than the original optimizer's rule, which prices them all
     assert f["dp distinct"] < f["by node set"]
