@@ -105,6 +105,7 @@ def test_randwire_on_stored_stage_graphs_wires_them_and_equals_eager(tmp_path) -
     ("4\n2\n0 1\n1 x\n", "line 4 is '1 x', expected edge 2 of 2 as 'u v'"),
     ("4\n1\n0 4\n", "line 3: edge \\(0, 4\\) is not between two of the 4 nodes"),
     ("4\n1\n2 2\n", "line 3: edge \\(2, 2\\) is not between two of the 4 nodes"),
+    ("4\n2\n0 1\n1 0\n", "line 4: edge \\(1, 0\\) is listed twice"),
     ("4\n1\n0 1\n1 2\n", "1 lines after the 1 edges the header announces"),
 ])
 def test_a_malformed_edge_list_names_the_file_and_line(tmp_path, text: str, expected: str) -> None:  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from os import PathLike
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -78,7 +79,7 @@ def read_edge_list(path: str | PathLike[str]) -> tuple[int, list[tuple[int, int]
     lines "u v" (an undirected edge between nodes 0 <= u, v < n), the format RandWire
     generators write. Returns (n, edges)."""
     try:
-        lines = [line.split() for line in open(path, encoding="ascii").read().splitlines() if line.strip()]
+        lines = [line.split() for line in Path(path).read_text(encoding="ascii").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise MalformedModelError(f"{path}: cannot read a graph edge list ({e})") from e
 
@@ -96,6 +97,8 @@ def read_edge_list(path: str | PathLike[str]) -> tuple[int, list[tuple[int, int]
         u, v = numbers(k, 2, f"edge {k - 1} of {m} as 'u v'")
         if u == v or max(u, v) >= n:
             raise MalformedModelError(f"{path}: line {k + 1}: edge ({u}, {v}) is not between two of the {n} nodes")
+        if (u, v) in edges or (v, u) in edges:
+            raise MalformedModelError(f"{path}: line {k + 1}: edge ({u}, {v}) is listed twice")
         edges.append((u, v))
     if len(lines) > 2 + m:
         raise MalformedModelError(f"{path}: {len(lines) - 2 - m} lines after the {m} edges the header announces")
