@@ -117,7 +117,11 @@ def sub_chains(comps: Sequence[int], adj: Sequence[int]) -> list[int]:
             if g.bit_count() == 1 or len(components(g & ~(1 << u), adj)) == 1]
 
 
-def costs_after(solver: _Solver, price: Callable[[str, int], tuple[float, object]]) -> dict[int, float]:
+Endings = dict[int, list[tuple[str, int, tuple[int, ...]]]]  # per state of a part, its endings
+
+
+def costs_after(solver: _Solver, endings: Endings, price: Callable[[str, int], tuple[float, object]]
+                ) -> dict[int, float]:
     """The exact cost of scheduling the part's units outside each state, once the state has run:
     the DP run backwards from the full part, every ending priced."""
     full = (1 << solver.n) - 1
@@ -125,7 +129,7 @@ def costs_after(solver: _Solver, price: Callable[[str, int], tuple[float, object
     for state in sorted(solver.memo, key=int.bit_count, reverse=True):
         if not state or state not in after:
             continue
-        for strategy, mask, comps in solver.endings(state):
+        for strategy, mask, comps in endings[state]:
             rest = state & ~mask
             cut = solver.cut(rest, state) if strategy == "parallel" and len(comps) > 1 else 0.0
             total = after[state] + cut + price(strategy, mask)[0]
@@ -134,7 +138,8 @@ def costs_after(solver: _Solver, price: Callable[[str, int], tuple[float, object
     return after
 
 
-def state_pruned_floor(solver: _Solver, price: Callable[[str, int], tuple[float, object]], adj: Sequence[int],
+def state_pruned_floor(solver: _Solver, endings: Endings, price: Callable[[str, int], tuple[float, object]],
+                       adj: Sequence[int],
                        after: dict[int, float], fraction: float) -> tuple[set[object], int]:
     """The stages (structural keys) a branch and bound over states must price when the bound on
     what comes after a state is ``fraction`` of its exact cost, and the states it reaches."""
@@ -151,7 +156,7 @@ def state_pruned_floor(solver: _Solver, price: Callable[[str, int], tuple[float,
         if best <= threshold + _TIE:  # an optimum may pass here: its last stage is priced
             assert choice is not None
             forced.add(price(choice[0], sum(1 << i for g in choice[1] for i in g))[1])
-        for strategy, mask, comps in solver.endings(state):
+        for strategy, mask, comps in endings[state]:
             rest = state & ~mask
             several = strategy == "parallel" and len(comps) > 1
             done = solver.memo[rest][0] + (solver.cut(rest, state) if several else 0.0)
@@ -198,6 +203,8 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
                 known[strategy, mask] = (probe.latency(stage), probe.stage_key(stage))
             return known[strategy, mask]
 
+        # enumerated once: the floors below and the passes for the cost after each state all walk them
+        endings = {state: solver.endings(state) for state in solver.memo if state}
         for state, (best, choice, _) in solver.memo.items():
             if not state:
                 continue
@@ -206,7 +213,7 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
             last = price(strategy, sum(1 << i for g in groups for i in g))[1]
             floor.add(last)
             floor_chains.add(last)
-            for strategy, mask, comps in solver.endings(state):
+            for strategy, mask, comps in endings[state]:
                 by_node_set.add((index, strategy, mask))
                 if strategy != "parallel" or len(comps) < 2:
                     continue
@@ -224,9 +231,9 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
                     else:
                         floor_chains.add(price("parallel", mask)[1])
         if suffix_bounds:
-            after = costs_after(solver, price)
+            after = costs_after(solver, endings, price)
             for f in suffix_bounds:
-                keys, states = state_pruned_floor(solver, price, adj, after, f)
+                keys, states = state_pruned_floor(solver, endings, price, adj, after, f)
                 pruned[f] |= keys
                 reached[f] += states
     return {"states": stats.states, **counts, "floor": len(floor), "floor with sub-chains": len(floor_chains),
