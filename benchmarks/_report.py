@@ -17,13 +17,13 @@ def environment() -> dict[str, str]:
     import torch
 
     import opsched
-    from opsched.cost.measured import cpu_model_name
+    from opsched.backends import cpu_model_name
 
     env = {"machine": f"{cpu_model_name()}, {os.cpu_count()} cores", "python": platform.python_version(),
            "torch": torch.__version__, "numpy": numpy.__version__, "opsched": opsched.__version__,
            "platform": platform.platform()}
     if torch.cuda.is_available():
-        from opsched.cost.gpu import gpu_fingerprint, gpu_versions
+        from opsched.backends.cuda import gpu_fingerprint, gpu_versions
 
         env["gpu"] = gpu_fingerprint(torch.device("cuda", torch.cuda.current_device()))
         env["gpu libraries"] = gpu_versions()

@@ -38,15 +38,13 @@ from _report import write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.cost.cached import StoredCostModel  # noqa: E402
-from opsched.cost.measured import MeasuredCostModel  # noqa: E402
-from opsched.cost.store import ProfileStore  # noqa: E402
+from opsched.api import measured_cost  # noqa: E402
+from opsched.cost import ProfileStore  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
-from opsched.runtime.module import ScheduledModule  # noqa: E402
-from opsched.schedule import schedule  # noqa: E402
-from opsched.schedule.types import Stage  # noqa: E402
-from opsched.schedule.units import UnitGraph  # noqa: E402
+from opsched.module import ScheduledModule  # noqa: E402
+from opsched.schedule import Stage  # noqa: E402
+from opsched.schedulers import UnitGraph, schedule  # noqa: E402
 from opsched.timing import interleave  # noqa: E402
 
 
@@ -63,9 +61,7 @@ def lower_bound(graph, store: ProfileStore, batch: int) -> float:  # type: ignor
     """Units priced as the measured model prices them in a segment (their kernels), at all cores
     for the critical path and at one core for the work."""
     ug = UnitGraph.build(graph)
-    full, one = MeasuredCostModel(), MeasuredCostModel(cores=1)
-    at_full = StoredCostModel(full, store, full.context(batch))
-    at_one = StoredCostModel(one, store, one.context(batch))
+    at_full, at_one = measured_cost(store=store), measured_cost(store=store, cores=1)
     per_node = [0.0] * len(graph.nodes)
     work = 0.0
     for names in ug.units:
@@ -90,10 +86,9 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
     optimize_s = time.perf_counter() - t
     graph = opt.graph
     with ProfileStore(cache_dir) as store:
-        measured = MeasuredCostModel()
-        cost = StoredCostModel(measured, store, measured.context(batch))
-        # the same search optimize() ran (max_groups = cores): found in the store, nothing new is measured
-        ios = schedule(graph, "ios", cost, budget_s=budget, max_groups=os.cpu_count() or 1)
+        cost = measured_cost(store=store)
+        # the same search optimize() ran (max_lanes = cores): found in the store, nothing new is measured
+        ios = schedule(graph, "ios", cost, budget_s=budget, max_lanes=os.cpu_count() or 1)
         modules = {s: ScheduledModule(graph, schedule(graph, s, cost)) for s in ("sequential", "greedy")}
         bound = lower_bound(graph, store, batch)
     modules["ios"] = ScheduledModule(graph, ios)
@@ -122,12 +117,12 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
     peaks = {k: m.plan.peak_bytes(slot_bytes(m)) / seq_peak for k, m in modules.items()}
     record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": iqr, "ratios": ratios, "lower_bound_ms": bound,
               "peak_vs_sequential": peaks, "optimize_s": optimize_s,
-              "optimize_info": {k: str(v) for k, v in opt.info.items()},
+              "optimize_report": str(opt.report()),
               "ios_stats": dict(ios.stats)}
     return [name, batch] + [f"{med[k]:.2f} ±{iqr[k]:.2f}" for k in contenders] + [
         *(f"{v:.2f}" for v in ratios.values()), f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}",
         f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
-        opt.info.get("measurements", "")], record
+        str(opt.outcome.measurements or "")], record
 
 
 def main() -> None:

@@ -127,7 +127,7 @@ def draw_schedules(plt, sched: Results) -> None:  # type: ignore[no-untyped-def]
     ax.set_ylabel("speedup over sequential")
     ax.legend(fontsize=7, ncol=3, loc="upper right")
     ax.set_title(f"Simulated IOS table (analytic {sched['device']} model, P(r={sched['options']['max_group_size']}, "
-                 f"s={sched['options']['max_groups']}))", fontsize=10)
+                 f"s={sched['options'].get('max_lanes', sched['options'].get('max_groups'))}))", fontsize=10)
 
 
 STAGE_COUNTS = {"IOS stages (its graphs)": ("ios_stages", "#d62728"),

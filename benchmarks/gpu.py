@@ -47,13 +47,13 @@ from _report import RESULTS, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.cost.cached import StoredCostModel  # noqa: E402
-from opsched.cost.store import ProfileStore  # noqa: E402
+from opsched.api import measured_cost  # noqa: E402
+from opsched.cost import ProfileStore  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
-from opsched.schedule.types import Stage  # noqa: E402
-from opsched.schedule.units import UnitGraph  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.schedule import Stage  # noqa: E402
+from opsched.schedulers import UnitGraph  # noqa: E402
+from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
 OPSCHED = ("sequential", "greedy", "ios", "est")
@@ -62,25 +62,6 @@ LABELS = {"eager": "eager PyTorch", "graph": BASELINE, "compile": "torch.compile
           "compile-max": "torch.compile max-autotune", "sequential": "opsched sequential",
           "greedy": "opsched greedy", "ios": "opsched IOS", "est": "opsched est", "optimize": "opsched optimize()"}
 CUDA_ONLY = {"graph", "compile", "compile-max"}
-
-
-class Timer:
-    """Times one call: CUDA events on the current stream on a GPU, the wall clock on a CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn: Callable[[], Any]) -> float:
-        if not self.cuda:
-            t = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
 
 
 def single_stream_graph(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -136,18 +117,10 @@ def held_memory(build: Callable[[], Callable[[], Any]], device: torch.device) ->
 
 def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: str) -> float:
     """The longest path of isolated unit latencies (measured like stages, through the store)."""
-    if device.type == "cuda":
-        from opsched.cost.gpu import CudaMeasuredCostModel
-
-        measured: Any = CudaMeasuredCostModel(device)
-    else:
-        from opsched.cost.measured import MeasuredCostModel
-
-        measured = MeasuredCostModel()
     ug = UnitGraph.build(graph)
     per_node = [0.0] * len(graph.nodes)
     with ProfileStore(cache_dir) as store:
-        cost = StoredCostModel(measured, store, measured.context(graph.inputs[0].type.shape[0]))
+        cost = measured_cost(device, store=store)
         for names in ug.units:
             per_node[graph.index[names[-1]]] = cost.stage_latency(graph, Stage((names,)))
     return critical_path(graph, per_node)[0]
@@ -192,7 +165,7 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
             fns[k], build_s[k], mib[k] = held_memory(builders[k], device)
         except Exception as e:  # a contender that cannot run here is reported, not fatal
             print(f"  {name} b{batch} {dtype}: {LABELS[k]} failed: {type(e).__name__}: {e}", flush=True)
-    timer = Timer(device)
+    timer = cuda_events_ms if device.type == "cuda" else wall_ms
     with torch.no_grad():
         times = interleave(fns, args.rounds, warmup=3, clock=timer)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -202,9 +175,9 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
     record: dict[str, Any] = {
         "model": name, "batch": batch, "dtype": dtype, "median_ms": med, "iqr_ms": iqr, "build_s": build_s,
         "held_mib": mib, "critical_path_bound_ms": bound,
-        "info": {k: {kk: str(vv) for kk, vv in m.info.items()} for k, m in modules.items()},
+        "report": {k: str(m.report()) for k, m in modules.items()},
         "captured": {k: getattr(m._executor, "captured", None) for k, m in modules.items()},
-        "stages": {k: len(m.schedule.stages) or len(m.schedule.lanes or ()) for k, m in modules.items()},
+        "stages": {k: len(m.schedule.stages or m.schedule.lanes) for k, m in modules.items()},
     }
     print(f"  {name} b{batch} {dtype}: " + ", ".join(f"{LABELS[k]} {v:.3f}" for k, v in med.items()), flush=True)
     return record

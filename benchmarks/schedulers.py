@@ -36,16 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import RESULTS, write  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import host_cpu_model, race  # noqa: E402
+from opsched.api import host_cpu_model, measured_cost  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.cost import AnalyticCostModel  # noqa: E402
-from opsched.cost.cached import StoredCostModel  # noqa: E402
-from opsched.cost.measured import MeasuredCostModel  # noqa: E402
-from opsched.cost.store import ProfileStore  # noqa: E402
+from opsched.cost import AnalyticCostModel, ProfileStore  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
-from opsched.runtime.module import ScheduledModule  # noqa: E402
-from opsched.schedule import schedule  # noqa: E402
-from opsched.schedule.simulate import simulate  # noqa: E402
+from opsched.module import ScheduledModule  # noqa: E402
+from opsched.race import race  # noqa: E402
+from opsched.schedulers import schedule  # noqa: E402
+from opsched.schedulers.simulate import simulate  # noqa: E402
 
 SIMULATED = ["sequential", "greedy", "ios", "nimble", "opara", "est"]
 
@@ -81,7 +79,7 @@ def simulated(graphs: dict[str, Any], device: str) -> tuple[list[list[object]], 
         ms, secs = {}, {}
         for s in SIMULATED:
             sched, secs[s] = timed_fresh(graph, s, lambda: AnalyticCostModel(device))
-            ms[s] = simulate(graph, sched, cost.resources(graph, sched.merged)).makespan_ms
+            ms[s] = simulate(graph, sched, cost.resources(graph, sched.merges)).makespan_ms
             print(f"  {device} {name} {s}: {ms[s]:.3f} ms simulated, scheduled in {secs[s] * 1e3:.1f} ms", flush=True)
         records.append({"model": name, "device": device, "simulated_ms": ms, "schedule_s": secs})
         rows.append([name, *(f"{ms[s]:.3f}" for s in SIMULATED), f"{ms['est'] / ms['ios']:.3f}",
@@ -95,36 +93,30 @@ def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str)
     model, inputs = get_model(name), example_inputs(name)
     graph = opsched.from_torch(model, inputs)
     if device == "cuda":
-        import torch
-
-        from opsched.cost.gpu import CudaMeasuredCostModel, gpu_preset
-
         graph, inputs = opsched.place(graph, device), tuple(t.to(device) for t in inputs)
-        preset = gpu_preset(torch.cuda.get_device_name())
-        m: Any = CudaMeasuredCostModel(device)
-        analytic: Callable[[], Any] = lambda: AnalyticCostModel(preset)  # noqa: E731
-        ios_options: dict[str, int] = {}
-        est_options: dict[str, int] = {}
+        lanes: dict[str, int] = {}
     else:  # no more concurrent groups or lanes than cores, as opsched.optimize does on a CPU
-        cores = os.cpu_count() or 1
-        m, analytic = MeasuredCostModel(), host_cpu_model
-        ios_options, est_options = {"max_groups": cores}, {"max_lanes": cores}
+        lanes = {"max_lanes": os.cpu_count() or 1}
     made: dict[str, tuple[Any, float]] = {}
     with ProfileStore(cache_dir) as store:
-        cost = StoredCostModel(m, store, m.context(inputs[0].shape[0]))
+        cost = measured_cost(device, store=store)
+        preset = cost.backend.analytic_spec(cost.run)  # type: ignore[attr-defined]
+        analytic: Callable[[], Any] = (lambda: AnalyticCostModel(preset)) if device == "cuda" else host_cpu_model
         made["sequential"] = timed_fresh(graph, "sequential", analytic)
-        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, **ios_options)
-        before = cost.measurements
-        made["est (measured)"] = timed_once(graph, "est", cost, **est_options)
-        est_measurements = cost.measurements - before
-        made["est"] = timed_fresh(graph, "est", analytic, **est_options)
+        made["ios"] = timed_once(graph, "ios", cost, budget_s=budget, **lanes)
+        before = cost.counts.timed
+        made["est (measured)"] = timed_once(graph, "est", cost, **lanes)
+        est_measurements = cost.counts.timed - before
+        made["est"] = timed_fresh(graph, "est", analytic, **lanes)
         made["nimble"] = timed_fresh(graph, "nimble", analytic)
         made["opara"] = timed_fresh(graph, "opara", analytic)
     modules = {k: ScheduledModule(graph, s, device=device) for k, (s, _) in made.items()}
-    lat = dict(zip(modules, race(*modules.values(), inputs=inputs, rounds=rounds)))
+    some = next(iter(modules.values()))
+    lat = race({k: (lambda m=m: m(*inputs)) for k, m in modules.items()}, clock=some.backend.clock(some.run),
+               rounds=rounds)
     secs = {k: t for k, (_, t) in made.items()}
     record = {"model": name, "median_ms": lat, "schedule_s": secs, "ios_stats": dict(made["ios"][0].stats),
-              "est_measurements": est_measurements, "lanes": {k: len(s.lanes or ()) for k, (s, _) in made.items()}}
+              "est_measurements": est_measurements, "lanes": {k: len(s.lanes) for k, (s, _) in made.items()}}
     cut_short = bool(made["ios"][0].stats.get("budget_exhausted"))  # its time is the budget: a lower bound
     at_least = ">= " if cut_short else ""
     digits = 3 if device == "cuda" else 2

@@ -36,10 +36,9 @@ from opsched.ir import Graph  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
-from opsched.schedule import schedule  # noqa: E402
-from opsched.schedule.coster import StageCoster  # noqa: E402
-from opsched.schedule.types import Stage  # noqa: E402
-from opsched.schedule.units import UnitGraph  # noqa: E402
+from opsched.cost import StageCoster  # noqa: E402
+from opsched.schedule import Stage  # noqa: E402
+from opsched.schedulers import UnitGraph, schedule  # noqa: E402
 
 # The original optimizer's statistics at r=3, s=8, max_part_size=50 (research/ios.md, 2.7),
 # and its measured V100 latencies (ms; IOS README, section 5.1).
@@ -84,14 +83,14 @@ def main() -> None:
     p.add_argument("--models", nargs="*", default=["inception_v3", "randwire_large", "nasnet_large", "squeezenet1_0"])
     p.add_argument("--device", default="V100")
     p.add_argument("--max-group-size", type=int, default=3)
-    p.add_argument("--max-groups", type=int, default=8)
+    p.add_argument("--max-lanes", type=int, default=8, help="s: groups per stage")
     p.add_argument("--max-part-size", type=int, default=50)
     p.add_argument("--randwire-graphs", nargs=4, metavar="FILE",
                    help="RandWire-large on these stage graphs (edge lists, e.g. IOS's), not ours")
     p.add_argument("--name", default="schedules", help="results file name under docs/results/")
     args = p.parse_args()
     cost = AnalyticCostModel(args.device)
-    options = dict(max_group_size=args.max_group_size, max_groups=args.max_groups, max_part_size=args.max_part_size)
+    options = dict(max_group_size=args.max_group_size, max_lanes=args.max_lanes, max_part_size=args.max_part_size)
     latency_rows, search_rows, records = [], [], []
     for name in args.models:
         start = time.perf_counter()
@@ -126,7 +125,7 @@ def main() -> None:
                       "IOS stages", "IOS stages / ours"]
     md = "\n".join([
         f"# Schedules under the analytic {cost.device} model (simulated IOS table)", "",
-        f"Estimated latency in ms at batch 1; P(r={args.max_group_size}, s={args.max_groups}), "
+        f"Estimated latency in ms at batch 1; P(r={args.max_group_size}, s={args.max_lanes}), "
         f"max_part_size={args.max_part_size}. The bound is max(critical path of isolated units, "
         f"total work at full device throughput).", "",
         format_table(lat_headers, latency_rows, markdown=True), "",

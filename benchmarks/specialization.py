@@ -37,15 +37,15 @@ from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import AnalyticCostModel  # noqa: E402
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
-from opsched.schedule import schedule  # noqa: E402
-from opsched.schedule.simulate import simulate  # noqa: E402
-from opsched.schedule.types import Schedule  # noqa: E402
+from opsched.schedule import Schedule  # noqa: E402
+from opsched.schedulers import schedule  # noqa: E402
+from opsched.schedulers.simulate import simulate  # noqa: E402
 
 
 def simulated_ms(graph: Graph, sched: Schedule, device: str) -> float:
     cost = AnalyticCostModel(device)
     sched = sched.retarget(graph)
-    return simulate(graph, sched, cost.resources(graph, sched.merged)).makespan_ms
+    return simulate(graph, sched, cost.resources(graph, sched.merges)).makespan_ms
 
 
 def matrix(title: str, row_label: str, labels: list[str], cols: list[str], cell: dict[tuple[str, str], float],
@@ -70,9 +70,9 @@ def batch_table(name: str, batches: list[int], device: str, budget: float) -> tu
     cell = {(str(b), str(c)): simulated_ms(graphs[c], made[b], device) for b in batches for c in batches}
     labels = [str(b) for b in batches]
     md = matrix(f"{name}, {device} preset, simulated: made for batch (rows), run at batch (columns), ms",
-                "made for", labels, labels, cell, {str(b): len(made[b].stages) for b in batches})
+                "made for", labels, labels, cell, {str(b): len(made[b].stages or ()) for b in batches})
     return md, {"model": name, "device": device, "ms": {f"{r}->{c}": v for (r, c), v in cell.items()},
-                "stages": {str(b): len(made[b].stages) for b in batches}}
+                "stages": {str(b): len(made[b].stages or ()) for b in batches}}
 
 
 def device_table(name: str, devices: list[str], budget: float) -> tuple[str, dict[str, Any]]:
@@ -80,9 +80,9 @@ def device_table(name: str, devices: list[str], budget: float) -> tuple[str, dic
     made = {d: schedule(graph, "ios", AnalyticCostModel(d), budget_s=budget) for d in devices}
     cell = {(r, c): simulated_ms(graph, made[r], c) for r in devices for c in devices}
     md = matrix(f"{name}, batch 1, simulated: made for device (rows), run on device (columns), ms",
-                "made for", devices, devices, cell, {d: len(made[d].stages) for d in devices})
+                "made for", devices, devices, cell, {d: len(made[d].stages or ()) for d in devices})
     return md, {"model": name, "ms": {f"{r}->{c}": v for (r, c), v in cell.items()},
-                "stages": {d: len(made[d].stages) for d in devices}}
+                "stages": {d: len(made[d].stages or ()) for d in devices}}
 
 
 def cuda_ms(module: Any, x: tuple[torch.Tensor, ...], rounds: int) -> float:
@@ -100,8 +100,8 @@ def cuda_ms(module: Any, x: tuple[torch.Tensor, ...], rounds: int) -> float:
 
 def measured_table(name: str, batches: list[int], budget: float, rounds: int, save: Path | None,
                    foreign: Path | None) -> tuple[str, dict[str, Any]]:
-    from opsched.cost.gpu import gpu_preset
-    from opsched.runtime.module import ScheduledModule
+    from opsched.backends.cuda import gpu_preset
+    from opsched.module import ScheduledModule
 
     gpu = torch.cuda.get_device_name()
     preset = gpu_preset(gpu).name
@@ -136,7 +136,7 @@ def measured_table(name: str, batches: list[int], budget: float, rounds: int, sa
         print(f"  {name} batch {b}: " + ", ".join(f"{k} {cell[(k, str(b))]:.3f}" for k in modules), flush=True)
     labels = list(made)
     cols = [str(b) for b in batches]
-    rows = [[k, len(made[k].stages), *(f"{cell[(k, c)]:.3f}" for c in cols)] for k in labels]
+    rows = [[k, len(made[k].stages or ()), *(f"{cell[(k, c)]:.3f}" for c in cols)] for k in labels]
     md = (f"### {name} on {gpu}, measured (CUDA-graph replays, CUDA events, median), ms\n\n"
           + format_table(["schedule", "stages", *(f"batch {c}" for c in cols)], rows) + "\n")
     return md, {"model": name, "gpu": gpu, "ms": {f"{k}@{c}": v for (k, c), v in cell.items()}}

@@ -65,10 +65,10 @@ from opsched.cost import AnalyticCostModel  # noqa: E402
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
-from opsched.schedule.coster import StageCoster  # noqa: E402
-from opsched.schedule.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
-from opsched.schedule.partition import partition  # noqa: E402
-from opsched.schedule.units import UnitGraph  # noqa: E402
+from opsched.cost import StageCoster  # noqa: E402
+from opsched.schedulers.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
+from opsched.schedulers.partition import partition  # noqa: E402
+from opsched.schedulers.units import UnitGraph  # noqa: E402
 
 
 #: The IOS paper's DP states on its RandWire's four random stage graphs (WS(16, 4, 0.75), then
@@ -247,7 +247,7 @@ def main() -> None:
     p.add_argument("--models", nargs="*", default=["randwire_large", "nasnet_large"])
     p.add_argument("--device", default="V100")
     p.add_argument("--max-group-size", type=int, default=3)
-    p.add_argument("--max-groups", type=int, default=8)
+    p.add_argument("--max-lanes", type=int, default=8, help="s: groups per stage")
     p.add_argument("--max-part-size", type=int, default=50)
     p.add_argument("--randwire-graphs", nargs=4, metavar="FILE",
                    help="RandWire-large on these stage graphs (edge lists, e.g. IOS's), not ours")
@@ -267,7 +267,7 @@ def main() -> None:
                           f"({sum(IOS_RANDWIRE_STATES):,}) in the IOS paper's RandWire (its DP states per block): "
                           f"{sum(ours) / sum(IOS_RANDWIRE_STATES):.1f}x the search space, from the wiring alone.")
         start = time.perf_counter()
-        f = stage_floor(graph, cost, args.max_group_size, args.max_groups, args.max_part_size, args.suffix_bounds)
+        f = stage_floor(graph, cost, args.max_group_size, args.max_lanes, args.max_part_size, args.suffix_bounds)
         secs = time.perf_counter() - start
         ios_states, _, ios = IOS_SEARCH.get(name, (None, None, None))
         rows.append([title, f["states"], f["multi-group endings"], f["ruled out by one group"],
@@ -290,7 +290,7 @@ def main() -> None:
                f"floor skipping states, B = {b:g} x after" for b in args.suffix_bounds]
     md = "\n".join([
         f"# How few stages a provably optimal search must price (analytic {cost.device}, "
-        f"P(r={args.max_group_size}, s={args.max_groups}), max_part_size={args.max_part_size})", "",
+        f"P(r={args.max_group_size}, s={args.max_lanes}), max_part_size={args.max_part_size})", "",
         "Every multi-group ending of every state the DP solves, examined against the state's optimal "
         "cost: *ruled out by one group* when the price of its costliest group already reaches it; "
         "*by a sub-stage* when the price of the ending without one of its groups does; otherwise "

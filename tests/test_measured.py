@@ -1,25 +1,28 @@
-"""The measured CPU cost model: prices built from node prices, pairs timed together, ORT profiles."""
+"""The measured cost model: prices built from node prices, pairs timed together, ORT profiles."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
-from opsched.cost import AnalyticCostModel
-from opsched.cost.cached import StoredCostModel
-from opsched.cost.measured import MeasuredCostModel, StageTiming, random_inputs
-from opsched.cost.store import ProfileStore
-from opsched.ir import Graph, GraphBuilder
-from opsched.runtime.ort import KernelEvent, KernelTimes, OrtExecutor, kernel_events, kernel_times, ort_available
+from opsched.backends import get_backend
+from opsched.backends.ort import OrtBackend, OrtExecutor, ort_available
+from opsched.backends.ort_profile import KernelEvent, KernelTimes, kernel_events, kernel_times
+from opsched.cost import AnalyticCostModel, MeasuredCostModel, ProfileStore, SegmentCut, StageTiming, TimingPolicy
+from opsched.cost.measured import Calibrations
+from opsched.execution import RunOptions
+from opsched.ir import Graph, GraphBuilder, random_inputs
 from opsched.runtime.plan import cut_segments, lower
-from opsched.schedule import schedule
-from opsched.schedule.types import Stage
+from opsched.schedule import Stage
+from opsched.schedulers import schedule
 from opsched.testing import assert_close
 
 needs_ort = pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
+RUN = RunOptions()
 
 
 def branches(channels: int = 32, size: int = 14) -> Graph:
@@ -40,42 +43,58 @@ def branches(channels: int = 32, size: int = 14) -> Graph:
     return b.build([b.add("add", [bb, c, d], name="out")]).verify()
 
 
-class Scripted(MeasuredCostModel):
-    """Timings by formula instead of by clock: node kernels from ``kernel``; run as several lanes,
-    a stage's wall is 90% of its nodes' total; an empty call 0.05 ms."""
+class Scripted:
+    """A backend that times by formula instead of by clock: node kernels from ``kernel``; run as
+    several lanes, a stage's wall is 90% of its nodes' total; a merge's kernels are 70% of its
+    members' and its split forces 0.1 ms of conversions each way."""
+
+    name = "scripted"
+    relative_pricing = True
+    default_policy = TimingPolicy(warmup=0, repeat=3)
 
     def __init__(self) -> None:
-        super().__init__(backend="torch")
-        self._known["call_ms"] = 0.05
         self.kernel = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 3.0}
 
-    def time_stages(self, graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
-        self.measurements += 1
+    def profile_tag(self, run: RunOptions) -> str:
+        return "scripted-v1"
+
+    def fingerprint(self, run: RunOptions) -> str:
+        return "a test machine"
+
+    def versions(self) -> str:
+        return "none"
+
+    def segment_cut(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> SegmentCut | None:
+        return None
+
+    def time_stages(self, graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> list[StageTiming]:
         out = []
         for st in stages:
             work = sum(self.kernel[v] for v in st.nodes)
             if st.strategy == "merge":
-                timing = (work, 0.7 * work, 0.2, 0.1)
+                wall, segment = work, 0.7 * work + 2 * 0.1
             elif len(st.groups) > 1:
-                timing = (0.9 * work, work, 0.05 * len(st.groups), 0.05 * len(st.groups))
+                wall, segment = 0.9 * work, work
             else:
-                timing = (work + 0.5, work, 0.1, 0.1)
-            out.append(StageTiming(*((v,) * 3 for v in timing)))  # three rounds alike
+                wall, segment = work + 0.5, work
+            out.append(StageTiming((wall,) * 3, (segment,) * 3))  # three rounds alike
         return out
 
 
 def test_prices_are_built_from_node_prices_and_timed_pairs(tmp_path: Path) -> None:
-    graph, model = branches(), Scripted()
+    graph, backend = branches(), Scripted()
     with ProfileStore(tmp_path) as store:
-        cost = StoredCostModel(model, store, model.context(1))
+        cost = MeasuredCostModel(backend, store=store)
         assert cost.stage_latency(graph, Stage((("a",),))) == 1.0  # its kernel, not its call
         assert cost.stage_latency(graph, Stage((("a", "b"),))) == 3.0  # a stretch: the sum, nothing run
-        assert model.measurements == 2  # a and b alone
+        assert cost.counts.timed == 2  # a and b alone
         # several lanes: nodes' sum x the phase's wall / serial kernels, timed as a pair
         together = 0.9 * 3.5  # a, b and c: 3.5 ms of kernels
         assert cost.stage_latency(graph, Stage((("a", "b"), ("c",)))) == pytest.approx(3.5 * together / 3.5)
         # never below its dearest group (monotone): with d at 30 ms, 30.5 x 0.9 < 30
-        model.kernel["d"] = 30.0
+        backend.kernel["d"] = 30.0
         assert cost.stage_latency(graph, Stage((("c",), ("d",)))) == 30.0
         # a merge: its kernels and the conversions out of and back into the blocked layout that
         # its split forces, against the members' serial kernels
@@ -85,45 +104,47 @@ def test_prices_are_built_from_node_prices_and_timed_pairs(tmp_path: Path) -> No
 def test_parts_come_from_the_store(tmp_path: Path) -> None:
     graph = branches()
     with ProfileStore(tmp_path) as store:
-        first = Scripted()
-        StoredCostModel(first, store, first.context(1)).stage_latency(graph, Stage((("a",),)))
+        MeasuredCostModel(Scripted(), store=store).stage_latency(graph, Stage((("a",),)))
     with ProfileStore(tmp_path) as store:
-        second = Scripted()
-        second.kernel["a"] = 100.0  # a later measurement would disagree; the stored price stands
-        cost = StoredCostModel(second, store, second.context(1))
+        backend = Scripted()
+        backend.kernel["a"] = 100.0  # a later measurement would disagree; the stored price stands
+        cost = MeasuredCostModel(backend, store=store)
         assert cost.stage_latency(graph, Stage((("a", "b"),))) == 1.0 + 2.0
-        assert second.measurements == 1  # b only
+        assert cost.counts.timed == 1 and cost.counts.reused == 1  # b timed; a, stored earlier, reused
 
 
 def test_a_pair_is_priced_at_the_upper_quartile_of_its_rounds() -> None:
-    graph, model = branches(), Scripted()
-    # running together paid in one round of four (ratio 0.5), cost more in the others
-    ratios = iter([(0.5, 1.2, 1.1, 1.3)])
+    graph, backend = branches(), Scripted()
+    plain = backend.time_stages
 
-    def pair(graph: Graph, stages: list[Stage], repeat: int | None = None) -> list[StageTiming]:
+    def pair(graph: Graph, stages: Sequence[Stage], *rest: object) -> list[StageTiming]:
         if len(stages) == 1:
-            return Scripted.time_stages(model, graph, stages)
-        together = next(ratios)
-        zeros = (0.0,) * 4
-        return [StageTiming(together, (9.0,) * 4, zeros, zeros),
-                StageTiming((2.0,) * 4, (1.0,) * 4, zeros, zeros)]
+            return plain(graph, stages, *rest)  # type: ignore[arg-type]
+        # running together paid in one round of four (ratio 0.5), cost more in the others
+        return [StageTiming((0.5, 1.2, 1.1, 1.3), (9.0,) * 4), StageTiming((2.0,) * 4, (1.0,) * 4)]
 
-    model.time_stages = pair  # type: ignore[method-assign]
-    price = model.stage_latency(graph, Stage((("a",), ("c",))))
+    backend.time_stages = pair  # type: ignore[method-assign,assignment]
+    price = MeasuredCostModel(backend).stage_latency(graph, Stage((("a",), ("c",))))
     assert price == pytest.approx(1.5 * 1.225)  # the upper quartile of 0.5, 1.1, 1.2, 1.3, interpolated
+
+
+class Known(dict[str, float]):
+    """Calibrations known in advance."""
+
+    def remember(self, name: str, measure: Callable[[], float]) -> float:
+        return self[name] if name in self else self.setdefault(name, measure())
 
 
 @needs_ort
 def test_segment_cut_on_ort_converts_what_crosses() -> None:
     graph = branches(channels=8, size=4)  # 8x4x4 float32: 512 bytes a value
-    model = MeasuredCostModel(backend="ort")
-    model._known.update({"call_ms": 0.05, "layout_in_ms_per_mib": 2.0, "layout_out_ms_per_mib": 1.0,
-                         f"cut_residual_ms/{graph.structural_hash()}": 0.1})
-    cut = model.segment_cut(graph)
+    known = Known({"call_ms": 0.05, "layout_in_ms_per_mib": 2.0, "layout_out_ms_per_mib": 1.0,
+                   f"cut_residual_ms/{graph.structural_hash()}": 0.1})
+    cut = get_backend("ort").segment_cut(graph, RUN, TimingPolicy(), known)
     assert cut is not None and cut.resume_ms == pytest.approx(0.05 + 2 * 0.1)  # a call, and two cuts' residue
     mib = 8 * 4 * 4 * 4 / 2**20
     assert cut.leave_ms["x"] == pytest.approx(mib) and cut.enter_ms["a"] == pytest.approx(2 * mib)
-    assert MeasuredCostModel(backend="torch").segment_cut(graph) is None  # torch segments: no cost to cut
+    assert MeasuredCostModel(get_backend("torch")).segment_cut(graph) is None  # torch segments: no cost to cut
 
 
 @needs_ort
@@ -136,14 +157,16 @@ def test_a_cut_plan_computes_the_same_and_its_cost_is_measured_once(tmp_path: Pa
     assert_close(OrtExecutor(graph, cut)(x), OrtExecutor(graph, plan)(x))
     with pytest.raises(ValueError, match="one one-lane phase"):
         cut_segments(cut, [2])
+    ort = get_backend("ort")
+    assert isinstance(ort, OrtBackend)
+    policy = TimingPolicy(warmup=1, repeat=2)
     with ProfileStore(tmp_path) as store:
-        model = MeasuredCostModel(warmup=1, repeat=2, backend="ort")
-        StoredCostModel(model, store, model.context(1))
-        residue = model.cut_residual_ms(graph, cuts=2)
-        assert residue >= 0.0 and model.measurements >= 1
-        again = MeasuredCostModel(backend="ort")
-        StoredCostModel(again, store, again.context(1))
-        assert again.cut_residual_ms(graph, cuts=2) == residue and again.measurements == 0  # from the store
+        model = MeasuredCostModel(ort, policy=policy, store=store)
+        residue = ort.cut_residual_ms(graph, RUN, policy, model, cuts=2)
+        assert residue >= 0.0 and model.counts.timed >= 1
+        again = MeasuredCostModel(ort, policy=policy, store=store)
+        assert ort.cut_residual_ms(graph, RUN, policy, again, cuts=2) == residue
+        assert again.counts.timed == 0 and again.counts.reused >= 1  # from the store
 
 
 def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:
@@ -171,12 +194,15 @@ def test_kernel_times_split_runs_and_layout(tmp_path: Path) -> None:
 @needs_ort
 def test_ort_measurement_separates_kernels_from_the_call() -> None:
     graph = branches(channels=64, size=28)
-    model = MeasuredCostModel(warmup=1, repeat=3, backend="ort")
-    alone, pair = model.time_stages(graph, [Stage((("d",),)), Stage((("a",), ("d",)))])
-    for t in (alone, pair):
-        assert t.kernel_ms is not None and t.layout_in_ms is not None and t.layout_out_ms is not None
-        assert len(t.wall_ms) == len(t.kernel_ms) == 3
-        assert all(0 < k < w for k, w in zip(t.kernel_ms, t.wall_ms))
-    assert min(alone.layout_in_ms) > 0 and min(alone.layout_out_ms) > 0  # blocked convolutions: converted at the edges
-    torch_timing = MeasuredCostModel(warmup=1, repeat=3, backend="torch").time_stages(graph, [Stage((("d",),))])
-    assert torch_timing[0].kernel_ms is None and min(torch_timing[0].wall_ms) > 0
+    ort = get_backend("ort")
+    assert isinstance(ort, OrtBackend)
+    policy = TimingPolicy(warmup=1, repeat=3)
+    stages = [Stage((("d",),)), Stage((("a",), ("d",)))]
+    for t in ort.time_stages(graph, stages, RUN, policy, Known(call_ms=0.01)):
+        assert len(t.wall_ms) == len(t.segment_ms) == 3
+        assert all(0 < k < w for k, w in zip(t.segment_ms, t.wall_ms))  # kernels, without the call's overhead
+    ((_, kernels), _) = ort._profiled(graph, stages, RUN, policy)
+    assert kernels is not None and min(k.layout_in_ms for k in kernels) > 0  # blocked convolutions: converted
+    assert min(k.layout_out_ms for k in kernels) > 0                          # at the session's edges
+    (t,) = get_backend("torch").time_stages(graph, [Stage((("d",),))], RUN, policy, Known(call_ms=0.01))
+    assert t.segment_ms == tuple(w - 0.01 for w in t.wall_ms)  # torch: the call less an empty one

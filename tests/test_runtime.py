@@ -13,11 +13,12 @@ from opsched.api import host_cpu_model
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError, ScheduleError, ScheduleMismatchError
 from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model, list_models
-from opsched.runtime.cpu import CpuExecutor
-from opsched.runtime.module import make_executor
-from opsched.runtime.ort import ort_available
+from opsched.backends import get_backend
+from opsched.execution import RunOptions
+from opsched.backends.ort import ort_available
 from opsched.runtime.plan import lower
-from opsched.schedule import Schedule, schedule
+from opsched.schedule import Schedule
+from opsched.schedulers import schedule
 from opsched.testing import assert_close, fork_join, random_dag
 
 CPU = host_cpu_model()
@@ -43,7 +44,7 @@ def test_every_scheduler_on_every_zoo_model_equals_eager(zoo, scheduler: str, ba
     name, model, inputs, expected = zoo
     options = {"budget_s": SLOW_SEARCH[name]} if scheduler == "ios" and name in SLOW_SEARCH else {}
     module = opsched.optimize(model, inputs, cost=CPU, scheduler=scheduler, backend=backend, verify=False, **options)
-    assert module.backend == backend
+    assert module.backend.name == backend
     assert_close(module(*inputs), expected, f"{name} / {scheduler} / {backend}")
 
 
@@ -60,7 +61,7 @@ def test_merge_stages_lower_to_one_step_and_run() -> None:
 
 def test_plan_phases_and_frees() -> None:
     g = random_dag(10, 7, edge_prob=0.3)
-    sched = schedule(g, "greedy", CPU, max_streams=3)
+    sched = schedule(g, "greedy", CPU, max_lanes=3)
     plan = lower(g, sched)
     multi = [s for s in sched.stages if len(s.groups) > 1]
     assert len([p for p in plan.phases if len(p.lanes) > 1]) == len(multi)
@@ -93,13 +94,13 @@ def test_lane_schedule_executes_with_cross_lane_waits(backend: str) -> None:
     g = random_dag(12, 3, edge_prob=0.35)
     names = [n.name for n in g.nodes]
     lanes = (tuple(names[0::2]), tuple(names[1::2]))  # topological within each lane
-    sched = Schedule(g.structural_hash(), lanes=lanes, graph_name=g.name).validate(g)
+    sched = Schedule(g.structural_hash(), lanes, graph_name=g.name).validate(g)
     plan = lower(g, sched)
     assert plan.max_lanes == 2 and any(step.waits for step in plan.steps)
     phase_of = {s: k for k, p in enumerate(plan.phases) for lane in p.lanes for s in lane}
     assert all(phase_of[w] == phase_of[s] for s, step in enumerate(plan.steps) for w in step.waits)
     x = torch.randn(g.inputs[0].type.shape)
-    assert_close(make_executor(g, plan, backend)([x]), opsched.run_graph(g, [x]))
+    assert_close(get_backend(backend).prepare(g, plan, RunOptions())([x]), opsched.run_graph(g, [x]))
 
 
 def test_concurrent_calls_on_one_module() -> None:
@@ -162,8 +163,8 @@ def test_ort_backend_runs_opaque_steps_with_torch() -> None:
     o = b.add("opaque", [c], name="cum", out=b.type(c), fn=lambda t: torch.cumsum(t, 1), target="cumsum")
     g = b.build([b.add("conv2d", [o], params=[w], padding=1)])
     plan = lower(g, schedule(g, "sequential", CPU))
-    executor = make_executor(g, plan, "ort")
-    kinds = [it.op for lane in executor.program.phases[0] for it in lane]
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    kinds = [it.op for lane in executor.program.phases[0] for it in lane]  # type: ignore[attr-defined]
     assert kinds == ["onnxruntime[1 steps]", "opaque", "onnxruntime[1 steps]"]
     xin = torch.randn(1, 4, 6, 6)
     assert_close(executor([xin]), opsched.run_graph(g, [xin]))
@@ -180,7 +181,7 @@ def test_kernel_failure_names_the_node() -> None:
     g = b.build([b.add("relu", [y])])
     sched = schedule(g, "sequential", CPU)
     with pytest.raises(ExecutionError, match="node 'bad' \\(opaque\\) failed: RuntimeError: boom"):
-        CpuExecutor(lower(g, sched))([torch.randn(1, 4)])
+        get_backend("torch").prepare(g, lower(g, sched), RunOptions())([torch.randn(1, 4)])
 
 
 def test_multiple_outputs_come_back_as_a_tuple() -> None:
@@ -203,46 +204,51 @@ def test_measured_cost_model_and_store(tmp_path) -> None:  # type: ignore[no-unt
     graph = from_torch_zoo("squeezenet1_1")
     # check=False: compare the searched schedules (the end-to-end race may pick either plan)
     first = opsched.api.optimize_graph(graph, cost="measured", cache_dir=str(tmp_path), check=False)
-    assert first.info["measurements"].startswith(tuple(f"{k} new" for k in range(1, 10_000)))
+    counts = first.outcome.measurements
+    assert counts is not None and counts.timed > 0 and counts.reused == 0
     second = opsched.api.optimize_graph(graph, cost="measured", cache_dir=str(tmp_path), check=False)
-    assert second.info["measurements"].startswith("0 new")
+    again = second.outcome.measurements
+    assert again is not None and again.timed == 0 and again.reused > 0
     assert second.schedule.stages == first.schedule.stages
 
 
 def test_optimize_never_returns_a_plan_slower_than_sequential_in_its_race(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
     module = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
-    times, kept = _race_result(module.info["end-to-end check"])
-    assert set(times) == {"ios", "sequential"} and kept == module.schedule.scheduler
-    assert times[kept] == min(times.values())
-
-
-def _race_result(check: str) -> tuple[dict[str, float], str]:
-    """``"ios 1.20 ms, sequential 1.76 ms: kept ios"`` -> ({"ios": 1.2, "sequential": 1.76}, "ios")."""
-    listed, kept = check.rsplit(": kept ", 1)
-    times = {name: float(ms) for name, ms, _ in (part.split() for part in listed.split(", "))}
-    return times, kept
+    race = module.outcome.race
+    assert race is not None and set(race.times_ms) == {"ios", "sequential"} and race.kept == module.schedule.scheduler
+    assert race.times_ms[race.kept] == min(race.times_ms.values())
+    assert f"end-to-end check: {race}" in str(module.report())
 
 
 def test_several_schedulers_race_and_the_fastest_plan_is_kept() -> None:
     model, inputs = get_model("googlenet").eval(), example_inputs("googlenet")
     module = opsched.optimize(model, inputs, cost=CPU, scheduler=("ios", "est"), budget_s=5, max_lanes=2)
-    times, kept = _race_result(module.info["end-to-end check"])
-    assert set(times) == {"ios", "est"} and kept == module.schedule.scheduler  # no sequential guard: analytic
-    assert times[kept] == min(times.values())
+    race = module.outcome.race
+    assert race is not None and set(race.times_ms) == {"ios", "est"}  # no sequential guard: analytic
+    assert race.kept == module.schedule.scheduler and race.times_ms[race.kept] == min(race.times_ms.values())
     with torch.no_grad():
         assert_close(module(*inputs), model(*inputs))
-    if kept == "est":  # the DP's search that lost is summarised
-        assert module.info["searched schedule (ios)"].endswith(" s")
+    (lost,) = module.outcome.searched  # the schedule that lost the race is summarised
+    assert {lost.scheduler, race.kept} == {"ios", "est"} and lost.search
+    assert f"searched schedule ({lost.scheduler}, lost the race)" in str(module.report())
 
 
 def test_options_go_to_the_schedulers_that_take_them() -> None:
     graph = from_torch_zoo("squeezenet1_1")
     sched = opsched.api.optimize_graph(graph, cost=CPU, scheduler=["est", "ios"], max_lanes=1, max_group_size=1,
                                        check=False).schedule
-    assert sched.options[{"est": "max_lanes", "ios": "max_group_size"}[sched.scheduler]] == 1
-    with pytest.raises(ScheduleError, match=r"option\(s\) \['max_lanes'\] .*ios takes"):
-        opsched.api.optimize_graph(graph, cost=CPU, scheduler="ios", max_lanes=2)
+    assert sched.options["max_lanes"] == 1 and sched.options.get("max_group_size", 1) == 1
+    with pytest.raises(ScheduleError, match=r"no scheduler of \['ios'\] has option 'merge' \(ios takes"):
+        opsched.api.optimize_graph(graph, cost=CPU, scheduler="ios", merge=False)
+    with pytest.raises(ScheduleError, match="'max_groups' \\(renamed 'max_lanes'\\)"):
+        opsched.api.optimize_graph(graph, cost=CPU, scheduler="ios", max_groups=2)
+    with pytest.raises(ScheduleError, match="option max_part_size of scheduler 'ios' must be positive"):
+        opsched.api.optimize_graph(graph, cost=CPU, scheduler="ios", max_part_size=0)
+    with pytest.raises(ScheduleError, match=r"max_lanes of scheduler 'est' must be int \| None, got '2' \(str\)"):
+        opsched.api.optimize_graph(graph, cost=CPU, scheduler="est", max_lanes="2")
+    with pytest.raises(ScheduleError, match="no scheduler 'iso' \\(did you mean 'ios'\\?\\)"):
+        opsched.api.optimize_graph(graph, cost=CPU, scheduler="iso")
     with pytest.raises(ScheduleError, match="name at least one scheduler"):
         opsched.api.optimize_graph(graph, cost=CPU, scheduler=[])
 
@@ -250,7 +256,7 @@ def test_options_go_to_the_schedulers_that_take_them() -> None:
 @pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
 def test_ort_profile_shows_each_kernel_under_its_step() -> None:
     g = random_dag(10, 7, edge_prob=0.3)
-    sched = schedule(g, "greedy", CPU, max_streams=2)
+    sched = schedule(g, "greedy", CPU, max_lanes=2)
     module = opsched.ScheduledModule(g, sched, backend="ort")
     events = module.profile(torch.randn(g.inputs[0].type.shape))
     labels = {st.label: st.op for st in module.plan.steps}
@@ -265,7 +271,7 @@ def test_ort_profile_shows_each_kernel_under_its_step() -> None:
 
 def test_profile_records_every_item_on_its_lane() -> None:
     g = random_dag(10, 7, edge_prob=0.3)
-    module = opsched.ScheduledModule(g, schedule(g, "greedy", CPU, max_streams=3), backend="torch")
+    module = opsched.ScheduledModule(g, schedule(g, "greedy", CPU, max_lanes=3), backend="torch")
     events = module.profile(torch.randn(g.inputs[0].type.shape))
     assert sorted(e.label for e in events) == sorted(st.label for st in module.plan.steps)
     assert max(e.lane for e in events) == module.plan.max_lanes - 1
@@ -286,12 +292,12 @@ def test_optimize_graph_from_onnx(tmp_path) -> None:  # type: ignore[no-untyped-
 def test_lane_plans_split_into_phases_at_cuts() -> None:
     # x -> a -> {b, c} -> d: a and d are cuts; b and c run as a two-lane phase between them
     g = fork_join("a")
-    plan = lower(g, Schedule(g.structural_hash(), lanes=(("a", "b", "d"), ("c",))))
+    plan = lower(g, Schedule(g.structural_hash(), (("a", "b", "d"), ("c",))))
     labels = [[[plan.steps[s].label for s in lane] for lane in p.lanes] for p in plan.phases]
     assert labels == [[["a"]], [["b"], ["c"]], [["d"]]]
     assert not any(step.waits for step in plan.steps)  # the phase boundaries carry every dependency
     xv = torch.randn(1, 4, 8, 8)
-    assert_close(CpuExecutor(plan)([xv]), opsched.run_graph(g, [xv]))
+    assert_close(get_backend("torch").prepare(g, plan, RunOptions())([xv]), opsched.run_graph(g, [xv]))
 
 
 @pytest.mark.parametrize("name", ["nimble", "opara"])
@@ -317,7 +323,7 @@ def test_only_a_module_that_is_one_ort_session_lets_its_threads_spin() -> None:
     """Spinning threads keep a core busy after a run: only a plan of one session (nothing else
     of it needs the cores) spins, as ONNX Runtime's own sessions do; executors built to measure
     stages never do."""
-    from opsched.runtime.ort import OrtExecutor
+    from opsched.backends.ort import OrtExecutor
 
     graph = from_torch_zoo("googlenet")
 

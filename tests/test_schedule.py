@@ -19,14 +19,17 @@ from opsched.errors import (
 )
 from opsched.ir import Graph, GraphBuilder
 from opsched.models import example_inputs, get_model
-from opsched.schedule import Schedule, Stage, estimate, schedule
-from opsched.schedule.coster import StageCoster
-from opsched.schedule.cuts import cut_latency, live_values
-from opsched.schedule.endings import parallel_endings
-from opsched.schedule.ios import ios_stages
-from opsched.schedule.merge import check_merge, merge_class, merged_conv, merged_parameters
-from opsched.schedule.partition import cut_units, partition
-from opsched.schedule.units import UnitGraph
+from opsched.cost import estimate_stages as estimate
+from opsched.schedule import Schedule, Stage
+from opsched.schedulers import schedule
+from opsched.cost.coster import StageCoster
+from opsched.cost.cuts import cut_latency
+from opsched.ir.analysis import live_values
+from opsched.schedulers.endings import parallel_endings
+from opsched.schedulers.ios import ios_stages
+from opsched.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
+from opsched.schedulers.partition import cut_units, partition
+from opsched.schedulers.units import UnitGraph
 from opsched.testing import fork_join, random_dag
 
 V100 = AnalyticCostModel("V100")
@@ -128,7 +131,7 @@ def test_dp_equals_brute_force(n: int, seed: int, r: int, s: int, model: str) ->
     analytic = {"analytic": V100, "analytic with cuts": CPU2}
     cost = analytic.get(model) or RandomCostModel(seed, cuts=model == "random with cuts")
     coster = StageCoster(graph, cost)
-    stages, _ = ios_stages(graph, cost, max_group_size=r, max_groups=s, coster=coster)
+    stages, _ = ios_stages(graph, cost, max_group_size=r, max_lanes=s, coster=coster)
     dp = estimate(graph, stages, coster)
     assert dp == pytest.approx(brute_force(graph, coster, r, s, merge=True), rel=1e-9)
 
@@ -158,9 +161,9 @@ def test_cpu_presets_charge_the_cut_of_their_segments_gpu_presets_do_not() -> No
 @given(n=st.integers(3, 12), seed=st.integers(0, 10_000))
 def test_dp_is_never_worse_than_greedy_or_sequential(n: int, seed: int) -> None:
     graph = random_dag(n, seed, edge_prob=0.25)
-    ios = schedule(graph, "ios", V100, max_groups=4)
+    ios = schedule(graph, "ios", V100, max_lanes=4)
     assert ios.estimated_ms <= schedule(graph, "sequential", V100).estimated_ms + 1e-12
-    assert ios.estimated_ms <= schedule(graph, "greedy", V100, max_streams=4).estimated_ms + 1e-12
+    assert ios.estimated_ms <= schedule(graph, "greedy", V100, max_lanes=4).estimated_ms + 1e-12
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -254,37 +257,82 @@ def diamond() -> Graph:
     return b.build([b.add("add", [left, right], name="d")])
 
 
+def staged(h: str, *stages: Stage) -> Schedule:
+    return Schedule.from_stages(h, stages)
+
+
 def test_validate_names_each_offence() -> None:
     g = diamond()
     h = g.structural_hash()
-    ok = Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",))), Stage((("d",),))))
-    ok.validate(g)
+    ok = staged(h, Stage((("a",),)), Stage((("l",), ("r",))), Stage((("d",),)))
+    assert ok.validate(g) is ok
+    assert ok.lanes[0].nodes == ("a", "l", "d") and ok.lanes[1].nodes == ("r",)
+    assert ok.barriers == ((1, 0), (2, 1), (3, 1))
     cases = [
-        (Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",))))), "never scheduled"),
-        (Schedule(h, (Stage((("a", "l"),)), Stage((("l",), ("r",))), Stage((("d",),)))), "scheduled twice"),
-        (Schedule(h, (Stage((("l",), ("a",))), Stage((("r",),)), Stage((("d",),)))), "same parallel stage"),
-        (Schedule(h, (Stage((("l", "a"),)), Stage((("r",),)), Stage((("d",),)))), "runs before 'a'"),
-        (Schedule(h, (Stage((("d",),)), Stage((("a",),)), Stage((("l",), ("r",))))), "scheduled later"),
-        (Schedule(h, (Stage((("ghost",),)),)), "not a node"),
-        (Schedule(h, lanes=(("a", "d", "l"), ("r",))), "deadlock"),
+        (staged(h, Stage((("a",),)), Stage((("l",), ("r",)))), "never scheduled"),
+        (staged(h, Stage((("a", "l"),)), Stage((("l",), ("r",))), Stage((("d",),))), "scheduled twice"),
+        (staged(h, Stage((("l", "a"),)), Stage((("r",),)), Stage((("d",),))), "runs before 'a'"),
+        (staged(h, Stage((("d",),)), Stage((("a",),)), Stage((("l",), ("r",)))), "reads 'l', which is scheduled "
+                                                                               "later"),
+        (staged(h, Stage((("ghost",),))), "not a node"),
+        (Schedule(h, (("a", "d", "l"), ("r",))), "'d' runs before 'l', which it reads"),
+        (Schedule(h, (("a", "l", "d"), ("r",)), waits=(("r", "d"),)), "deadlock"),
+        (Schedule(h, (("a", "l", "d"), ("r",)), waits=(("a", "ghost"),)), "a wait names 'ghost'"),
+        (Schedule(h, (("a", "l", "d"), ("r",)), barriers=((1,),)), "barrier 0 gives 1 lane position"),
+        (Schedule(h, (("a", "l", "d"), ("r",)), barriers=((2, 1), (1, 1))), "barriers go forward"),
+        (Schedule(h, (("a", "l", "d"), ("r",)), barriers=((4, 0),)), "expected 0 to 3"),
     ]
     for sched, message in cases:
         with pytest.raises(InvalidScheduleError, match=message):
             sched.validate(g)
-    Schedule(h, lanes=(("a", "l", "d"), ("r",))).validate(g)
+    Schedule(h, (("a", "l", "d"), ("r",))).validate(g)
+    # a read across lanes inside a part between barriers is an event wait, not an error
+    Schedule(h, (("a", "l", "d"), ("r",)), barriers=((1, 0),)).validate(g)
+
+
+def test_stages_round_trip_through_lanes_and_barriers() -> None:
+    g = diamond()
+    h = g.structural_hash()
+    stages = (Stage((("a",),)), Stage((("l",), ("r",)), "merge"), Stage((("d",),)))
+    sched = staged(h, *stages).validate(g)
+    assert sched.stages == stages and sched.merges == (("l", "r"),)
+    assert str(sched).splitlines()[1:] == ["Sequential(", "  [a],", "  Merge(l, r),", "  [d]", ")"]
+    lanes = Schedule(h, (("a", "l", "d"), ("r",)))
+    assert lanes.stages is None and "Lane 1: [r]" in str(lanes)
+
+
+def test_version_1_files_still_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = diamond()
+    h = g.structural_hash()
+    v1 = {"format": "opsched.schedule", "version": 1, "graph": "diamond", "graph_hash": h, "batch": 1,
+          "device": "V100", "scheduler": "ios", "options": {}, "estimated_ms": 1.0, "stats": {},
+          "stages": [{"strategy": "parallel", "groups": [["a"]]}, {"strategy": "merge", "groups": [["l"], ["r"]]},
+                     {"strategy": "parallel", "groups": [["d"]]}], "lanes": None, "waits": [], "merges": []}
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    loaded = Schedule.load(tmp_path / "v1.json").validate(g)
+    assert [s.strategy for s in loaded.stages or ()] == ["parallel", "merge", "parallel"]
+    v1_lanes = dict(v1, stages=[], lanes=[["a", "l", "d"], ["r"]], waits=[["d", "r"]])
+    (tmp_path / "v1l.json").write_text(json.dumps(v1_lanes))
+    lanes = Schedule.load(tmp_path / "v1l.json").validate(g)
+    assert lanes.waits == (("d", "r"),) and lanes.barriers == ()
+    lanes.save(tmp_path / "v2.json")
+    assert json.loads((tmp_path / "v2.json").read_text())["version"] == 2
+    assert Schedule.load(tmp_path / "v2.json") == lanes
 
 
 def test_illegal_merge_is_named() -> None:
     g = diamond()
     h = g.structural_hash()
-    Schedule(h, (Stage((("a",),)), Stage((("l",), ("r",)), "merge"), Stage((("d",),)))).validate(g)
+    staged(h, Stage((("a",),)), Stage((("l",), ("r",)), "merge"), Stage((("d",),))).validate(g)
     b = GraphBuilder("g")
     x = b.input("x", (1, 4, 8, 8))
     p = b.add("relu", [x], name="p")
     q = b.add("conv2d", [x], name="q", params=[b.param("w", torch.randn(4, 4, 1, 1))])
     g2 = b.build([b.add("add", [p, q], name="s")])
-    with pytest.raises(IllegalMergeError, match="stage 0: cannot merge 'p': a relu, not a conv2d"):
-        Schedule(g2.structural_hash(), (Stage((("p",), ("q",)), "merge"), Stage((("s",),)))).validate(g2)
+    with pytest.raises(IllegalMergeError, match="merge 0: cannot merge 'p': a relu, not a conv2d"):
+        staged(g2.structural_hash(), Stage((("p",), ("q",)), "merge"), Stage((("s",),))).validate(g2)
+    with pytest.raises(IllegalMergeError, match="no barrier between them"):
+        Schedule(h, (("a", "l", "r", "d"),), merges=(("l", "r"),), barriers=((2,),)).validate(g)
 
 
 def test_cyclic_graph_and_unknown_scheduler_or_option() -> None:
@@ -348,6 +396,34 @@ def test_merge_classes() -> None:
         check_merge(g, [a, d])
     with pytest.raises(IllegalMergeError, match="grouped convolution"):
         check_merge(g, [a, e])
+
+
+def test_merge_class_admits_only_buildable_merges() -> None:
+    """Dilated convolutions whose paddings differ by other than a multiple of the dilation cannot
+    share a kernel grid: the class keeps them apart, so no scheduler proposes the merge."""
+    b = GraphBuilder("dilated")
+    x = b.input("x", (1, 4, 12, 12))
+    gen = torch.Generator().manual_seed(0)
+    a = b.add("conv2d", [x], name="a", params=[b.param("wa", torch.randn(8, 4, 3, 3, generator=gen))], padding=2,
+              dilation=2)
+    c = b.add("conv2d", [x], name="c", params=[b.param("wc", torch.randn(8, 4, 2, 2, generator=gen))], padding=1,
+              dilation=2)
+    d = b.add("conv2d", [x], name="d", params=[b.param("wd", torch.randn(8, 4, 1, 1, generator=gen))], padding=0,
+              dilation=2)
+    g = b.build([b.add("add", [a, c, d], name="s")])
+    assert merge_class(g, g.node(c)) != merge_class(g, g.node(a)) == merge_class(g, g.node(d)) is not None
+    with pytest.raises(IllegalMergeError, match="padding modulo dilation"):
+        check_merge(g, [a, c])
+    spec = merged_conv(g, [a, d])
+    weight, bias = merged_parameters(g, spec)
+    xin = torch.randn(1, 4, 12, 12, generator=gen)
+    merged = F.conv2d(xin, weight, bias, padding=spec.padding, dilation=spec.dilation)
+    for name, (c0, c1) in zip((a, d), spec.channels):
+        node = g.node(name)
+        ref = F.conv2d(xin, g.params[node.params[0]], padding=node.attr("padding"), dilation=2)
+        torch.testing.assert_close(merged[:, c0:c1], ref, rtol=1e-5, atol=1e-5)
+    for name in ("ios", "est"):
+        schedule(g, name, V100).validate(g)
 
 
 # --- partitioning and units ---------------------------------------------------------------

@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from opsched.cost import AnalyticCostModel
-from opsched.schedule import Schedule, Stage, schedule
+from opsched.schedule import Schedule, Stage
+from opsched.schedulers import schedule
 from opsched.cost.resources import OpDemand, ResourceModel
-from opsched.schedule.simulate import simulate
+from opsched.schedulers.simulate import simulate
 from opsched.testing import fork_join, random_dag
 
 
@@ -23,7 +24,7 @@ H = G.structural_hash()
 
 
 def test_sequential_is_the_sum_of_durations() -> None:
-    sched = Schedule(H, tuple(Stage(((v,),)) for v in "abcd"))
+    sched = Schedule.from_stages(H, tuple(Stage(((v,),)) for v in "abcd"))
     sim = simulate(G, sched, demands(a=(1, 1), b=(2, 1), c=(1.5, 0.2), d=(0.5, 1)))
     assert sim.makespan_ms == pytest.approx(5.0)
     assert [(e.label, e.start_ms, e.end_ms) for e in sim.events] == [
@@ -32,7 +33,7 @@ def test_sequential_is_the_sum_of_durations() -> None:
 
 def test_concurrent_groups_within_capacity_keep_their_speed() -> None:
     # stage 1: [a, b] alongside [c]; a, c use half the device each, so they overlap freely
-    sched = Schedule(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
+    sched = Schedule.from_stages(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
     sim = simulate(G, sched, demands(a=(1, 0.5), b=(1, 0.5), c=(1.5, 0.5), d=(0.5, 1)))
     assert sim.makespan_ms == pytest.approx(2.5)  # max(1 + 1, 1.5) + 0.5
 
@@ -40,7 +41,7 @@ def test_concurrent_groups_within_capacity_keep_their_speed() -> None:
 def test_oversubscription_shares_the_device() -> None:
     # a (2 ms, whole device) and c (1 ms, whole device) together: both at half speed until c
     # ends at t=2, then a alone finishes its last 1 ms: 3 ms, the total work
-    sched = Schedule(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
+    sched = Schedule.from_stages(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
     sim = simulate(G, sched, demands(a=(2, 1), b=(0, 1), c=(1, 1), d=(0, 1)))
     assert sim.makespan_ms == pytest.approx(3.0)
     ends = {e.label: e.end_ms for e in sim.events}
@@ -48,7 +49,7 @@ def test_oversubscription_shares_the_device() -> None:
 
 
 def test_barrier_after_a_stage_of_several_groups() -> None:
-    sched = Schedule(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
+    sched = Schedule.from_stages(H, (Stage((("a",), ("c",))), Stage((("b",),)), Stage((("d",),))))
     d = dict(a=(1, 0.5), b=(1, 1), c=(1, 0.5), d=(1, 1))
     assert simulate(G, sched, demands(**d)).makespan_ms == pytest.approx(3.0)
     assert simulate(G, sched, demands(barrier_ms=0.25, **d)).makespan_ms == pytest.approx(3.25)
@@ -57,7 +58,7 @@ def test_barrier_after_a_stage_of_several_groups() -> None:
 def test_contention_replays_the_analytic_chains_term() -> None:
     # groups [a, b] and [c] that never oversubscribe, overlap 0.5: the stage lasts
     # longest + 0.5 * (the rest) = 2 + 0.5 * 1.5, the analytic formula's chains term; then d
-    sched = Schedule(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
+    sched = Schedule.from_stages(H, (Stage((("a", "b"), ("c",))), Stage((("d",),))))
     res = ResourceModel({"a": OpDemand(1, 0.2), "b": OpDemand(1, 0.2), "c": OpDemand(1.5, 0.2),
                          "d": OpDemand(0.5, 1)}, overlap=0.5)
     assert simulate(G, sched, res).makespan_ms == pytest.approx(2 + 0.5 * 1.5 + 0.5)
@@ -65,7 +66,7 @@ def test_contention_replays_the_analytic_chains_term() -> None:
 
 def test_lanes_start_as_soon_as_producers_finish() -> None:
     # lane 0: a, b, d; lane 1: c. a and c overlap (0.5 + 0.5 <= 1); b starts at 1 without a barrier
-    sched = Schedule(H, lanes=(("a", "b", "d"), ("c",)))
+    sched = Schedule(H, (("a", "b", "d"), ("c",)))
     sim = simulate(G, sched, demands(a=(1, 0.5), b=(1, 0.5), c=(1.5, 0.5), d=(0.5, 1)))
     starts = {e.label: e.start_ms for e in sim.events}
     assert starts["b"] == pytest.approx(1.0) and starts["d"] == pytest.approx(2.0)
@@ -78,7 +79,7 @@ def test_simulated_makespan_lies_between_total_work_and_the_sum_of_durations(see
     cost = AnalyticCostModel("V100")
     for name, options in (("sequential", {}), ("greedy", {}), ("ios", {"strategies": ("parallel",)})):
         sched = schedule(g, name, cost, **options)
-        d = dataclasses.replace(cost.resources(g, sched.merged), barrier_ms=0.0)
+        d = dataclasses.replace(cost.resources(g, sched.merges), barrier_ms=0.0)
         sim = simulate(g, sched, d)
         work = sum(d[n.name].area_ms for n in g.nodes)  # device-time at full capacity
         total = sum(d[n.name].duration_ms for n in g.nodes)
@@ -96,11 +97,12 @@ def test_lane_baselines_validate_and_cover_every_node(name: str, seed: int) -> N
 
     g = random_dag(14, seed, edge_prob=0.3)
     sched = schedule(g, name, AnalyticCostModel("V100"))
-    assert sched.is_lane_based and sorted(sched.nodes) == sorted(n.name for n in g.nodes)
+    assert sched.stages is None and sorted(sched.nodes) == sorted(n.name for n in g.nodes)
     if name == "nimble":
-        assert len(sched.lanes or ()) == width(g)  # Dilworth: as many chains as the width
+        assert len(sched.lanes) == width(g)  # Dilworth: as many chains as the width
 
 
 def test_opara_hands_a_lane_to_one_consumer_only() -> None:
     sched = schedule(G, "opara", AnalyticCostModel("V100"))
-    assert sched.lanes == (("a", "b", "d"), ("c",))  # a's lane goes to b; c opens lane 1; d takes b's
+    # a's lane goes to b; c opens lane 1; d takes b's
+    assert [lane.nodes for lane in sched.lanes] == [("a", "b", "d"), ("c",)]

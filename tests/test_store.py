@@ -5,51 +5,72 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from opsched.cli.main import main
-from opsched.cost import AnalyticCostModel
-from opsched.cost.cached import StoredCostModel
+from opsched.cost import AnalyticCostModel, MeasuredCostModel, SegmentCut, StageTiming, TimingPolicy
+from opsched.cost.measured import Calibrations
 from opsched.cost.store import ProfileContext, ProfileStore
 from opsched.errors import ProfileStoreError
+from opsched.execution import RunOptions
 from opsched.ir import Graph, stage_key
-from opsched.schedule import schedule
-from opsched.schedule.types import Stage
+from opsched.schedule import Stage
+from opsched.schedulers import schedule
 from opsched.testing import random_dag
 
 CTX = ProfileContext("test-device", "test-backend", "torch=x", 1)
 
 
-class CountingModel:
-    """Analytic prices, counting how often the model itself is asked (a stand-in for measuring)."""
+class CountingBackend:
+    """Times a stage as the analytic model prices it, counting how often it is asked (a stand-in
+    for measuring); stages are priced directly, as on a GPU."""
 
-    monotone = True
-    device = "V100"
-    key = "counting"
+    name = "counting"
+    relative_pricing = False
+    default_policy = TimingPolicy(warmup=0, repeat=1)
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.inner = AnalyticCostModel("V100")
         self.calls = 0
         self.fail_after = fail_after
 
-    def stage_latency(self, graph: Graph, stage: Stage) -> float:
-        if self.fail_after is not None and self.calls >= self.fail_after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return self.inner.stage_latency(graph, stage)
+    def profile_tag(self, run: RunOptions) -> str:
+        return "test-backend"
+
+    def fingerprint(self, run: RunOptions) -> str:
+        return "test-device"
+
+    def versions(self) -> str:
+        return "torch=x"
+
+    def segment_cut(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> SegmentCut | None:
+        return None
+
+    def time_stages(self, graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> list[StageTiming]:
+        out = []
+        for stage in stages:
+            if self.fail_after is not None and self.calls >= self.fail_after:
+                raise KeyboardInterrupt
+            self.calls += 1
+            price = self.inner.stage_latency(graph, stage)
+            out.append(StageTiming((price,), (price,)))
+        return out
 
 
 def test_second_search_measures_nothing(tmp_path: Path) -> None:
     graph = random_dag(10, 3)
-    first = CountingModel()
+    first = CountingBackend()
     with ProfileStore(tmp_path) as store:
-        a = schedule(graph, "ios", StoredCostModel(first, store, CTX))
+        a = schedule(graph, "ios", MeasuredCostModel(first, store=store))
     assert first.calls > 0
-    second = CountingModel()
+    second = CountingBackend()
     with ProfileStore(tmp_path) as store:
-        b = schedule(graph, "ios", StoredCostModel(second, store, CTX))
+        b = schedule(graph, "ios", MeasuredCostModel(second, store=store))
         assert store.status()["measurements"] == first.calls
     assert second.calls == 0 and a.stages == b.stages
 
@@ -70,9 +91,9 @@ def test_identical_stages_share_one_entry_across_graphs(tmp_path: Path) -> None:
 
 def test_interrupted_search_keeps_what_it_measured(tmp_path: Path) -> None:
     graph = random_dag(10, 5)
-    model = CountingModel(fail_after=7)
+    backend = CountingBackend(fail_after=7)
     with ProfileStore(tmp_path) as store, pytest.raises(KeyboardInterrupt):
-        schedule(graph, "ios", StoredCostModel(model, store, CTX))
+        schedule(graph, "ios", MeasuredCostModel(backend, store=store))
     with ProfileStore(tmp_path) as store:
         assert store.status()["measurements"] == 7
 

@@ -7,37 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
+from opsched.check import TF32_TOLERANCE, TOLERANCES, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "check_stream_program",
            "fork_join", "random_dag"]
-
-#: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
-#: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
-#: not the contract; agreement to this many ulps of the output's scale is.
-TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2,
-                                        torch.float64: 1e-10}
-#: float32 on a GPU whose convolutions or matrix products run in TF32 (PyTorch's default for
-#: cuDNN convolutions on Ampere and later): float16's 10-bit mantissa in the products, float32
-#: sums. Seen on an H100: 0.07-0.12% of the output's scale between two cuDNN algorithm choices.
-TF32_TOLERANCE = 5e-3
-
-
-def tf32_in_use() -> bool:
-    """Whether float32 convolutions or matrix products on a GPU may run in TF32."""
-    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
-
-
-def tolerance(reference: torch.Tensor) -> float:
-    """The absolute tolerance for an output compared with ``reference``: its dtype's (TF32's for
-    float32 on a GPU with TF32 on) times the reference's scale."""
-    if reference.dtype == torch.float32 and reference.is_cuda and tf32_in_use():
-        rel = TF32_TOLERANCE
-    else:
-        rel = TOLERANCES.get(reference.dtype, 1e-4)
-    return rel * max(1.0, float(reference.abs().max()))
-
 
 def assert_close(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[torch.Tensor] | torch.Tensor,
                  what: str = "output") -> None:

@@ -21,12 +21,15 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
-__all__ = ["interleave", "wall_ms"]
+__all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median"]
 
 K = TypeVar("K", bound=Hashable)
+
+#: Times one call, in ms.
+Clock = Callable[[Callable[[], object]], float]
 
 
 def wall_ms(call: Callable[[], object]) -> float:
@@ -36,8 +39,37 @@ def wall_ms(call: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def synchronized(sync: Callable[[], None]) -> Clock:
+    """A wall clock for work that runs asynchronously (a GPU's): ``sync`` before and after, so a
+    call is timed to its completion."""
+    def clock(call: Callable[[], object]) -> float:
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+    return clock
+
+
+def cuda_events_ms(call: Callable[[], object]) -> float:
+    """One call timed by CUDA events on the current stream (GPU time, host overhead excluded
+    where the GPU is the bottleneck)."""
+    import torch  # only when timing a GPU: this module needs no torch otherwise
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def median(samples: Iterable[float]) -> float:
+    return statistics.median(samples)
+
+
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,
-               clock: Callable[[Callable[[], object]], float] = wall_ms, seed: int = 0,
+               clock: Clock = wall_ms, seed: int = 0,
                settle_s: float = 0.0, block: int = 1) -> dict[K, list[float]]:
     """Run every call once a round, in a fresh (seeded) order each round: ``warmup`` rounds
     untimed, then ``rounds`` timed by ``clock``. With ``block`` > 1 a call's turn is one

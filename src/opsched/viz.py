@@ -6,37 +6,28 @@ import json
 import os
 from collections.abc import Sequence
 
-from opsched.runtime.cpu import TraceEvent
+from opsched.runtime.plan import MERGED_OP
+from opsched.timeline import TraceEvent
 
 __all__ = ["draw_timeline", "chrome_trace", "write_chrome_trace", "op_family"]
 
+#: Each op category's family in pictures (several categories share one colour).
 _FAMILIES = {
-    "conv2d": "convolution", "conv2d(merged)": "merged convolution", "linear": "linear",
-    "max_pool2d": "pooling", "avg_pool2d": "pooling", "adaptive_avg_pool2d": "pooling", "mean": "pooling",
-    "add": "elementwise", "mul": "elementwise", "relu": "elementwise", "relu6": "elementwise",
-    "sigmoid": "elementwise", "tanh": "elementwise", "gelu": "elementwise", "silu": "elementwise",
-    "hardswish": "elementwise", "softmax": "elementwise", "batch_norm": "elementwise",
-    "concat": "data movement", "pad": "data movement", "slice": "data movement", "flatten": "data movement",
-    "opaque": "opaque (torch)", "layout": "layout conversion",
-}
-_ORT_FAMILIES = {  # kernels of ONNX Runtime that no opsched step owns, by ORT's operator kind
-    "Conv": "convolution", "FusedConv": "convolution", "Gemm": "linear", "MatMul": "linear",
-    "MaxPool": "pooling", "AveragePool": "pooling", "GlobalAveragePool": "pooling", "GlobalMaxPool": "pooling",
-    "Add": "elementwise", "Sum": "elementwise", "Mul": "elementwise", "Relu": "elementwise", "Clip": "elementwise",
-    "Concat": "data movement", "Split": "data movement", "Reshape": "data movement", "Flatten": "data movement",
-    "Slice": "data movement", "Identity": "data movement",
+    "conv": "convolution", "gemm": "linear", "norm": "elementwise", "activation": "elementwise",
+    "elementwise": "elementwise", "pool": "pooling", "reduce": "pooling", "data": "data movement",
+    "view": "data movement", "const": "data movement", "opaque": "opaque (torch)", "layout": "layout conversion",
+    "segment": "onnxruntime segment",
 }
 _COLORS = {"convolution": "#1f77b4", "merged convolution": "#17becf", "linear": "#9467bd", "pooling": "#2ca02c",
            "elementwise": "#ff7f0e", "data movement": "#8c564b", "onnxruntime segment": "#7f7f7f",
            "opaque (torch)": "#d62728", "layout conversion": "#e377c2", "other": "#bcbd22"}
 
 
-def op_family(op: str) -> str:
-    if op.startswith("onnxruntime["):
-        return "onnxruntime segment"
-    if op.startswith("onnxruntime:"):
-        return _ORT_FAMILIES.get(op.removeprefix("onnxruntime:"), "other")
-    return _FAMILIES.get(op, "other")
+def op_family(event: TraceEvent) -> str:
+    """The family an event is drawn in: its category's, a merged convolution its own."""
+    if event.op == MERGED_OP:
+        return "merged convolution"
+    return _FAMILIES.get(event.category, "other")
 
 
 def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], title: str = "") -> None:
@@ -52,7 +43,7 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * lanes))
     used = set()
     for e in events:
-        family = op_family(e.op)
+        family = op_family(e)
         used.add(family)
         ax.barh(e.lane, e.end_ms - e.start_ms, left=e.start_ms, height=0.7, color=_COLORS[family],
                 edgecolor="white", linewidth=0.3)
@@ -82,7 +73,7 @@ def chrome_trace(events: Sequence[TraceEvent], name: str = "opsched") -> dict[st
     lanes = sorted({e.lane for e in events})
     trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": lane, "args": {"name": f"lane {lane}"}}
               for lane in lanes]
-    trace += [{"name": e.label, "cat": op_family(e.op), "ph": "X", "pid": 0, "tid": e.lane,
+    trace += [{"name": e.label, "cat": op_family(e), "ph": "X", "pid": 0, "tid": e.lane,
                "ts": round(e.start_ms * 1e3, 3), "dur": round((e.end_ms - e.start_ms) * 1e3, 3),
                "args": {"op": e.op, "phase": e.phase}} for e in events]
     return {"traceEvents": trace, "displayTimeUnit": "ms"}

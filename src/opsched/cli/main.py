@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from opsched.errors import OpschedError
 
-__all__ = ["main", "subcommand"]
+__all__ = ["main", "subcommand", "positive_int"]
 
 Handler = Callable[[argparse.Namespace], int]
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {}
@@ -24,6 +24,17 @@ def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentPar
             holder["run"] = setup(p)
         _SUBCOMMANDS[name] = (help, configure, lambda args: holder["run"](args))
     return deco
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

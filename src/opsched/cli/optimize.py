@@ -9,15 +9,17 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+from collections.abc import Callable
 
-from opsched.cli.main import Handler, subcommand
+from opsched.cli.main import Handler, positive_int, subcommand
+from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
 
 @subcommand("optimize", "search a schedule for MODEL on this machine, measure it, write schedule/timeline/trace")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--input-shape", help="for package.module:factory models, e.g. 1,3,224,224")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (lanes on CUDA streams, one CUDA graph)")
     p.add_argument("--dtype", help="float32 (default), float16 or bfloat16: the precision the model runs in")
@@ -27,57 +29,52 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                                                        "sequential, nimble or opara; several, comma-separated "
                                                        "(ios,est): their plans race, the fastest is kept")
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
-    p.add_argument("--backend", default="auto", choices=["auto", "ort", "torch"])
-    p.add_argument("--max-group-size", type=int, default=3, help="r: units per group")
-    p.add_argument("--max-groups", type=int, help="s: groups per stage, or est's lanes (default: the number of cores)")
-    p.add_argument("--budget", type=float, help="search seconds; then unsolved parts use greedy or sequential")
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds for the comparison")
+    p.add_argument("--backend", default="auto", help="auto, ort or torch on a CPU; cuda on a GPU")
+    p.add_argument("--rounds", type=positive_int, default=15, help="timed rounds for the comparison")
     p.add_argument("--cache-dir", help="profile store directory")
     p.add_argument("--out", default="opsched-out", help="directory for schedule.json, timeline.png, trace.json")
+    add_scheduler_flags(p)
 
     def run(args: argparse.Namespace) -> int:
-        from opsched.api import optimize_graph, race
+        from opsched.api import optimize_graph, scheduler_options
+        from opsched.check import placed_inputs
         from opsched.cli.models import load_model
+        from opsched.cost import AnalyticCostModel
+        from opsched.module import ScheduledModule
         from opsched.progress import ProgressBar
-        from opsched.runtime.module import ScheduledModule
-        from opsched.schedule import schedule
+        from opsched.race import race
+        from opsched.schedulers import schedule
         from opsched.viz import draw_timeline, write_chrome_trace
 
         shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
         loaded = load_model(args.model, args.batch, shape)
-        graph = loaded.graph
         names = [name.strip() for name in args.scheduler.split(",")]
-        options: dict[str, object] = {}
-        if "ios" in names:
-            options.update(max_group_size=args.max_group_size, budget_s=args.budget,
-                           progress=ProgressBar("searching").update)
-            if args.max_groups is not None:
-                options["max_groups"] = args.max_groups
-        if "est" in names and args.max_groups is not None:
-            options["max_lanes"] = args.max_groups
         placement = dict(device=args.device, graphs=not args.no_graphs, channels_last=args.channels_last)
-        module = optimize_graph(graph, dtype=args.dtype, scheduler=names, cost=args.cost,
-                                backend=args.backend, cache_dir=args.cache_dir, **placement, **options)
-        from opsched.api import host_cpu_model, placed_inputs
-
+        module = optimize_graph(loaded.graph, dtype=args.dtype, scheduler=names, cost=args.cost,
+                                backend=args.backend, cache_dir=args.cache_dir,
+                                progress=ProgressBar("searching").update, **placement, **scheduler_values(args))
         graph = module.graph  # placed: on the device, in the precision
         inputs = placed_inputs(graph, loaded.inputs, module.device)
-        quick = host_cpu_model()  # baselines need no search: any cost model gives the same stages
-        contenders: dict[str, object] = {}
+        quick = AnalyticCostModel(module.backend.analytic_spec(module.run))  # baselines need no search
+        run_as = dict(backend=module.backend, **placement)
         sequential = schedule(graph, "sequential", quick)
-        run_as = dict(backend=args.backend, **placement)
-        if module.schedule.stages != sequential.stages:  # else the optimized row is the sequential plan
-            contenders["sequential"] = ScheduledModule(graph, sequential, **run_as)
-        contenders["greedy"] = ScheduledModule(graph, schedule(graph, "greedy", quick, max_streams=os.cpu_count() or 1),
-                                               **run_as)
-        contenders["sequential" if "sequential" not in contenders and module.schedule.scheduler == "sequential"
-                   else f"optimized ({module.schedule.scheduler})"] = module
+        greedy = schedule(graph, "greedy", quick,
+                          scheduler_options(["greedy"], module.device.type, {})["greedy"])
+        contenders: dict[str, Callable[[], object]] = {}
         if loaded.module is not None:
             moved = inputs[0] is not loaded.inputs[0]
             eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if moved else loaded.module
-            contenders = {"eager PyTorch": eager, **contenders}
-        times = race(*contenders.values(), inputs=inputs, rounds=args.rounds)  # type: ignore[arg-type]
-        ms = dict(zip(contenders, times))
+            contenders["eager PyTorch"] = lambda: eager(*inputs)
+        kept = module.schedule
+        is_sequential = (kept.lanes, kept.waits, kept.merges, kept.barriers) == (
+            sequential.lanes, sequential.waits, sequential.merges, sequential.barriers)
+        if not is_sequential:
+            seq_module = ScheduledModule(graph, sequential, **run_as)
+            contenders["sequential"] = lambda: seq_module(*inputs)
+        greedy_module = ScheduledModule(graph, greedy, **run_as)
+        contenders["greedy"] = lambda: greedy_module(*inputs)
+        contenders["sequential" if is_sequential else f"optimized ({kept.scheduler})"] = lambda: module(*inputs)
+        ms = race(contenders, clock=module.backend.clock(module.run), rounds=args.rounds)
         seq = ms["sequential"]
         rows = [[name, f"{t:.2f}", f"{seq / t:.2f}x"] for name, t in ms.items()]
         print(module.report())
@@ -85,8 +82,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         os.makedirs(args.out, exist_ok=True)
         module.save(os.path.join(args.out, "schedule.json"))
         events = module.profile(*inputs)
-        title = (f"{loaded.name}, batch {args.batch}: {module.schedule.scheduler} schedule "
-                 f"on the {module.backend} backend")
+        title = (f"{loaded.name}, batch {args.batch}: {kept.scheduler} schedule "
+                 f"on the {module.backend.name} backend")
         draw_timeline(events, os.path.join(args.out, "timeline.png"), title)
         write_chrome_trace(events, os.path.join(args.out, "trace.json"), loaded.name)
         print(f"wrote {args.out}/schedule.json, timeline.png, trace.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from opsched.cli.main import Handler, subcommand
+from opsched.schedule import Schedule
 
 
 @subcommand("show", "print a saved schedule; with --png, draw its timeline simulated on an analytic device")
@@ -15,7 +16,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--png", help="write the simulated timeline here")
 
     def run(args: argparse.Namespace) -> int:
-        from opsched.schedule.types import Schedule
+        from opsched.schedule import Schedule
 
         sched = Schedule.load(args.schedule)
         print(sched)
@@ -25,17 +26,17 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
-def _draw(sched, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+def _draw(sched: Schedule, args: argparse.Namespace) -> None:
     from opsched.cli.models import load_model
     from opsched.cost import DEVICES, AnalyticCostModel
-    from opsched.schedule.simulate import simulate
+    from opsched.schedulers.simulate import simulate
     from opsched.viz import draw_timeline
 
     loaded = load_model(args.model or sched.graph_name, sched.batch)
     sched.validate(loaded.graph)
     device = args.device or (sched.device if sched.device in DEVICES else "V100")
     cost = AnalyticCostModel(device)
-    sim = simulate(loaded.graph, sched, cost.resources(loaded.graph, sched.merged))
+    sim = simulate(loaded.graph, sched, cost.resources(loaded.graph, sched.merges))
     draw_timeline(sim.events, args.png, f"{sched.graph_name}: {sched.scheduler} schedule, simulated on {device} "
                                         f"({sim.makespan_ms:.2f} ms)")
     print(f"simulated makespan on {device}: {sim.makespan_ms:.3f} ms; wrote {args.png}")

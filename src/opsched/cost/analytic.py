@@ -52,8 +52,8 @@ from opsched.cost.base import SegmentCut
 from opsched.cost.devices import DeviceSpec, device_spec
 from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.ir import Graph, Node, node_bytes, node_flops, op_schema
-from opsched.schedule.merge import merged_conv
-from opsched.schedule.types import Stage
+from opsched.ops.conv import merged_conv
+from opsched.schedule import Stage
 
 __all__ = ["AnalyticCostModel", "OpCost"]
 
@@ -155,7 +155,7 @@ class AnalyticCostModel:
 
     def stage_latency(self, graph: Graph, stage: Stage) -> float:
         s = self.spec
-        if stage.strategy == "merge" and len(stage.nodes) > 1:
+        if stage.is_merge:
             c = self._merged_cost(graph, stage)
             return max(c.launch_ms, c.exec_ms) if s.async_launch else c.launch_ms + c.exec_ms
         costs = [[self.op_cost(graph, graph.node(v)) for v in g] for g in stage.groups]

@@ -1,16 +1,15 @@
-"""The cost-model protocol: how long one stage takes, in milliseconds."""
+"""The cost-model protocol: how long one stage takes, in milliseconds, and what cutting a
+backend's segments around it costs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from opsched.ir import Graph
-
-if TYPE_CHECKING:
-    from opsched.schedule.types import Stage
+from opsched.schedule import Stage
 
 __all__ = ["CostModel", "SegmentCut"]
 
@@ -38,20 +37,18 @@ class CostModel(Protocol):
     """Prices stages. Schedulers ask; they never run kernels themselves.
 
     ``key`` identifies the model and everything its answers depend on (device, backend,
-    library versions...): caches of its answers are keyed by it. A model must give the same
-    answer for structurally equal stages (same op signatures, grouping and wiring), which is
-    what lets schedulers share one answer across repeated blocks.
+    library versions...). A model must give the same answer for structurally equal stages (same
+    op signatures, grouping and wiring), which is what lets schedulers share one answer across
+    repeated blocks.
 
     ``monotone`` promises that a stage never costs less than a stage made of a subset of its
     groups (adding work cannot speed up what was there). Searches use it to discard stages
-    unpriced; a model that cannot promise it sets it to ``False``.
+    unpriced; a model that cannot promise it is ``False``.
 
-    A model may also offer ``segment_cut(graph) -> SegmentCut | None``: what a stage of several
-    groups costs beyond its price by cutting the segment around it. Schedules are then priced
-    with it (:func:`opsched.schedule.estimate`), and the IOS search optimises it.
+    ``segment_cut(graph)``: what a stage of several groups costs beyond its price by cutting the
+    segment around it, or ``None`` where cutting costs nothing. Schedules are priced with it
+    (:func:`opsched.cost.estimate_stages`), and the IOS search optimises it.
     """
-
-    monotone: bool
 
     @property
     def key(self) -> str: ...
@@ -59,4 +56,9 @@ class CostModel(Protocol):
     @property
     def device(self) -> str: ...
 
+    @property
+    def monotone(self) -> bool: ...
+
     def stage_latency(self, graph: Graph, stage: Stage) -> float: ...
+
+    def segment_cut(self, graph: Graph) -> SegmentCut | None: ...

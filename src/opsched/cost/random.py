@@ -14,7 +14,7 @@ import hashlib
 
 from opsched.cost.base import SegmentCut
 from opsched.ir import Graph, stage_key
-from opsched.schedule.types import Stage
+from opsched.schedule import Stage
 
 __all__ = ["RandomCostModel"]
 

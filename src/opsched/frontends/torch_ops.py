@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsched.frontends._common import Unsupported
+from opsched.ops.activation import ACTIVATIONS
 from opsched.frontends.torch_fx import (
     FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value, _FxConverter, _register,
 )
@@ -87,15 +88,10 @@ def _unary(op: str) -> Converter:
     return convert
 
 
-for _cls, _op in ((nn.ReLU, "relu"), (nn.ReLU6, "relu6"), (nn.Sigmoid, "sigmoid"), (nn.Tanh, "tanh"),
-                  (nn.SiLU, "silu"), (nn.Hardswish, "hardswish")):
-    _register(MODULE_CONVERTERS, _cls)(_unary(_op))
-for _fn, _op in ((F.relu, "relu"), (torch.relu, "relu"), (F.relu6, "relu6"), (torch.sigmoid, "sigmoid"),
-                 (F.sigmoid, "sigmoid"), (torch.tanh, "tanh"), (F.tanh, "tanh"), (F.silu, "silu"),
-                 (F.hardswish, "hardswish")):
-    _register(FUNCTION_CONVERTERS, _fn)(_unary(_op))
-for _m, _op in (("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh")):
-    _register(METHOD_CONVERTERS, _m)(_unary(_op))
+for _act in ACTIVATIONS.values():  # the one table of activations says how torch spells each
+    _register(MODULE_CONVERTERS, *_act.modules)(_unary(_act.name))
+    _register(FUNCTION_CONVERTERS, *_act.functions)(_unary(_act.name))
+    _register(METHOD_CONVERTERS, *_act.methods)(_unary(_act.name))
 
 
 @_register(MODULE_CONVERTERS, nn.GELU)

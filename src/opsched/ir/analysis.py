@@ -8,10 +8,11 @@ from collections.abc import Callable, Sequence
 
 from opsched._toposort import bits
 from opsched.ir.graph import Graph
+from opsched.ir.schema import node_flops
 
 __all__ = [
     "descendants", "ancestors", "width", "max_antichain", "min_chain_cover", "generations", "critical_path",
-    "total_flops", "parameter_count",
+    "total_flops", "parameter_count", "live_values",
 ]
 
 
@@ -172,10 +173,16 @@ def critical_path(graph: Graph, weight: Callable[[int], float] | Sequence[float]
 
 
 def total_flops(graph: Graph) -> int:
-    from opsched.ir.ops import node_flops
-
     return sum(node_flops(n, graph.input_types(n), graph.node_param_types(n)) for n in graph.nodes)
 
 
 def parameter_count(graph: Graph) -> int:
     return sum(int(t.numel()) for t in graph.params.values())
+
+
+def live_values(graph: Graph, done: set[str]) -> list[str]:
+    """Values computed in ``done`` or given (graph inputs) that a node not in ``done`` reads, in
+    the order they are defined: what is live at the point where exactly ``done`` has run."""
+    wanted = {v for n in graph.nodes if n.name not in done for v in n.inputs}
+    return [v for v in (*(i.name for i in graph.inputs), *(n.name for n in graph.nodes))
+            if v in wanted and (v in done or v not in graph.index)]

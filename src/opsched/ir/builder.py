@@ -9,7 +9,7 @@ import torch
 
 from opsched.ir.graph import Graph, GraphInput, tensor_type
 from opsched.ir.node import Node
-from opsched.ir.ops import infer_type
+from opsched.ir.schema import infer_type
 from opsched.ir.types import FrozenAttrs, TensorType
 
 __all__ = ["GraphBuilder"]

@@ -18,11 +18,13 @@ from opsched.errors import (
     OpschedError,
     ShapeMismatchError,
 )
+from opsched.ir.hashing import node_signature, structural_hash
 from opsched.ir.node import Node
-from opsched.ir.ops import infer_type
+from opsched.ir.printer import format_graph
+from opsched.ir.schema import infer_type
 from opsched.ir.types import TensorType
 
-__all__ = ["Graph", "GraphInput", "tensor_type"]
+__all__ = ["Graph", "GraphInput", "tensor_type", "random_inputs"]
 
 
 def tensor_type(t: torch.Tensor) -> TensorType:
@@ -103,21 +105,15 @@ class Graph:
         return len(self.nodes)
 
     def __str__(self) -> str:
-        from opsched.ir.printer import format_graph
-
         return format_graph(self)
 
     @cached_property
     def signatures(self) -> dict[str, str]:
         """Node name -> :func:`~opsched.ir.hashing.node_signature` (what matters to its cost)."""
-        from opsched.ir.hashing import node_signature
-
         return {n.name: node_signature(self, n) for n in self.nodes}
 
     @cached_property
     def _structural_hash(self) -> str:
-        from opsched.ir.hashing import structural_hash
-
         return structural_hash(self)
 
     def structural_hash(self) -> str:
@@ -200,6 +196,12 @@ class Graph:
             params={k: v for k, v in self.params.items() if k in used_params},
             callables={k: v for k, v in self.callables.items() if k in keep},
         )
+
+
+def random_inputs(graph: Graph, device: str | torch.device = "cpu", seed: int = 0) -> list[torch.Tensor]:
+    """Reproducible random inputs of ``graph``'s input types on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(i.type.shape, generator=gen).to(device, getattr(torch, i.type.dtype)) for i in graph.inputs]
 
 
 def _check_acyclic(graph: Graph) -> None:

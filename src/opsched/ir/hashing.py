@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from opsched.ir.graph import Graph
 from opsched.ir.node import Node
+
+if TYPE_CHECKING:
+    from opsched.ir.graph import Graph
 
 __all__ = ["structural_hash", "node_signature", "group_wiring", "stage_key"]
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from opsched.ir.graph import Graph
+from typing import TYPE_CHECKING
+
 from opsched.ir.node import Node
+
+if TYPE_CHECKING:
+    from opsched.ir.graph import Graph
 
 __all__ = ["format_graph", "format_node"]
 

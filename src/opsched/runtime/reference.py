@@ -12,7 +12,7 @@ import torch
 
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError
 from opsched.ir import Graph
-from opsched.runtime.kernels import Kernel, make_kernel
+from opsched.ops import Kernel, torch_kernel
 
 __all__ = ["Interpreter", "run_graph", "check_inputs"]
 
@@ -40,7 +40,7 @@ class Interpreter:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.kernels: list[Kernel] = [make_kernel(graph, n) for n in graph.nodes]
+        self.kernels: list[Kernel] = [torch_kernel(graph, n) for n in graph.nodes]
         # value name -> index of the node after which it is dead (never, for graph outputs)
         last: dict[str, int] = {}
         for i, n in enumerate(graph.nodes):

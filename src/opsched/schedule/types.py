@@ -1,45 +1,55 @@
-"""Schedules as data: stages of concurrent groups (IOS) or barrier-free lanes (list scheduling).
+"""Schedules as data: lanes of nodes, the waits between lanes, merged convolutions, barriers.
 
-A :class:`Schedule` is either
+A :class:`Schedule` is one form for every scheduler:
 
-* **stage-based**: ``stages`` run one after another; within a ``parallel`` stage each group is
-  a chain run in order on its own lane and the groups run at once; a ``merge`` stage's
-  convolutions (which read one tensor) run as one wider convolution; or
-* **lane-based**: ``lanes`` are ordered node lists, one per lane, with no barriers; a node waits
-  for its producers (an event where a producer sits on another lane) and for the nodes that
-  ``waits`` names for it: ordering edges that carry no data, which a resource-aware list
-  scheduler adds so that a node starts only once another has freed the device for it; the
-  convolutions of each of ``merges`` stand next to each other in one lane and run as one
-  merged convolution.
+* ``lanes``: ordered node lists, each run in order on its own lane (a CUDA stream, a CPU
+  thread), each with an optional device and backend. A node waits for its producers (an event
+  where a producer sits on another lane);
+* ``waits``: ordering edges that carry no data, ``(node, node it waits for)``: a resource-aware
+  list scheduler adds them so that a node starts only once another has freed the device;
+* ``merges``: convolutions that read one tensor and run as one wider convolution; the members
+  of a merge stand next to each other, in order, in one lane;
+* ``barriers``: points where every lane waits for every other. Barrier ``k`` is a tuple with one
+  entry per lane, the number of that lane's nodes before it; everything before a barrier
+  finishes before anything after it starts.
 
-Both lower to the same execution plan. A schedule is plain data: it records the structural
-hash of the graph it was made for and refuses to be applied to another.
+IOS's stages are a schedule with a barrier after each stage (:meth:`Schedule.from_stages`):
+group ``i`` of every stage on lane ``i``, a merge stage on lane 0. Such a schedule prints in
+IOS's nested ``Sequential(...)``/``Parallel(...)`` form and gives its stages back
+(:attr:`Schedule.stages`). A :class:`Stage` is also what cost models price.
+
+A schedule is plain data: it records the structural hash of the graph it was made for and
+refuses to be applied to another (:meth:`Schedule.validate`); its JSON form is versioned and
+reads every earlier version.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
-from opsched._toposort import kahn
-from opsched.errors import IllegalMergeError, InvalidScheduleError, ScheduleMismatchError
+from opsched.errors import InvalidScheduleError
 from opsched.ir import Graph
-from opsched.schedule.merge import check_merge
+from opsched.schedule.validate import check_schedule
 
-__all__ = ["Stage", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
+__all__ = ["Stage", "Lane", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
 
 Strategy = Literal["parallel", "merge"]
 FORMAT = "opsched.schedule"
-FORMAT_VERSION = 1
+#: 2: lanes, waits, merges and barriers (1: stages, or lanes with waits and merges).
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
+    """Groups that run at once, each a chain run in order on its own lane (``parallel``), or
+    convolutions that read one tensor run as one (``merge``; one node per group)."""
+
     groups: tuple[tuple[str, ...], ...]
     strategy: Strategy = "parallel"
 
@@ -49,17 +59,43 @@ class Stage:
             raise InvalidScheduleError(f"unknown stage strategy {self.strategy!r}; expected 'parallel' or 'merge'")
         if not self.groups or any(not g for g in self.groups):
             raise InvalidScheduleError(f"a stage needs non-empty groups, got {self.groups}")
+        if self.strategy == "merge" and any(len(g) != 1 for g in self.groups):
+            raise InvalidScheduleError(f"a merge stage has one convolution per group, got {self.groups}")
 
     @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(v for g in self.groups for v in g)
 
+    @property
+    def is_merge(self) -> bool:
+        """Two or more convolutions run as one (a one-node merge stage runs like a parallel one)."""
+        return self.strategy == "merge" and len(self.groups) > 1
+
     def __str__(self) -> str:
         if self.strategy == "merge":
-            return "Merge(" + ", ".join(v for g in self.groups for v in g) + ")"
+            return "Merge(" + ", ".join(self.nodes) + ")"
         if len(self.groups) == 1:
             return "[" + ", ".join(self.groups[0]) + "]"
         return "Parallel(" + ", ".join("[" + ", ".join(g) + "]" for g in self.groups) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """Nodes run in order on one lane; ``device`` (``"cuda:0"``) and ``backend`` (a registered
+    backend's name) where it runs, ``None`` for the module's own."""
+
+    nodes: tuple[str, ...]
+    device: str | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.nodes)
 
 
 def graph_batch(graph: Graph) -> int:
@@ -67,15 +103,19 @@ def graph_batch(graph: Graph) -> int:
     return graph.inputs[0].type.shape[0] if graph.inputs and graph.inputs[0].type.shape else 1
 
 
+def _lane(value: Lane | Sequence[str]) -> Lane:
+    return value if isinstance(value, Lane) else Lane(tuple(value))
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """What to run when, plus what it was made for (``graph_hash``, ``batch``, ``device``...)."""
+    """What to run where and when, plus what it was made for (``graph_hash``, ``batch``, ...)."""
 
     graph_hash: str
-    stages: tuple[Stage, ...] = ()
-    lanes: tuple[tuple[str, ...], ...] | None = None
-    waits: tuple[tuple[str, str], ...] = ()  # (node, node it must wait for), lane-based only
-    merges: tuple[tuple[str, ...], ...] = ()  # convolutions run as one, lane-based only
+    lanes: tuple[Lane, ...]
+    waits: tuple[tuple[str, str], ...] = ()
+    merges: tuple[tuple[str, ...], ...] = ()
+    barriers: tuple[tuple[int, ...], ...] = ()
     graph_name: str = ""
     batch: int = 1
     device: str = ""
@@ -85,37 +125,68 @@ class Schedule:
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stages", tuple(self.stages))
-        if self.lanes is not None:
-            object.__setattr__(self, "lanes", tuple(tuple(lane) for lane in self.lanes))
-            if self.stages:
-                raise InvalidScheduleError("a schedule has stages or lanes, not both")
+        object.__setattr__(self, "lanes", tuple(_lane(lane) for lane in self.lanes))
         object.__setattr__(self, "waits", tuple((str(a), str(b)) for a, b in self.waits))
         object.__setattr__(self, "merges", tuple(tuple(m) for m in self.merges))
-        if (self.waits or self.merges) and self.lanes is None:
-            raise InvalidScheduleError("only a lane-based schedule has waits and merges; a stage-based one has "
-                                       "barriers and merge stages")
+        object.__setattr__(self, "barriers", tuple(tuple(int(p) for p in b) for b in self.barriers))
 
-    @property
-    def is_lane_based(self) -> bool:
-        return self.lanes is not None
+    @classmethod
+    def from_stages(cls, graph_hash: str, stages: Iterable[Stage], **meta: Any) -> Schedule:
+        """IOS's stages: group ``i`` of each stage on lane ``i`` (a merge stage on lane 0), and a
+        barrier after every stage."""
+        stages = list(stages)
+        width = max((1 if s.is_merge else len(s.groups) for s in stages), default=1)
+        lanes: list[list[str]] = [[] for _ in range(width)]
+        merges, barriers = [], []
+        for stage in stages:
+            if stage.is_merge:
+                lanes[0].extend(stage.nodes)
+                merges.append(stage.nodes)
+            else:
+                for lane, group in zip(lanes, stage.groups):
+                    lane.extend(group)
+            barriers.append(tuple(len(lane) for lane in lanes))
+        return cls(graph_hash, tuple(Lane(tuple(lane)) for lane in lanes), merges=tuple(merges),
+                   barriers=tuple(barriers), **meta)
 
+    # --- derived views ----------------------------------------------------------------------
     @property
     def nodes(self) -> list[str]:
-        if self.lanes is not None:
-            return [v for lane in self.lanes for v in lane]
-        return [v for s in self.stages for v in s.nodes]
+        return [v for lane in self.lanes for v in lane.nodes]
 
-    @property
-    def merged(self) -> tuple[tuple[str, ...], ...]:
-        """Every merged convolution's members: the lane-based merges and the merge stages."""
-        return self.merges + tuple(s.nodes for s in self.stages if s.strategy == "merge" and len(s.nodes) > 1)
+    def regions(self) -> list[tuple[tuple[str, ...], ...]]:
+        """The parts between barriers (empty ones dropped): per part, each lane's nodes in it."""
+        cuts = [tuple(0 for _ in self.lanes), *self.barriers, tuple(len(lane) for lane in self.lanes)]
+        out = []
+        for before, after in zip(cuts, cuts[1:]):
+            part = tuple(lane.nodes[a:b] for lane, a, b in zip(self.lanes, before, after))
+            if any(part):
+                out.append(part)
+        return out
 
-    def lane_items(self, lane: tuple[str, ...]) -> list[str]:
+    @cached_property
+    def stages(self) -> tuple[Stage, ...] | None:
+        """The stages, where this schedule has IOS's shape (barriers, no waits): each part between
+        barriers is a stage whose groups are its lanes' nodes; a part that is one merge is a merge
+        stage. ``None`` for a schedule of free-running lanes."""
+        if not self.barriers or self.waits:
+            return None
+        merges = {m: m for m in self.merges}
+        out = []
+        for part in self.regions():
+            groups = tuple(g for g in part if g)
+            if len(groups) == 1 and groups[0] in merges:
+                out.append(Stage(tuple((v,) for v in groups[0]), "merge"))
+            else:
+                out.append(Stage(groups))
+        return tuple(out)
+
+    def lane_items(self, lane: Lane | Sequence[str]) -> list[str]:
         """A lane's entries with each merge shown once, as ``merge(a,b,...)``."""
         first = {m[0]: m for m in self.merges}
         inside = {v for m in self.merges for v in m[1:]}
-        return [f"merge({','.join(first[v])})" if v in first else v for v in lane if v not in inside]
+        nodes = lane.nodes if isinstance(lane, Lane) else lane
+        return [f"merge({','.join(first[v])})" if v in first else v for v in nodes if v not in inside]
 
     def retarget(self, graph: Graph) -> Schedule:
         """This schedule applied to ``graph``: the same model at another batch size, input
@@ -126,73 +197,57 @@ class Schedule:
                                     batch=graph_batch(graph), estimated_ms=None)
         return moved.validate(graph)
 
-    # --- the checker ------------------------------------------------------------------------
     def validate(self, graph: Graph) -> Schedule:
         """Check that this schedule fits ``graph`` and is executable; return ``self``.
 
-        Raises :class:`ScheduleMismatchError` for a schedule made for another graph and
-        :class:`InvalidScheduleError` (or :class:`IllegalMergeError`) naming the first offence:
-        a node scheduled twice or never, a dependency that runs backwards, groups of one
-        parallel stage that depend on each other, a merge of incompatible operators.
+        Raises :class:`~opsched.errors.ScheduleMismatchError` for a schedule made for another
+        graph and :class:`~opsched.errors.InvalidScheduleError` (or
+        :class:`~opsched.errors.IllegalMergeError`) naming the first offence: a node scheduled
+        twice or never, a dependency that runs backwards, a merge of incompatible operators.
         """
-        ghash = graph.structural_hash()
-        if self.graph_hash != ghash:
-            raise ScheduleMismatchError(
-                f"this schedule was made for graph {self.graph_name or '?'} (structural hash "
-                f"{self.graph_hash[:12]}), not for {graph.name!r} ({ghash[:12]}): re-run the scheduler "
-                f"for this model, batch size, input shape and precision (or, for the same model at another "
-                f"batch size, Schedule.retarget(graph) runs it untuned)")
-        seen: dict[str, int] = {}
-        for v in self.nodes:
-            if v not in graph.index:
-                raise InvalidScheduleError(f"schedule names {v!r}, which is not a node of graph {graph.name!r}")
-            if v in seen:
-                raise InvalidScheduleError(f"node {v!r} is scheduled twice")
-            seen[v] = 1
-        missing = [n.name for n in graph.nodes if n.name not in seen]
-        if missing:
-            raise InvalidScheduleError(f"{len(missing)} node(s) of {graph.name!r} are never scheduled, "
-                                       f"e.g. {missing[:5]}")
-        if self.lanes is not None:
-            _check_lanes(graph, self.lanes, self.waits)
-            _check_lane_merges(graph, self.lanes, self.merges)
-        else:
-            _check_stages(graph, self.stages)
+        check_schedule(self, graph)
         return self
 
     # --- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        def lane(ln: Lane) -> list[str] | dict[str, Any]:
+            if ln.device is None and ln.backend is None:
+                return list(ln.nodes)
+            return {"nodes": list(ln.nodes), "device": ln.device, "backend": ln.backend}
+
         return {
             "format": FORMAT, "version": FORMAT_VERSION,
             "graph": self.graph_name, "graph_hash": self.graph_hash, "batch": self.batch,
             "device": self.device, "scheduler": self.scheduler, "options": dict(self.options),
             "estimated_ms": self.estimated_ms, "stats": dict(self.stats),
-            "stages": [{"strategy": s.strategy, "groups": [list(g) for g in s.groups]} for s in self.stages],
-            "lanes": None if self.lanes is None else [list(lane) for lane in self.lanes],
+            "lanes": [lane(ln) for ln in self.lanes],
             "waits": [list(w) for w in self.waits],
             "merges": [list(m) for m in self.merges],
+            "barriers": [list(b) for b in self.barriers],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Schedule:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise InvalidScheduleError(f"{source}: not an opsched schedule (no \"format\": \"{FORMAT}\")")
-        if data.get("version") != FORMAT_VERSION:
-            raise InvalidScheduleError(f"{source}: schedule format version {data.get('version')!r}; this opsched "
-                                       f"reads version {FORMAT_VERSION}")
+        version = data.get("version")
+        if version not in (1, FORMAT_VERSION):
+            raise InvalidScheduleError(f"{source}: schedule format version {version!r}; this opsched reads "
+                                       f"versions 1 to {FORMAT_VERSION}")
         try:
-            stages = tuple(Stage(tuple(tuple(g) for g in s["groups"]), s.get("strategy", "parallel"))
-                           for s in data.get("stages") or ())
-            lanes = data.get("lanes")
-            return cls(graph_hash=data["graph_hash"], stages=stages,
-                       lanes=None if lanes is None else tuple(tuple(lane) for lane in lanes),
+            meta = dict(graph_name=data.get("graph", ""), batch=int(data.get("batch", 1)),
+                        device=data.get("device", ""), scheduler=data.get("scheduler", ""),
+                        options=dict(data.get("options") or {}), estimated_ms=data.get("estimated_ms"),
+                        stats=dict(data.get("stats") or {}))
+            if version == 1 and data.get("lanes") is None:  # version 1's stage-based form
+                stages = [Stage(tuple(tuple(g) for g in s["groups"]), s.get("strategy", "parallel"))
+                          for s in data.get("stages") or ()]
+                return cls.from_stages(data["graph_hash"], stages, **meta)
+            return cls(data["graph_hash"], tuple(_lane_from(ln) for ln in data["lanes"]),
                        waits=tuple((a, b) for a, b in data.get("waits") or ()),
                        merges=tuple(tuple(m) for m in data.get("merges") or ()),
-                       graph_name=data.get("graph", ""), batch=int(data.get("batch", 1)),
-                       device=data.get("device", ""), scheduler=data.get("scheduler", ""),
-                       options=dict(data.get("options") or {}), estimated_ms=data.get("estimated_ms"),
-                       stats=dict(data.get("stats") or {}))
-        except (KeyError, TypeError, ValueError) as e:
+                       barriers=tuple(tuple(b) for b in data.get("barriers") or ()), **meta)
+        except (KeyError, TypeError, ValueError, InvalidScheduleError) as e:
             raise InvalidScheduleError(f"{source}: malformed schedule: {type(e).__name__}: {e}") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -206,12 +261,12 @@ class Schedule:
     def load(cls, path: str | os.PathLike[str]) -> Schedule:
         source = os.fspath(path)
         try:
-            with open(source) as f:
+            with open(source, encoding="utf-8") as f:
                 data = json.load(f)
         except OSError as e:
             raise InvalidScheduleError(f"cannot read schedule {source!r}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise InvalidScheduleError(f"{source}: not JSON (line {e.lineno}): {e.msg}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InvalidScheduleError(f"{source}: not JSON, so not a schedule ({e})") from None
         return cls.from_dict(data, source)
 
     # --- printing ---------------------------------------------------------------------------
@@ -219,77 +274,22 @@ class Schedule:
         est = f", estimated {self.estimated_ms:.3f} ms" if self.estimated_ms is not None else ""
         head = (f"Schedule of {self.graph_name or '?'} by {self.scheduler or '?'} "
                 f"(batch {self.batch}{', ' + self.device if self.device else ''}{est})")
-        if self.lanes is not None:
-            body = [f"  Lane {i}: [" + ", ".join(self.lane_items(lane)) + "]" for i, lane in enumerate(self.lanes)]
-            body += [f"  {a} waits for {b}" for a, b in self.waits]
-            return "\n".join([head + f": {len(self.lanes)} lanes", *body])
-        body = ["  " + str(s) + ("," if i < len(self.stages) - 1 else "") for i, s in enumerate(self.stages)]
-        return "\n".join([head + f": {len(self.stages)} stages", "Sequential(", *body, ")"])
+        stages = self.stages
+        if stages is not None:
+            body = ["  " + str(s) + ("," if i < len(stages) - 1 else "") for i, s in enumerate(stages)]
+            return "\n".join([head + f": {len(stages)} stages", "Sequential(", *body, ")"])
+        lines = []
+        for i, lane in enumerate(self.lanes):
+            where = ", ".join(f"{k}={v}" for k, v in (("device", lane.device), ("backend", lane.backend)) if v)
+            lines.append(f"  Lane {i}{f' ({where})' if where else ''}: [" + ", ".join(self.lane_items(lane)) + "]")
+        lines += [f"  {a} waits for {b}" for a, b in self.waits]
+        lines += [f"  barrier after {list(b)} nodes of each lane" for b in self.barriers]
+        return "\n".join([head + f": {len(self.lanes)} lanes", *lines])
 
 
-def _check_stages(graph: Graph, stages: Iterable[Stage]) -> None:
-    done: set[str] = set()
-    for k, stage in enumerate(stages):
-        here = set(stage.nodes)
-        group_of = {v: gi for gi, g in enumerate(stage.groups) for v in g}
-        for gi, group in enumerate(stage.groups):
-            earlier_in_group: set[str] = set()
-            for v in group:
-                for u in graph.node(v).inputs:
-                    if u not in graph.index or u in done or u in earlier_in_group:
-                        continue
-                    if u in here:
-                        if group_of[u] != gi:
-                            raise InvalidScheduleError(
-                                f"stage {k}: node {v!r} (group {gi}) reads {u!r} from group {group_of[u]} "
-                                f"of the same parallel stage; groups of a stage must be independent")
-                        raise InvalidScheduleError(f"stage {k}: node {v!r} runs before {u!r}, which it reads")
-                    raise InvalidScheduleError(f"stage {k}: node {v!r} reads {u!r}, which is scheduled later")
-                earlier_in_group.add(v)
-        if stage.strategy == "merge":
-            try:
-                check_merge(graph, stage.nodes)
-            except IllegalMergeError as e:
-                raise IllegalMergeError(f"stage {k}: {e}") from None
-            if any(len(g) != 1 for g in stage.groups):
-                raise IllegalMergeError(f"stage {k}: a merge stage has one operator per group")
-        done |= here
-
-
-def _check_lanes(graph: Graph, lanes: tuple[tuple[str, ...], ...], extra: tuple[tuple[str, str], ...]) -> None:
-    """Deadlock-free iff data edges, per-lane order and the waits can be ordered together."""
-    waits: dict[str, set[str]] = {}
-    for lane in lanes:
-        for i, v in enumerate(lane):
-            waits[v] = {u for u in graph.node(v).inputs if u in graph.index} | ({lane[i - 1]} if i else set())
-    for a, b in extra:
-        for v in (a, b):
-            if v not in graph.index:
-                raise InvalidScheduleError(f"a wait names {v!r}, which is not a node of graph {graph.name!r}")
-        waits[a].add(b)
-    stuck = kahn(waits)
-    if stuck:
-        raise InvalidScheduleError(f"lane order and waits contradict data dependencies (it would deadlock) at "
-                                   f"{sorted(stuck)[:5]}")
-
-
-def _check_lane_merges(graph: Graph, lanes: tuple[tuple[str, ...], ...], merges: tuple[tuple[str, ...], ...]) -> None:
-    where = {v: (li, pos) for li, lane in enumerate(lanes) for pos, v in enumerate(lane)}
-    merged: set[str] = set()
-    for k, members in enumerate(merges):
-        if len(members) < 2:
-            raise IllegalMergeError(f"merge {k}: a merge needs two or more convolutions, got {list(members)}")
-        for v in members:
-            if v not in graph.index:
-                raise InvalidScheduleError(f"merge {k} names {v!r}, which is not a node of graph {graph.name!r}")
-            if v in merged:
-                raise IllegalMergeError(f"merge {k}: node {v!r} is already in another merge")
-            merged.add(v)
-        lane, pos = where[members[0]]
-        if any(where[v] != (lane, pos + j) for j, v in enumerate(members)):
-            raise IllegalMergeError(f"merge {k}: its convolutions {list(members)} must stand next to each other, "
-                                    f"in this order, in one lane")
-        try:
-            check_merge(graph, members)
-        except IllegalMergeError as e:
-            raise IllegalMergeError(f"merge {k}: {e}") from None
+def _lane_from(value: Any) -> Lane:
+    if isinstance(value, Mapping):
+        return Lane(tuple(value["nodes"]), value.get("device"), value.get("backend"))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return Lane(tuple(value))
+    raise TypeError(f"a lane is a list of node names or an object with \"nodes\", got {value!r}")

@@ -12,7 +12,7 @@ cut by hand), and identical cells can be solved once.
 
 from __future__ import annotations
 
-from opsched.schedule.units import UnitGraph
+from opsched.schedulers.units import UnitGraph
 
 __all__ = ["cut_units", "partition"]
 

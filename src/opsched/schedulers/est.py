@@ -53,20 +53,41 @@ It runs in O(n log n + E) per graph plus O(lanes) per completion.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from opsched.cost.resources import ResourceModel
+from opsched.cost import CostModel, ResourceModel, StageCoster, device_spec, resources_for
+from opsched.errors import CostModelError, ScheduleError
 from opsched.ir import Graph
-from opsched.schedule.coster import StageCoster
-from opsched.schedule.merge import merge_class
-from opsched.schedule.simulate import Fluid
-from opsched.schedule.types import Stage
+from opsched.ops.conv import merge_class
+from opsched.schedule import Schedule, Stage
+from opsched.schedulers.registry import Progress, SchedulerSpec, laned, option, positive, register
+from opsched.schedulers.simulate import Fluid
 
-__all__ = ["EstPlan", "est_lanes", "bottom_levels", "choose_merges"]
+__all__ = ["EstOptions", "EstPlan", "est_lanes", "bottom_levels", "choose_merges"]
 
 _EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class EstOptions:
+    """The list scheduler's options (:func:`est_lanes`)."""
+
+    max_lanes: int | None = option(8, "most operators running at once (streams, CPU threads); None: no limit")
+    merge: bool = option(True, "merge sibling convolutions where the cost model says it pays")
+    demands: str | None = option(None, "analytic preset whose device demands to borrow (default: the cost "
+                                       "model's device)")
+
+    def __post_init__(self) -> None:
+        positive("est", "max_lanes", self.max_lanes, allow_none=True)
+        if self.demands is not None:
+            try:
+                device_spec(self.demands)
+            except CostModelError as e:
+                raise ScheduleError(f"option demands of scheduler 'est': {e}") from None
 
 
 @dataclass(frozen=True)
@@ -141,103 +162,147 @@ def choose_merges(graph: Graph, coster: StageCoster) -> list[tuple[str, ...]]:
 
 def est_lanes(graph: Graph, resources: ResourceModel, max_lanes: int | None = None,
               merges: Sequence[tuple[str, ...]] = ()) -> EstPlan:
-    tasks = _Tasks.of(graph, merges)
-    preds, succs = tasks.preds, tasks.succs
-    n = len(tasks.members)
-    names = [group[0] for group in tasks.members]
-    demand = [resources["+".join(group)] for group in tasks.members]
-    duration = [d.duration_ms for d in demand]
-    level = bottom_levels(succs, duration)
-    cap = max_lanes if max_lanes is not None else n
-    pending = [len(ps) for ps in preds]
-    start, end, ready_at = [0.0] * n, [0.0] * n, [0.0] * n
-    lane_of = [-1] * n
-    lanes: list[list[int]] = []
-    lane_busy: list[bool] = []
-    waits: list[tuple[str, str]] = []
-    fluid = Fluid(resources)
-    just_finished: list[int] = []  # operators that finished at the current time
-    heap: list[tuple[float, float, int]] = []  # ready operators, most urgent first
-    views: list[tuple[float, float, int]] = []  # ready views (they take no time), same keys
+    """Lanes, waits and the planned timeline of ``graph`` (see the module docstring)."""
+    return _Planner(graph, resources, max_lanes, merges).plan()
 
-    def ready(i: int) -> None:
-        entry = (-level[i], -demand[i].area_ms, i)
-        if duration[i] <= 0:
-            views.append(entry)
+
+class _Planner:
+    """One play of the graph forward on the fluid device, placing operators as they start."""
+
+    def __init__(self, graph: Graph, resources: ResourceModel, max_lanes: int | None,
+                 merges: Sequence[tuple[str, ...]]) -> None:
+        self.tasks = _Tasks.of(graph, merges)
+        self.merges = tuple(tuple(m) for m in merges)
+        self.resources = resources
+        n = len(self.tasks.members)
+        self.names = [group[0] for group in self.tasks.members]
+        self.demand = [resources["+".join(group)] for group in self.tasks.members]
+        self.duration = [d.duration_ms for d in self.demand]
+        self.level = bottom_levels(self.tasks.succs, self.duration)
+        self.cap = max_lanes if max_lanes is not None else n
+        self.pending = [len(ps) for ps in self.tasks.preds]
+        self.start, self.end, self.ready_at = [0.0] * n, [0.0] * n, [0.0] * n
+        self.lane_of = [-1] * n
+        self.lanes: list[list[int]] = []
+        self.lane_busy: list[bool] = []
+        self.waits: list[tuple[str, str]] = []
+        self.fluid = Fluid(resources)
+        self.just_finished: list[int] = []  # operators that finished at the current time
+        self.heap: list[tuple[float, float, int]] = []  # ready operators, most urgent first
+        self.views: list[tuple[float, float, int]] = []  # ready views (they take no time), same keys
+
+    def plan(self) -> EstPlan:
+        for i, p in enumerate(self.pending):
+            if p == 0:
+                self._ready(i)
+        self._admit()
+        while self.fluid.busy:
+            self.just_finished.clear()
+            for i in self.fluid.advance():
+                self._finish(i)
+            self._admit()
+        if any(p > 0 for p in self.pending) or self.heap or self.views:
+            raise AssertionError("est left operators unscheduled on a verified graph: a bug")
+        members, start, end = self.tasks.members, self.start, self.end
+        node_times = [(v, start[t], end[t]) for t, group in enumerate(members) for v in group]
+        return EstPlan(tuple(tuple(v for t in lane for v in members[t]) for lane in self.lanes), tuple(self.waits),
+                       self.merges, self.fluid.t, {v: s for v, s, _ in node_times}, {v: e for v, _, e in node_times})
+
+    def _ready(self, i: int) -> None:
+        entry = (-self.level[i], -self.demand[i].area_ms, i)
+        if self.duration[i] <= 0:
+            self.views.append(entry)
         else:
-            heapq.heappush(heap, entry)
+            heapq.heappush(self.heap, entry)
 
-    def free_lane(i: int, delayed: bool) -> int:
-        free = [li for li, busy in enumerate(lane_busy) if not busy]
+    def _free_lane(self, i: int, delayed: bool) -> int:
+        lanes, end, preds = self.lanes, self.end, self.tasks.preds[i]
+        free = [li for li, busy in enumerate(self.lane_busy) if not busy]
         if not free:
             lanes.append([])
-            lane_busy.append(False)
+            self.lane_busy.append(False)
             return len(lanes) - 1
-        mine = [li for li in free if lanes[li] and lanes[li][-1] in preds[i]]
-        fresh = [li for li in free if lanes[li] and lanes[li][-1] in just_finished]
+        mine = [li for li in free if lanes[li] and lanes[li][-1] in preds]
+        fresh = [li for li in free if lanes[li] and lanes[li][-1] in self.just_finished]
         if delayed and fresh:
-            return max(fresh, key=lambda li: lanes[li][-1] in preds[i])
+            return max(fresh, key=lambda li: lanes[li][-1] in preds)
         if mine:
             return max(mine, key=lambda li: end[lanes[li][-1]])
         used = [li for li in free if lanes[li]]
         return max(used, key=lambda li: end[lanes[li][-1]]) if used else free[0]
 
-    def finish(i: int) -> None:
-        end[i] = fluid.t
-        lane_busy[lane_of[i]] = False
-        just_finished.append(i)
-        for s in succs[i]:
-            pending[s] -= 1
-            if pending[s] == 0:
-                ready_at[s] = fluid.t
-                ready(s)
+    def _finish(self, i: int) -> None:
+        self.end[i] = self.fluid.t
+        self.lane_busy[self.lane_of[i]] = False
+        self.just_finished.append(i)
+        for s in self.tasks.succs[i]:
+            self.pending[s] -= 1
+            if self.pending[s] == 0:
+                self.ready_at[s] = self.fluid.t
+                self._ready(s)
 
-    def place(i: int) -> None:
-        li = free_lane(i, ready_at[i] < fluid.t)
-        last = lanes[li][-1] if lanes[li] else -1
-        constraints = [end[p] for p in preds[i]] + ([end[last]] if last >= 0 else [])
+    def _place(self, i: int) -> None:
+        fluid = self.fluid
+        li = self._free_lane(i, self.ready_at[i] < fluid.t)
+        lane = self.lanes[li]
+        last = lane[-1] if lane else -1
+        constraints = [self.end[p] for p in self.tasks.preds[i]] + ([self.end[last]] if last >= 0 else [])
         if fluid.t > 0 and max(constraints, default=0.0) < fluid.t:
-            donor = max(just_finished, key=lambda j: (demand[j].demand, -j))
-            waits.append((names[i], names[donor]))
-        lanes[li].append(i)
-        lane_of[i] = li
-        lane_busy[li] = True
-        start[i] = fluid.t
-        if duration[i] <= 0:
-            finish(i)  # a view: done at once; its consumers may be ready now
+            donor = max(self.just_finished, key=lambda j: (self.demand[j].demand, -j))
+            self.waits.append((self.names[i], self.names[donor]))
+        lane.append(i)
+        self.lane_of[i] = li
+        self.lane_busy[li] = True
+        self.start[i] = fluid.t
+        if self.duration[i] <= 0:
+            self._finish(i)  # a view: done at once; its consumers may be ready now
         else:
-            fluid.start(i, duration[i], demand[i].demand)
+            fluid.start(i, self.duration[i], self.demand[i].demand)
 
-    def admit() -> None:
+    def _admit(self) -> None:
+        fluid, heap, demand, duration = self.fluid, self.heap, self.demand, self.duration
         # views first: they take no time and no device, so they follow their producer on its
         # lane before anything else takes it (on another lane a view would only add events and,
         # on ONNX Runtime, cut segments)
-        while views and fluid.busy < cap:
-            batch = sorted(views)
-            views.clear()
+        while self.views and fluid.busy < self.cap:
+            batch = sorted(self.views)
+            self.views.clear()
             for _, _, i in batch:
-                place(i)
+                self._place(i)
         # rule 2: start ready operators, most urgent first, while the device is not full
-        while heap and fluid.busy < cap and fluid.load < 1.0 - _EPS:
+        while heap and fluid.busy < self.cap and fluid.load < 1.0 - _EPS:
             i = heap[0][2]
             if fluid.busy and 0 < duration[i] < demand[i].fork_ms:
                 break  # beside the running ones it would gain less than the cut it costs
-            if not resources.oversubscribe and fluid.busy and fluid.load + demand[i].demand > 1.0 + _EPS:
+            if not self.resources.oversubscribe and fluid.busy and fluid.load + demand[i].demand > 1.0 + _EPS:
                 break  # a fixed share per lane: starting it now would only starve it
-            place(heapq.heappop(heap)[2])
+            self._place(heapq.heappop(heap)[2])
 
-    for i in range(n):
-        if pending[i] == 0:
-            ready(i)
-    admit()
-    while fluid.busy:
-        just_finished.clear()
-        for i in fluid.advance():
-            finish(i)
-        admit()
-    if any(p > 0 for p in pending) or heap or views:
-        raise AssertionError("est left operators unscheduled on a verified graph: a bug")
-    node_times = [(v, start[t], end[t]) for t, group in enumerate(tasks.members) for v in group]
-    return EstPlan(tuple(tuple(v for t in lane for v in tasks.members[t]) for lane in lanes), tuple(waits),
-                   tuple(tuple(m) for m in merges), fluid.t, {v: s for v, s, _ in node_times},
-                   {v: e for v, _, e in node_times})
+
+def _est(graph: Graph, cost: CostModel, options: EstOptions, progress: Progress | None) -> Schedule:
+    began = time.perf_counter()
+    merges = choose_merges(graph, StageCoster(graph, cost)) if options.merge else []
+    resources = resources_for(graph, cost, options.demands, merges)
+    priced = time.perf_counter()
+    plan = est_lanes(graph, resources, options.max_lanes, merges)
+    done = time.perf_counter()
+    lane_of = {v: k for k, lane in enumerate(plan.lanes) for v in lane}
+    cross = sum(1 for v, k in lane_of.items() for u in graph.node(v).inputs if lane_of.get(u, k) != k)
+    stats = {"lanes": len(plan.lanes), "merges": len(merges), "events": cross, "waits": len(plan.waits),
+             "pricing_seconds": priced - began, "seconds": done - priced}
+    return laned(graph, cost, plan.lanes, "est", options, plan.waits, plan.merges, plan.makespan_ms, stats)
+
+
+def summarize(stats: Mapping[str, Any]) -> str:
+    """One line about a list schedule, from its stats."""
+    return (f"{stats.get('lanes', 0)} lanes, {stats.get('merges', 0)} merges, {stats.get('events', 0)} cross-lane "
+            f"events, {stats.get('waits', 0)} waits; priced in {stats.get('pricing_seconds', 0.0):.2f} s, "
+            f"planned in {1e3 * stats.get('seconds', 0.0):.1f} ms")
+
+
+def _defaults(device_type: str, cores: int) -> dict[str, Any]:
+    return {"max_lanes": cores} if device_type == "cpu" else {}
+
+
+register(SchedulerSpec("est", _est, EstOptions, "early-start-time-first list scheduling on lanes, no barriers",
+                       _defaults, summarize))

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from opsched.cost.base import CostModel, SegmentCut
+from opsched.cost.cuts import cut_latency
 from opsched.ir import Graph, group_wiring
-from opsched.schedule.types import Stage
+from opsched.schedule import Stage
 
-__all__ = ["StageCoster", "CosterStats"]
+__all__ = ["StageCoster", "CosterStats", "estimate_stages"]
 
 
 @dataclass
@@ -41,8 +42,7 @@ class StageCoster:
     @cached_property
     def segment_cut(self) -> SegmentCut | None:
         """The cost model's :class:`~opsched.cost.SegmentCut` for this graph, asked for once."""
-        ask = getattr(self.cost, "segment_cut", None)
-        return ask(self.graph) if ask is not None else None
+        return self.cost.segment_cut(self.graph)
 
     def group_key(self, group: Sequence[str]) -> tuple[object, ...]:
         """:func:`opsched.ir.stage_key`'s notion of a group, with signatures interned to ints."""
@@ -67,3 +67,10 @@ class StageCoster:
         self._cache[key] = value
         self.stats.distinct += 1
         return value
+
+
+def estimate_stages(graph: Graph, stages: Sequence[Stage], cost: CostModel | StageCoster) -> float:
+    """The cost model's latency of a stage list: the sum of its stages (the IOS model), plus, where
+    the model charges for them, the segments its stages of several groups cut (:mod:`.cuts`)."""
+    coster = cost if isinstance(cost, StageCoster) else StageCoster(graph, cost)
+    return sum(coster.latency(s) for s in stages) + cut_latency(graph, stages, coster.segment_cut)

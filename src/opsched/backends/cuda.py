@@ -1,4 +1,4 @@
-"""CUDA execution: a plan's lanes on CUDA streams, the whole plan captured into one CUDA graph.
+"""The CUDA backend: a plan's lanes on CUDA streams, the whole plan captured into one CUDA graph.
 
 The executor runs a :class:`~opsched.runtime.stream_program.StreamProgram` (launches, event
 records and waits, releases, all decided when the plan was lowered). The first call captures
@@ -13,24 +13,46 @@ the executor logs why once and keeps running the same program eagerly on the str
 The device is reached through a small :class:`StreamDevice` interface, so the whole walk
 (stream switching, events, releases, the capture fallback) also runs against a recording
 stand-in in the CPU tests; only :class:`TorchCuda` touches ``torch.cuda``.
+
+Measuring (:class:`CudaBackend`): Python launch time is what a captured plan no longer pays, so
+it must not be what a stage is priced by. A stage (cut out of the placed graph, lowered and run
+by the same executor, streams, events and all) is captured once after a warm-up (cuDNN
+autotuning is on), then each of ``repeat`` samples times ``inner`` back-to-back replays between
+two CUDA events. Its price is the median sample less the cost of replaying a graph of one
+trivial kernel timed the same way: inside the whole model's graph a stage pays no replay of its
+own. Replays do not drift as CPU calls do, so stages are priced directly, not relative to a
+serial twin.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from opsched.errors import ExecutionError, InputMismatchError, OpschedError
-from opsched.ir import Graph
-from opsched.runtime.cpu import TraceEvent
-from opsched.runtime.plan import Plan, bind_step
+from opsched.backends.base import Executor, register_backend
+from opsched.backends.lanes import step_category
+from opsched.cost import DEVICES, DeviceSpec, SegmentCut, StageTiming, TimingPolicy
+from opsched.cost.devices import gpu_spec_named_in
+from opsched.cost.measured import Calibrations
+from opsched.errors import CostModelError, ExecutionError, InputMismatchError, OpschedError
+from opsched.execution import RunOptions
+from opsched.ir import Graph, GraphBuilder, random_inputs
+from opsched.ops import op_def
+from opsched.runtime import Plan, lower_stage
+from opsched.runtime.kernels import bind_step
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait, stream_program
+from opsched.schedule import Stage
+from opsched.timeline import TraceEvent
+from opsched.timing import Clock, synchronized
 
-__all__ = ["StreamDevice", "TorchCuda", "CudaExecutor", "cuda_available", "capture_blocker"]
+__all__ = ["StreamDevice", "TorchCuda", "CudaExecutor", "CudaBackend", "cuda_available", "capture_blocker",
+           "gpu_fingerprint", "gpu_versions", "gpu_preset"]
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +145,12 @@ class CudaExecutor:
 
     def __init__(self, graph: Graph, plan: Plan, *, device: str | torch.device = "cuda", graphs: bool = True,
                  copy_outputs: bool = True, channels_last: bool = False, warmup: int = 3,
-                 backend: StreamDevice | None = None) -> None:
+                 stream_device: StreamDevice | None = None) -> None:
         self.graph, self.plan = graph, plan
         self.device = torch.device(device)
-        self.dev: StreamDevice = backend if backend is not None else TorchCuda(self.device)
+        self.dev: StreamDevice = stream_device if stream_device is not None else TorchCuda(self.device)
         self.program: StreamProgram = stream_program(plan)
+        self._steps = [bind_step(graph, step, release=False) for step in plan.steps]
         self.copy_outputs, self.channels_last, self.warmup = copy_outputs, channels_last, warmup
         self._side = [self.dev.new_stream() for _ in range(self.program.n_streams - 1)]
         self._events = [self.dev.new_event() for _ in range(self.program.n_events)]
@@ -160,7 +183,7 @@ class CudaExecutor:
         dev, events = self.dev, self._events
         if isinstance(op, Launch):
             step, stream = self.plan.steps[op.step], op.stream
-            run_step = bind_step(step, release=False)
+            run_step = self._steps[op.step]
 
             def launch(r: _Run) -> None:
                 dev.set_stream(r.streams[stream])
@@ -215,12 +238,21 @@ class CudaExecutor:
         log.warning("graph %r: not captured into a CUDA graph (%s); running eagerly on %d stream(s)",
                     self.graph.name, why, self.program.n_streams)
 
-    def __call__(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
-        """Run the plan; with a ``trace`` list, run it eagerly once with CUDA events around each
-        step and append one :class:`~opsched.runtime.cpu.TraceEvent` per step."""
+    def describe(self) -> str:
+        captured = (f"not captured into a CUDA graph: {self.capture_error}" if self.capture_error
+                    else "captured into one CUDA graph")
+        return f"cuda: {self.program.n_streams} CUDA streams on {self.device}; {captured}"
+
+    def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
+        """Run the plan eagerly once with CUDA events around each step: one event per step."""
         self._check(inputs)
-        if trace is not None:
-            return self._traced([self._layout(t) for t in inputs], trace)
+        events: list[TraceEvent] = []
+        self._traced([self._layout(t) for t in inputs], events)
+        return events
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the plan (captured into a CUDA graph on the first call, where it can be)."""
+        self._check(inputs)
         if self.capture_error is not None:
             return self._walk([self._layout(t) for t in inputs])
         if self._replay is None:
@@ -266,5 +298,127 @@ class CudaExecutor:
             phase, lane = self._phase_lane[s]
             step = self.plan.steps[s]
             trace.append(TraceEvent(phase, lane, step.label, step.op, dev.elapsed_ms(origin, start),
-                                    dev.elapsed_ms(origin, end)))
+                                    dev.elapsed_ms(origin, end), step_category(step)))
         return [run.slots[s] for s in self.plan.output_slots]
+
+
+# --- the backend ------------------------------------------------------------------------------
+def gpu_fingerprint(device: torch.device) -> str:
+    p = torch.cuda.get_device_properties(device)
+    return f"{p.name} sm_{p.major}{p.minor} {p.total_memory // 2**20} MiB x{p.multi_processor_count} SMs"
+
+
+def gpu_versions() -> str:
+    return (f"torch={torch.__version__} cuda={torch.version.cuda} cudnn={torch.backends.cudnn.version()} "
+            f"driver={_driver_version()}")
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def gpu_preset(name: str) -> DeviceSpec:
+    """The analytic preset whose name appears in a CUDA device name ("NVIDIA H100 80GB HBM3" -> H100)."""
+    spec = gpu_spec_named_in(name)
+    if spec is not None:
+        return spec
+    presets = ", ".join(k for k, s in DEVICES.items() if s.kind == "gpu")
+    raise CostModelError(f"no analytic preset for the GPU {name!r} (presets: {presets}); use cost='measured'")
+
+
+def _device(run: RunOptions) -> torch.device:
+    d = run.device
+    return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+
+
+class CudaBackend:
+    """Torch's CUDA kernels on streams, the plan captured into one CUDA graph (module docstring)."""
+
+    name = "cuda"
+    device_type = "cuda"
+    relative_pricing = False
+    default_policy = TimingPolicy(warmup=3, repeat=7, inner=10)
+
+    def unavailable(self) -> str | None:
+        if not torch.cuda.is_available():
+            return (f"CUDA is not available on this machine (torch {torch.__version__}, "
+                    f"torch.cuda.is_available() is False)")
+        return None
+
+    def supports(self, op: str) -> bool:
+        return op_def(op).torch is not None
+
+    def opt_out(self, op: str) -> str:
+        return ""
+
+    def profile_tag(self, run: RunOptions) -> str:
+        return "cuda-graph-v1" + ("-channels_last" if run.channels_last else "")
+
+    def fingerprint(self, run: RunOptions) -> str:
+        return gpu_fingerprint(_device(run))
+
+    def versions(self) -> str:
+        return gpu_versions()
+
+    def clock(self, run: RunOptions) -> Clock:
+        device = _device(run)
+        return synchronized(lambda: torch.cuda.synchronize(device))
+
+    def analytic_spec(self, run: RunOptions) -> DeviceSpec:
+        return gpu_preset(torch.cuda.get_device_name(_device(run)))
+
+    def prepare(self, graph: Graph, plan: Plan, run: RunOptions) -> Executor:
+        return CudaExecutor(graph, plan, device=run.device, graphs=run.graphs, channels_last=run.channels_last)
+
+    def segment_cut(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> SegmentCut | None:
+        return None  # the whole plan is one CUDA graph: nothing is cut
+
+    def time_stages(self, graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> list[StageTiming]:
+        replay = calibrations.remember("replay_ms", lambda: self._replay_overhead_ms(run, policy))
+        out = []
+        for stage in stages:
+            samples = self._replays(graph, stage, run, policy)
+            out.append(StageTiming(tuple(samples), tuple(max(t - replay, 0.01 * t) for t in samples)))
+        return out
+
+    def _replay_overhead_ms(self, run: RunOptions, policy: TimingPolicy) -> float:
+        """One replay of a graph holding one trivial kernel, timed like a stage."""
+        b = GraphBuilder("empty_replay")
+        x = b.input("x", (1, 1))
+        g = b.build([b.add("relu", [x], name="noop")])
+        return statistics.median(self._replays(g, Stage((("noop",),)), run, policy))
+
+    def _replays(self, graph: Graph, stage: Stage, run: RunOptions, policy: TimingPolicy) -> list[float]:
+        """Per sample, the ms of one replay of ``stage``'s captured plan (``inner`` replays timed
+        back to back between two CUDA events)."""
+        device = _device(run)
+        sub, plan = lower_stage(graph, stage)
+        executor = CudaExecutor(sub, plan, device=device, copy_outputs=False, channels_last=run.channels_last,
+                                warmup=policy.warmup)
+        try:
+            executor(random_inputs(sub, device))  # warm-up and capture
+            if not executor.captured:
+                raise CostModelError(f"stage {stage} of graph {graph.name!r} could not be captured into a CUDA "
+                                     f"graph ({executor.capture_error}); the CUDA backend times captured stages only")
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for _ in range(policy.repeat):
+                start.record()
+                for _ in range(policy.inner):
+                    executor.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / policy.inner)
+        finally:
+            executor.close()
+        return samples
+
+
+register_backend(CudaBackend())

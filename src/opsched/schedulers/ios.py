@@ -6,7 +6,8 @@ and ``L`` prices it with the better of two strategies: *parallel* (its weakly co
 components run at once, one lane each) and *merge* (two or more sink convolutions that read
 one tensor, as one wider convolution; :mod:`opsched.schedule.merge`). States are down-sets of
 a part; the number of states is at most (n/d + 1)^d for n units of width d, and the pruning
-P(r, s) (``max_group_size``, ``max_groups``) bounds the endings per state.
+P(r, s) (``max_group_size``, ``max_lanes``: units per group, groups per stage) bounds the
+endings per state.
 
 What makes it cheap:
 
@@ -46,26 +47,28 @@ from __future__ import annotations
 
 import logging
 import time
+import typing
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from operator import itemgetter
+from typing import Any
 
 from opsched._toposort import bits
-from opsched.cost.base import CostModel, SegmentCut
+from opsched.cost import CostModel, SegmentCut, StageCoster
+from opsched.cost.cuts import cut_latency
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
-from opsched.schedule.coster import StageCoster
-from opsched.schedule.cuts import cut_latency
-from opsched.schedule.endings import parallel_endings
-from opsched.schedule.greedy import wavefront
-from opsched.schedule.merge import merge_class
-from opsched.schedule.partition import partition
-from opsched.schedule.types import Stage, Strategy
-from opsched.schedule.units import UnitGraph
+from opsched.ops.conv import merge_class
+from opsched.schedule import Schedule, Stage, Strategy
+from opsched.schedulers.endings import parallel_endings
+from opsched.schedulers.greedy import wavefront
+from opsched.schedulers.partition import partition
+from opsched.schedulers.registry import Progress, SchedulerSpec, option, positive, register, staged
+from opsched.schedulers.units import UnitGraph
 
-__all__ = ["ios_stages", "SearchStats", "PartSolution"]
+__all__ = ["IosOptions", "ios_stages", "SearchStats", "PartSolution"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,27 @@ _TIE = 1e-9
 
 class _BudgetExhausted(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class IosOptions:
+    """The IOS search's options (:func:`ios_stages`)."""
+
+    max_group_size: int = option(3, "r: most units in one group of a stage")
+    max_lanes: int = option(8, "s: most groups in one stage (each runs on its own lane)")
+    max_part_size: int = option(50, "most units in one part of the graph (larger blocks are split)")
+    strategies: tuple[str, ...] = option(("parallel", "merge"), "stage strategies: parallel, merge or both")
+    budget_s: float | None = option(None, "seconds of search; then unsolved parts use greedy or sequential stages")
+    max_stage_costs: int | None = option(None, "most distinct stages priced (measurements); then as budget_s")
+
+    def __post_init__(self) -> None:
+        for name in ("max_group_size", "max_lanes", "max_part_size"):
+            positive("ios", name, getattr(self, name))
+        positive("ios", "budget_s", self.budget_s, allow_none=True)
+        positive("ios", "max_stage_costs", self.max_stage_costs, allow_none=True)
+        if not self.strategies or any(s not in ("parallel", "merge") for s in self.strategies):
+            raise ScheduleError(f"option strategies of scheduler 'ios' must be a non-empty subset of "
+                                f"('parallel', 'merge'), got {self.strategies}")
 
 
 @dataclass
@@ -100,6 +124,18 @@ class SearchStats:
     def as_dict(self) -> dict[str, float | int | bool]:
         return dict(self.__dict__)
 
+    def __str__(self) -> str:
+        return summarize(self.as_dict())
+
+
+def summarize(stats: Mapping[str, Any]) -> str:
+    """One line about an IOS search, from a schedule's stats."""
+    line = (f"search {stats.get('states', 0)} states, {stats.get('distinct_stages', 0)} distinct stages priced, "
+            f"{stats.get('seconds', 0.0):.2f} s")
+    if stats.get("budget_exhausted"):
+        line += f" (budget ran out: {stats.get('parts_fallback', 0)} of {stats.get('parts', 0)} parts fell back)"
+    return line
+
 
 @dataclass
 class PartSolution:
@@ -107,17 +143,14 @@ class PartSolution:
     stages: list[LocalStage] = field(default_factory=list)
 
 
-def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_groups: int = 8,
+def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_lanes: int = 8,
                max_part_size: int = 50, strategies: Iterable[Strategy] = ("parallel", "merge"),
                budget_s: float | None = None, max_stage_costs: int | None = None,
                units: UnitGraph | None = None, coster: StageCoster | None = None,
-               progress: Callable[[int, int, str], None] | None = None) -> tuple[list[Stage], SearchStats]:
-    """Optimal stages under the IOS model and P(max_group_size, max_groups), part by part."""
+               progress: Progress | None = None) -> tuple[list[Stage], SearchStats]:
+    """Optimal stages under the IOS model and P(max_group_size, max_lanes), part by part."""
     strategies = tuple(strategies)
-    if not strategies or any(s not in ("parallel", "merge") for s in strategies):
-        raise ScheduleError(f"strategies must be a non-empty subset of ('parallel', 'merge'), got {strategies}")
-    if max_group_size < 1 or max_groups < 1:
-        raise ScheduleError(f"max_group_size and max_groups must be positive, got {max_group_size}, {max_groups}")
+    IosOptions(max_group_size, max_lanes, max_part_size, strategies, budget_s, max_stage_costs)  # checks them
     start = time.perf_counter()
     ug = units or UnitGraph.build(graph)
     coster = coster or StageCoster(graph, cost)
@@ -138,13 +171,13 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
         if progress:
             progress(k, len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
         cuts = _PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
-        key = _part_key(graph, ug, part, strategies, max_group_size, max_groups, cuts)
+        key = _part_key(graph, ug, part, strategies, max_group_size, max_lanes, cuts)
         solution = solved.get(key)
         if solution is not None:
             stats.parts_reused += 1
         elif not stats.budget_exhausted:
             try:
-                solution = _Solver(ug, part, coster, strategies, max_group_size, max_groups, check_budget,
+                solution = _Solver(ug, part, coster, strategies, max_group_size, max_lanes, check_budget,
                                    stats, cuts).solve()
                 solved[key] = solution
                 stats.parts_solved += 1
@@ -154,7 +187,7 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
                             k, len(parts))
         if solution is None:
             stats.parts_fallback += 1
-            stages += _fallback(ug, part, coster, max_groups)
+            stages += _fallback(ug, part, coster, max_lanes)
             continue
         stages += [_to_stage(ug, part, st) for st in solution.stages]
     if progress:
@@ -166,9 +199,29 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_gr
     return stages, stats
 
 
-def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_groups: int) -> list[Stage]:
+def _ios(graph: Graph, cost: CostModel, options: IosOptions, progress: Progress | None) -> Schedule:
+    coster = StageCoster(graph, cost)
+    stages, stats = ios_stages(graph, cost, max_group_size=options.max_group_size, max_lanes=options.max_lanes,
+                               max_part_size=options.max_part_size,
+                               strategies=typing.cast(tuple[Strategy, ...], options.strategies),
+                               budget_s=options.budget_s, max_stage_costs=options.max_stage_costs, coster=coster,
+                               progress=progress)
+    return staged(graph, cost, stages, "ios", options, stats.as_dict(), coster)
+
+
+def _defaults(device_type: str, cores: int) -> dict[str, Any]:
+    # more concurrent groups than cores only oversubscribe a CPU (a one-off probe on Inception:
+    # 3 lanes on 2 cores ran 1.7-1.8x slower in the plan than measured alone)
+    return {"max_lanes": cores} if device_type == "cpu" else {}
+
+
+register(SchedulerSpec("ios", _ios, IosOptions, "the IOS dynamic program over stages (optimal under its model)",
+                       _defaults, summarize))
+
+
+def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int) -> list[Stage]:
     """The cheaper of the greedy wavefront and the sequential order of a part."""
-    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_groups)]
+    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_lanes)]
     sequential = [Stage((ug.units[u],)) for u in part]
     done = [v for u in range(part[0]) for v in ug.units[u]]
 
@@ -272,7 +325,7 @@ class _Solver:
         self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
         self.by_weight: dict[int, tuple[int, ...]] = {}  # an ending's groups, dearest first, by its mask
         self.n = n
-        self.monotone = bool(getattr(coster.cost, "monotone", False))
+        self.monotone = coster.cost.monotone
 
     def price(self, strategy: str, comps: tuple[int, ...], mask: int) -> float:
         """The price of the stage whose groups are ``comps`` (their union: ``mask``)."""

@@ -2,10 +2,10 @@
 
 The model (:mod:`opsched.cost.resources`): each operator has a duration alone and a demand on
 the device; operators running at once advance at a common rate that the device's capacity and
-their mutual contention set. Stage-based schedules run their stages one after another (a
-barrier, costing ``barrier_ms``, after each stage of several groups), each group in order on its
-lane; lane-based schedules run each lane in order, an operator starting once its producers on
-other lanes, and the nodes its schedule says it waits for, are done.
+their mutual contention set. Each lane runs in order; an operator starts once its producers on
+other lanes, and the nodes its schedule says it waits for, are done; at a barrier everything
+waits for everything before it, which costs ``barrier_ms`` after a part of several lanes (IOS's
+stages: a barrier after each stage of several groups).
 
 The analytic cost model provides the model (:meth:`AnalyticCostModel.resources`). Unlike the
 analytic stage formula, the simulation lets operators of different groups start and end at
@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from opsched.cost.resources import ResourceModel
+from opsched.cost import ResourceModel
 from opsched.ir import Graph
-from opsched.runtime.cpu import TraceEvent
-from opsched.schedule.types import Schedule
+from opsched.ops import op_def
+from opsched.schedule import Schedule
+from opsched.timeline import TraceEvent
 
 __all__ = ["Fluid", "Simulation", "simulate"]
 
@@ -99,13 +100,23 @@ class _Op:
 
 
 def _ops(graph: Graph, schedule: Schedule, demands: ResourceModel) -> list[_Op]:
+    """One op per node (a merge is one) on its lane, a gate op at each barrier, and the edges."""
     ops: list[_Op] = []
     index: dict[str, int] = {}
-    barrier_ms = demands.barrier_ms
-    if schedule.lanes is not None:
-        merge_of = {v: m for m in schedule.merges for v in m}
-        for li, lane in enumerate(schedule.lanes):
-            for v in lane:
+    merge_of = {v: m for m in schedule.merges for v in m}
+    parts = schedule.regions()
+    previous: list[int] = []
+    for k, part in enumerate(parts):
+        gate = None
+        if k:  # a barrier holds no device; it costs its time only after a part of several lanes
+            several = sum(1 for nodes in parts[k - 1] if nodes) > 1
+            ops.append(_Op("barrier", "barrier", "barrier", 0, k, demands.barrier_ms if several else 0.0, 0.0,
+                           set(previous)))
+            gate = len(ops) - 1
+        current: list[int] = []
+        for li, nodes in enumerate(part):
+            prev = gate
+            for v in nodes:
                 members = merge_of.get(v, (v,))
                 if v != members[0]:
                     index[v] = index[members[0]]
@@ -113,42 +124,19 @@ def _ops(graph: Graph, schedule: Schedule, demands: ResourceModel) -> list[_Op]:
                 index[v] = len(ops)
                 key = "+".join(members)
                 d = demands[key]
-                merged = len(members) > 1
-                label, op = (f"merge({','.join(members)})", "conv2d(merged)") if merged else (v, graph.node(v).op)
-                ops.append(_Op(key, label, op, li, 0, d.duration_ms, d.demand, set()))
-        for lane in schedule.lanes:
-            for pos, v in enumerate(lane):
-                i = index[v]
-                ops[i].deps |= {index[u] for u in graph.node(v).inputs if u in index}
-                if pos and index[lane[pos - 1]] != i:
-                    ops[i].deps.add(index[lane[pos - 1]])
-        for a, b in schedule.waits:
-            ops[index[a]].deps.add(index[b])
-        return ops
-    previous: list[int] = []
-    for k, stage in enumerate(schedule.stages):
-        current: list[int] = []
-        barrier = []
-        if previous and barrier_ms > 0 and len(schedule.stages[k - 1].groups) > 1:
-            barrier = [len(ops)]  # the barrier is an operator of its own that holds no device
-            ops.append(_Op(f"barrier{k}", "barrier", "barrier", 0, k, barrier_ms, 0.0, set(previous)))
-        gate = set(barrier) if barrier else set(previous)
-        if stage.strategy == "merge":
-            key = "+".join(stage.nodes)
-            d = demands[key]
-            ops.append(_Op(key, f"merge({','.join(stage.nodes)})", "conv2d(merged)", 0, k, d.duration_ms,
-                           d.demand, set(gate)))
-            current.append(len(ops) - 1)
-        else:
-            for li, group in enumerate(stage.groups):
-                prev = None
-                for v in group:
-                    d = demands[v]
-                    deps = set(gate) if prev is None else {prev}
-                    ops.append(_Op(v, v, graph.node(v).op, li, k, d.duration_ms, d.demand, deps))
-                    prev = len(ops) - 1
-                    current.append(prev)
+                if len(members) > 1:
+                    label, op = f"merge({','.join(members)})", "conv2d(merged)"
+                else:
+                    label, op = v, graph.node(v).op
+                ops.append(_Op(key, label, op, li, k, d.duration_ms, d.demand, set() if prev is None else {prev}))
+                prev = len(ops) - 1
+                current.append(prev)
         previous = current
+    for n in graph.nodes:
+        i = index[n.name]
+        ops[i].deps |= {index[u] for u in n.inputs if u in index and index[u] != i}
+    for a, b in schedule.waits:
+        ops[index[a]].deps.add(index[b])
     return ops
 
 
@@ -188,5 +176,10 @@ def simulate(graph: Graph, schedule: Schedule, resources: ResourceModel) -> Simu
             finish(i)
     if finished != len(ops):
         raise AssertionError("simulation deadlock: the schedule validated, so this is a bug")
-    events = tuple(TraceEvent(o.phase, o.lane, o.label, o.op, o.start, o.end) for o in ops if o.op != "barrier")
+    events = tuple(TraceEvent(o.phase, o.lane, o.label, o.op, o.start, o.end, _category(o.op))
+                   for o in ops if o.op != "barrier")
     return Simulation(fluid.t, events)
+
+
+def _category(op: str) -> str:
+    return "conv" if op == "conv2d(merged)" else op_def(op).category

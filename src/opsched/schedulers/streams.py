@@ -13,8 +13,11 @@ Neither uses a cost model (the ``cost`` argument only labels the schedule).
 
 from __future__ import annotations
 
+from opsched.cost import CostModel
 from opsched.ir import Graph
 from opsched.ir.analysis import min_chain_cover
+from opsched.schedule import Schedule
+from opsched.schedulers.registry import NoOptions, Progress, SchedulerSpec, laned, register
 
 __all__ = ["nimble_lanes", "opara_lanes"]
 
@@ -40,3 +43,15 @@ def opara_lanes(graph: Graph) -> list[list[str]]:
             lanes.append([])
         lanes[lane_of[i]].append(node.name)
     return lanes
+
+
+def _nimble(graph: Graph, cost: CostModel, options: NoOptions, progress: Progress | None) -> Schedule:
+    return laned(graph, cost, nimble_lanes(graph), "nimble", options)
+
+
+def _opara(graph: Graph, cost: CostModel, options: NoOptions, progress: Progress | None) -> Schedule:
+    return laned(graph, cost, opara_lanes(graph), "opara", options)
+
+
+register(SchedulerSpec("nimble", _nimble, NoOptions, "Nimble's lanes: a minimum chain decomposition"))
+register(SchedulerSpec("opara", _opara, NoOptions, "Opara's lanes: each node inherits a producer's lane once"))

@@ -1,4 +1,4 @@
-"""CPU execution: lanes on persistent worker threads, intra-op threads shared among them.
+"""CPU lanes: a plan's lanes on persistent worker threads, intra-op threads shared among them.
 
 An executor runs a :class:`Program`: the plan's phases and lanes, whose items are either single
 steps (torch kernels) or, with the ONNX Runtime backend, whole segments of a lane run as one
@@ -22,21 +22,18 @@ from typing import Any
 import torch
 
 from opsched.errors import ExecutionError, OpschedError
-from opsched.runtime.plan import Plan, bind_step
+from opsched.ir import Graph
+from opsched.ops import op_def
+from opsched.runtime.kernels import bind_step
+from opsched.runtime.plan import MERGED_OP, Plan, Step
+from opsched.timeline import TraceEvent
 
-__all__ = ["Item", "Program", "LaneExecutor", "CpuExecutor", "TraceEvent", "torch_program"]
+__all__ = ["Item", "Program", "LaneExecutor", "torch_program", "step_category"]
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
-    """One item's run, for timelines: times in ms from the start of the call."""
-
-    phase: int
-    lane: int
-    label: str
-    op: str
-    start_ms: float
-    end_ms: float
+def step_category(step: Step) -> str:
+    """What a step mostly does, for pictures (:attr:`opsched.ir.OpSchema.category`)."""
+    return "conv" if step.op == MERGED_OP else op_def(step.op).category
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +45,7 @@ class Item:
     op: str
     run: Callable[[list[Any]], None]
     waits: tuple[int, ...] = ()
+    category: str = "other"
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,12 @@ class Program:
     sessions: tuple[Any, ...] = ()  # per item, the backend session that runs it (ONNX Runtime), or None
 
 
-def torch_program(plan: Plan) -> Program:
+def torch_program(graph: Graph, plan: Plan) -> Program:
     """One item per step, each a bound torch kernel."""
-    phases = tuple(tuple(tuple(Item(s, plan.steps[s].label, plan.steps[s].op, bind_step(plan.steps[s]),
-                                    plan.steps[s].waits) for s in lane) for lane in phase.lanes)
-                   for phase in plan.phases)
+    def item(s: int) -> Item:
+        step = plan.steps[s]
+        return Item(s, step.label, step.op, bind_step(graph, step), step.waits, step_category(step))
+    phases = tuple(tuple(tuple(item(s) for s in lane) for lane in phase.lanes) for phase in plan.phases)
     return Program(phases, tuple(p.frees for p in plan.phases), len(plan.steps), len(plan.slot_names),
                    plan.input_slots, plan.output_slots)
 
@@ -83,8 +82,12 @@ class _Run:
 
 
 class LaneExecutor:
-    def __init__(self, program: Program, cores: int | None = None) -> None:
+    """Runs a :class:`Program`: each phase's first lane on the caller's thread, the others on
+    persistent workers (see the module docstring). An :class:`~opsched.backends.Executor`."""
+
+    def __init__(self, program: Program, cores: int | None = None, name: str = "torch") -> None:
         self.program = program
+        self.name = name
         self.cores = cores or torch.get_num_threads()
         self._evented = any(it.waits for phase in program.phases for lane in phase for it in lane)
         workers = max((len(phase) for phase in program.phases), default=1) - 1
@@ -94,7 +97,21 @@ class LaneExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
-    def __call__(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
+    def describe(self) -> str:
+        prog = self.program
+        lanes = max((len(phase) for phase in prog.phases), default=1)
+        return (f"{self.name}: {prog.n_items} items in {len(prog.phases)} phases of up to {lanes} lanes "
+                f"on {self.cores} cores")
+
+    def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
+        events: list[TraceEvent] = []
+        self.run(inputs, events)
+        return events
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self.run(inputs)
+
+    def run(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
         """Run the program; with a ``trace`` list, append one :class:`TraceEvent` per item."""
         prog = self.program
         run = _Run(prog, self._evented, trace)
@@ -148,7 +165,7 @@ class LaneExecutor:
                         it.run(slots)
                         end = time.perf_counter()
                         trace.append(TraceEvent(run.phase, index, it.label, it.op, (start - run.t0) * 1e3,
-                                                (end - run.t0) * 1e3))
+                                                (end - run.t0) * 1e3, it.category))
                 except BaseException as e:
                     self._fail(run)
                     if isinstance(e, (OpschedError, KeyboardInterrupt)):
@@ -163,8 +180,3 @@ class LaneExecutor:
         if run.done is not None:  # wake every lane waiting on an event that will never come
             for event in run.done:
                 event.set()
-
-
-def CpuExecutor(plan: Plan, cores: int | None = None) -> LaneExecutor:  # noqa: N802 (a factory)
-    """The torch backend: every step a torch kernel call."""
-    return LaneExecutor(torch_program(plan), cores)

@@ -5,10 +5,10 @@ phase of its own (:mod:`opsched.runtime.plan`), so each such stage ends the segm
 and starts another after it. Where a backend charges for that (ONNX Runtime: a call, and
 converting every value that crosses the cut out of its blocked layout and back), a schedule
 costs its stages' prices plus, per stage of several groups, ``resume_ms``, ``leave_ms`` of each
-value live before the stage and ``enter_ms`` of each value live after it. A value is *live*
-at a point when it has been computed (or is a graph input) and some node after the point
-reads it. Two such stages in a row are charged as if a segment stood between them: an upper
-bound, as their lanes already convert what they read and write.
+value live before the stage and ``enter_ms`` of each value live after it
+(:func:`opsched.ir.analysis.live_values`). Two such stages in a row are charged as if a
+segment stood between them: an upper bound, as their lanes already convert what they read and
+write.
 """
 
 from __future__ import annotations
@@ -17,17 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from opsched.cost.base import SegmentCut
 from opsched.ir import Graph
-from opsched.schedule.types import Stage
+from opsched.ir.analysis import live_values
+from opsched.schedule import Stage
 
-__all__ = ["live_values", "cut_latency"]
-
-
-def live_values(graph: Graph, done: set[str]) -> list[str]:
-    """Values computed in ``done`` or given (graph inputs) that a node not in ``done`` reads, in
-    the order they are defined."""
-    wanted = {v for n in graph.nodes if n.name not in done for v in n.inputs}
-    return [v for v in (*(i.name for i in graph.inputs), *(n.name for n in graph.nodes))
-            if v in wanted and (v in done or v not in graph.index)]
+__all__ = ["cut_latency"]
 
 
 def cut_latency(graph: Graph, stages: Iterable[Stage], cut: SegmentCut | None, done: Iterable[str] = ()) -> float:

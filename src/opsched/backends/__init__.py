@@ -1,0 +1,14 @@
+"""Backends, one module each, registered by name: ``ort`` (ONNX Runtime sessions per lane
+segment, the CPU default), ``torch`` (eager torch kernels on CPU threads) and ``cuda`` (CUDA
+streams, captured into one CUDA graph). See :mod:`.base` for what a backend is."""
+
+from opsched.backends import cuda, ort, torch_cpu
+from opsched.backends.base import (
+    Backend, CpuBackend, Executor, backend_names, cpu_fingerprint, cpu_model_name, get_backend, register_backend,
+    resolve_backend,
+)
+
+__all__ = [
+    "Backend", "CpuBackend", "Executor", "backend_names", "cpu_fingerprint", "cpu_model_name", "cuda",
+    "get_backend", "ort", "register_backend", "resolve_backend", "torch_cpu",
+]

@@ -1,0 +1,411 @@
+"""The ONNX Runtime backend: each lane segment of a plan runs as one ORT session.
+
+On a CPU, ONNX Runtime's kernels are much faster than eager PyTorch's at batch 1 (ORT's own
+sequential session ran the zoo 1.5-3.4x faster than eager in docs/results/cpu.md, on a 2-core
+machine), so opsched runs its plans with them: every lane of every phase is cut into maximal
+segments of exportable steps, each segment exported (:mod:`.ort_export`) and loaded as its own
+session with its share of the cores as intra-op threads. ORT releases the GIL while it runs, so
+the lanes of a phase truly run at once, and a long single-lane phase is simply ORT running a
+big subgraph sequentially. Steps that cannot be exported (opaque calls) run with torch in
+between; a step that another lane waits for ends its segment so its event can be set. Values
+travel as NumPy arrays (zero-copy to and from torch).
+
+A segment is not free to cut: ORT converts tensors into its blocked layout and back where a
+session begins and ends, so every extra segment pays those conversions and a call. That is
+what :meth:`OrtBackend.segment_cut` prices, from calibrations measured once per machine (and
+once per model, for what cutting its segments costs beyond calls and conversions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from opsched.backends.base import CpuBackend, Executor, register_backend
+from opsched.backends.lanes import Item, LaneExecutor, Program, step_category
+from opsched.backends.ort_export import export_segment, exportable
+from opsched.backends.ort_profile import KernelTimes, kernel_events, kernel_times, ort_category, owner
+from opsched.cost import SegmentCut, StageTiming, TimingPolicy
+from opsched.cost.measured import Calibrations
+from opsched.execution import RunOptions
+from opsched.ir import Graph, GraphBuilder, random_inputs
+from opsched.ir.analysis import live_values
+from opsched.ops import op_def
+from opsched.runtime import Plan, lower
+from opsched.runtime.kernels import step_kernel
+from opsched.runtime.plan import cut_segments
+from opsched.schedule import Schedule, Stage
+from opsched.schedulers.sequential import sequential_stages
+from opsched.timeline import TraceEvent
+from opsched.timing import interleave
+
+__all__ = ["OrtBackend", "OrtExecutor", "ort_available", "ort_program"]
+
+
+def ort_available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _session(model_bytes: bytes, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # idle ORT threads spin only where told (see ort_program): other lanes and sessions need the cores
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.log_severity_level = 3
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def _to_numpy(v: Any) -> np.ndarray:
+    return v.detach().numpy() if isinstance(v, torch.Tensor) else v
+
+
+def _to_torch(v: Any) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(v))
+
+
+class _ProgramBuilder:
+    """Cuts each lane of each phase into segments of exportable steps, one session each; the
+    other steps become torch items between them."""
+
+    def __init__(self, graph: Graph, plan: Plan, cores: int, profile_dir: str | None, spin: bool) -> None:
+        self.graph, self.plan, self.cores, self.profile_dir = graph, plan, cores, profile_dir
+        steps = plan.steps
+        self.readers: dict[int, set[int]] = {}
+        for s, step in enumerate(steps):
+            for slot in step.inputs:
+                self.readers.setdefault(slot, set()).add(s)
+        self.waited = {w for step in steps for w in step.waits}
+        self.exportable = [all(exportable(graph, graph.node(v)) for v in step.nodes) for step in steps]
+        lanes = [lane for phase in plan.phases for lane in phase.lanes]
+        # a plan that is one session lets its threads spin, as ORT's own sessions do
+        self.spin = spin and len(lanes) == 1 and all(self.exportable[s] for s in lanes[0])
+        self.items: list[Item] = []
+        self.members: list[list[int]] = []   # per item, the steps it runs
+        self.sessions: list[Any] = []        # per item, its session (None: a torch step)
+        self.item_of: dict[int, int] = {}
+
+    def build(self) -> Program:
+        phases = []
+        for phase in self.plan.phases:
+            threads = max(1, self.cores // len(phase.lanes))
+            phases.append([self._lane(lane, threads) for lane in phase.lanes])
+        steps = self.plan.steps
+
+        def with_waits(i: int) -> Item:
+            item = self.items[i]
+            waits = {self.item_of[w] for m in self.members[i] for w in steps[m].waits} - {item.id}
+            return dataclasses.replace(item, waits=tuple(sorted(waits)))
+
+        program_phases = tuple(tuple(tuple(with_waits(i) for i in lane) for lane in lanes) for lanes in phases)
+        return Program(program_phases, tuple(p.frees for p in self.plan.phases), len(self.items),
+                       len(self.plan.slot_names), self.plan.input_slots, self.plan.output_slots, encode=_to_numpy,
+                       decode=_to_torch, sessions=tuple(self.sessions))
+
+    def _lane(self, lane: Sequence[int], threads: int) -> list[int]:
+        built: list[int] = []
+        segment: list[int] = []
+
+        def close() -> None:
+            if segment:
+                item, session = self._session_item(segment, threads)
+                built.append(self._emit(item, list(segment), session))
+                segment.clear()
+
+        for s in lane:
+            if self.plan.steps[s].waits:
+                close()  # a step that waits on another lane starts a new segment
+            if self.exportable[s]:
+                segment.append(s)
+                if s in self.waited:
+                    close()  # another lane waits for this step: end its segment here
+            else:
+                close()
+                built.append(self._emit(self._torch_item(s), [s], None))
+        close()
+        return built
+
+    def _emit(self, item: Item, members: list[int], session: Any) -> int:
+        self.items.append(item)
+        self.members.append(members)
+        self.sessions.append(session)
+        for m in members:
+            self.item_of[m] = item.id
+        return item.id
+
+    def _torch_item(self, s: int) -> Item:
+        step = self.plan.steps[s]
+        kernel, ins, outs, frees = step_kernel(self.graph, step), step.inputs, step.outputs, step.frees
+
+        def run(slots: list[Any]) -> None:
+            result = kernel(*[_to_torch(slots[i]) for i in ins])
+            values = (result,) if len(outs) == 1 else result
+            for slot, value in zip(outs, values):
+                slots[slot] = value.numpy()
+            for f in frees:
+                slots[f] = None
+        return Item(len(self.items), step.label, step.op, run, (), step_category(step))
+
+    def _session_item(self, segment: list[int], threads: int) -> tuple[Item, Any]:
+        steps, names = self.plan.steps, self.plan.slot_names
+        inside = set(segment)
+        produced: set[int] = set()
+        ins: list[int] = []
+        for s in segment:
+            for slot in steps[s].inputs:
+                if slot not in produced and slot not in ins:
+                    ins.append(slot)
+            produced.update(steps[s].outputs)
+        outputs = set(self.plan.output_slots)
+        outs = [slot for s in segment for slot in steps[s].outputs
+                if slot in outputs or self.readers.get(slot, set()) - inside]
+        model = export_segment(self.graph, [steps[s].nodes for s in segment], [names[i] for i in ins],
+                               [names[o] for o in outs])
+        prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")
+        session = _session(model.SerializeToString(), threads, prefix, self.spin)
+        in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
+        frees = [f for s in segment for f in steps[s].frees]
+
+        def run(slots: list[Any]) -> None:
+            feeds = {n: np.ascontiguousarray(slots[i]) for n, i in zip(in_names, ins)}
+            for slot, value in zip(outs, session.run(out_names, feeds)):
+                slots[slot] = value
+            for f in frees:
+                slots[f] = None
+        first, last = steps[segment[0]].label, steps[segment[-1]].label
+        label = first if len(segment) == 1 else f"{first}..{last}"
+        return Item(len(self.items), label, f"onnxruntime[{len(segment)} steps]", run, (), "segment"), session
+
+
+def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = None, spin: bool = False) -> Program:
+    """Segments of ``plan`` as ORT sessions; with ``profile_dir``, sessions that profile
+    themselves there (read them from ``Program.sessions`` with
+    :func:`~opsched.backends.ort_profile.kernel_times`).
+
+    With ``spin``, a plan that is one ORT session (one lane, every step exportable) lets that
+    session's idle intra-op threads spin between kernels, ONNX Runtime's default, instead of
+    sleeping and being woken for every kernel: on two cores its sequential plans of the zoo ran
+    1.05x (Inception V3) to 1.7x (RandWire-small) faster, timed in blocks. After a run the
+    spinning threads keep a core busy for tens of milliseconds, so plans of several sessions or
+    lanes never spin (they would take the cores their other sessions need); nor do stages being
+    measured."""
+    return _ProgramBuilder(graph, plan, cores, profile_dir, spin).build()
+
+
+class OrtExecutor(LaneExecutor):
+    """A plan on ONNX Runtime sessions (see the module docstring)."""
+
+    def __init__(self, graph: Graph, plan: Plan, cores: int | None = None, profile_dir: str | None = None,
+                 spin: bool = False) -> None:
+        cores = cores or torch.get_num_threads()
+        super().__init__(ort_program(graph, plan, cores, profile_dir, spin), cores, "onnxruntime")
+        self.graph, self.plan = graph, plan
+
+    def describe(self) -> str:
+        prog = self.program
+        sessions = sum(1 for s in prog.sessions if s is not None)
+        on_torch = [f"{it.label} ({it.op})" for phase in prog.phases for lane in phase for it, s in
+                    ((it, prog.sessions[it.id]) for it in lane) if s is None]
+        text = f"onnxruntime: {sessions} sessions in {len(prog.phases)} phases on {self.cores} cores"
+        if on_torch:
+            text += f"; {len(on_torch)} steps run with torch between them: {', '.join(on_torch[:5])}"
+        return text
+
+    def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
+        """One event per kernel, on its lane, at its time within its segment's call, named and
+        typed after the step it computes (by ORT's own profiler, after a warm-up run); steps run
+        with torch keep their own events."""
+        plan = self.plan
+        labels = {st.label: st.op for st in plan.steps}
+        categories = {st.label: step_category(st) for st in plan.steps}
+        with tempfile.TemporaryDirectory(prefix="opsched-ort-profile-") as profile_dir:
+            profiling = OrtExecutor(self.graph, plan, self.cores, profile_dir=profile_dir)
+            try:
+                profiling(inputs)
+                items: list[TraceEvent] = []
+                profiling.run(inputs, items)
+            finally:
+                profiling.close()
+            program = profiling.program
+            runs = {i: kernel_events(s)[-1] for i, s in enumerate(program.sessions) if s is not None}
+        item_of = {(k, li, it.label): it.id for k, phase in enumerate(program.phases)
+                   for li, lane in enumerate(phase) for it in lane}
+        out: list[TraceEvent] = []
+        for e in items:
+            kernels = runs.get(item_of[(e.phase, e.lane, e.label)])
+            if kernels is None:
+                out.append(e)
+                continue
+            for ke in kernels:
+                step = owner(ke.name, labels)
+                category = ort_category(ke.op)
+                if category != "layout" and step is not None:
+                    op, category = labels[step], categories[step]
+                else:
+                    op = "layout" if category == "layout" else f"onnxruntime:{ke.op}"
+                start = e.start_ms + ke.start_ms
+                out.append(TraceEvent(e.phase, e.lane, step or ke.name, op, start, start + ke.dur_ms, category))
+        return out
+
+
+class OrtBackend(CpuBackend):
+    """ONNX Runtime sessions per lane segment; the fast CPU kernels. Ops without an ONNX export
+    run with torch between sessions (:attr:`opsched.ops.OpDef.no_onnx` says why)."""
+
+    name = "ort"
+
+    def unavailable(self) -> str | None:
+        return None if ort_available() else "onnxruntime is not installed (pip install onnxruntime)"
+
+    def supports(self, op: str) -> bool:
+        return op_def(op).onnx is not None
+
+    def opt_out(self, op: str) -> str:
+        return op_def(op).no_onnx
+
+    def versions(self) -> str:
+        import onnxruntime
+
+        return f"torch={torch.__version__} onnxruntime={onnxruntime.__version__}"
+
+    def prepare(self, graph: Graph, plan: Plan, run: RunOptions) -> Executor:
+        return OrtExecutor(graph, plan, run.cores, spin=run.spin)
+
+    # --- measuring ----------------------------------------------------------------------------
+    def _profiled(self, graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy
+                  ) -> list[tuple[list[float], list[KernelTimes] | None]]:
+        """Per stage: its calls' wall times and, where every step ran in a session, ORT's kernel
+        times per timed round (summed over its sessions)."""
+        made: list[OrtExecutor] = []
+        with tempfile.TemporaryDirectory(prefix="opsched-ort-profile-") as profile_dir:
+            def prepare(sub: Graph, plan: Plan, k: int) -> Executor:
+                os.makedirs(own := os.path.join(profile_dir, str(k)))
+                made.append(OrtExecutor(sub, plan, run.cores, profile_dir=own))
+                return made[-1]
+
+            walls = self.interleaved_walls(graph, stages, run, policy, prepare)
+            out: list[tuple[list[float], list[KernelTimes] | None]] = []
+            for executor, wall in zip(made, walls):
+                sessions = executor.program.sessions
+                if not sessions or None in sessions:
+                    out.append((wall, None))  # a step ran with torch: no kernel profile of it
+                    continue
+                per_session = [kernel_times(s)[policy.warmup:] for s in sessions]
+                out.append((wall, [KernelTimes(*(sum(getattr(p[r], f.name) for p in per_session)
+                                                 for f in dataclasses.fields(KernelTimes)))
+                                   for r in range(policy.repeat)]))
+        return out
+
+    def time_stages(self, graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> list[StageTiming]:
+        """As a stretch of a segment, a stage costs its kernels (layout conversions at its
+        session's edges excluded); a merged convolution also the conversions its split forces:
+        out of the blocked layout (measured) and, by its readers, back in (taken to cost as much;
+        measured in one session, nine merges of GoogLeNet saved 0.6 ms of convolution and cost
+        2.3 ms of conversions and split)."""
+        out = []
+        for stage, (wall, kernels) in zip(stages, self._profiled(graph, stages, run, policy)):
+            if kernels is None:
+                call = self.call_overhead_ms(run, policy, calibrations)
+                segment = [max(t - call, 0.01 * t) for t in wall]
+            elif stage.strategy == "merge":
+                segment = [k.compute_ms + 2 * k.layout_out_ms for k in kernels]
+            else:
+                segment = [k.compute_ms for k in kernels]
+            out.append(StageTiming(tuple(wall), tuple(segment)))
+        return out
+
+    def segment_cut(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
+                    calibrations: Calibrations) -> SegmentCut | None:
+        """Converting each 4-D float value that crosses a cut out of (where a segment ends) or into
+        (where one begins) the blocked layout, and per stage of several groups the call of the
+        segment that resumes plus, at each of its two cuts, what cutting this model's segments
+        costs beyond calls and conversions (:meth:`cut_residual_ms`)."""
+        leave, enter = self._conversions(graph, run, policy, calibrations)
+        call = self.call_overhead_ms(run, policy, calibrations)
+        return SegmentCut(call + 2 * self.cut_residual_ms(graph, run, policy, calibrations), leave, enter)
+
+    def layout_ms_per_mib(self, run: RunOptions, policy: TimingPolicy,
+                          calibrations: Calibrations) -> tuple[float, float]:
+        """ORT's conversion of a float tensor into its blocked layout and out of it, per MiB, from
+        a 1x1 convolution over 64x56x56 (one segment's threads: all cores)."""
+        probed: list[list[KernelTimes]] = []  # one probe answers both directions
+        mib = 64 * 56 * 56 * 4 / 2**20
+
+        def rate(part: Callable[[KernelTimes], float]) -> Callable[[], float]:
+            def measure() -> float:
+                if not probed:
+                    b = GraphBuilder("layout_probe")
+                    x = b.input("x", (1, 64, 56, 56))
+                    w = b.param("w", torch.zeros(64, 64, 1, 1))
+                    g = b.build([b.add("conv2d", [x], name="probe", params=[w])])
+                    ((_, kernels),) = self._profiled(g, [Stage((("probe",),))], run,
+                                                     dataclasses.replace(policy, repeat=max(policy.repeat, 11)))
+                    probed.append(kernels or [])
+                return statistics.median([part(k) for k in probed[0]] or [0.0]) / mib
+            return measure
+        return (calibrations.remember("layout_in_ms_per_mib", rate(lambda k: k.layout_in_ms)),
+                calibrations.remember("layout_out_ms_per_mib", rate(lambda k: k.layout_out_ms)))
+
+    def _conversions(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
+                     calibrations: Calibrations) -> tuple[dict[str, float], dict[str, float]]:
+        to_in, to_out = self.layout_ms_per_mib(run, policy, calibrations)
+        values = {i.name: i.type for i in graph.inputs} | {n.name: n.out for n in graph.nodes}
+        mib = {v: t.nbytes / 2**20 for v, t in values.items() if len(t.shape) == 4 and t.dtype.startswith("float")}
+        return {v: m * to_out for v, m in mib.items()}, {v: m * to_in for v, m in mib.items()}
+
+    def cut_residual_ms(self, graph: Graph, run: RunOptions, policy: TimingPolicy, calibrations: Calibrations,
+                        cuts: int = 8) -> float:
+        """What one cut of a segment of ``graph`` costs beyond a call and its conversions: fusions
+        ONNX Runtime can no longer make across it, threads woken again. Measured on the model
+        itself: its sequential plan raced against the same plan cut into ``cuts + 1`` segments
+        (evenly), the difference per cut less the call and the conversions at those cuts.
+        (NASNet-A mobile: plans whose concurrent phases were each priced below their serial
+        twin ran 17-20% slower than sequential, and as fast once those phases were serialized.)"""
+        def measure() -> float:
+            sequential = Schedule.from_stages(graph.structural_hash(), sequential_stages(graph), graph_name=graph.name)
+            plan = lower(graph, sequential)
+            ((lane,),) = (phase.lanes for phase in plan.phases)
+            k = max(1, min(cuts, len(lane) // 4))
+            positions = [round(len(lane) * (j + 1) / (k + 1)) for j in range(k)]
+            whole = OrtExecutor(graph, plan, run.cores)
+            cut = OrtExecutor(graph, cut_segments(plan, positions), run.cores)
+            inputs = random_inputs(graph)
+            try:
+                times = interleave({"whole": lambda: whole(inputs), "cut": lambda: cut(inputs)},
+                                   max(policy.repeat, 15), policy.warmup)
+            finally:
+                whole.close()
+                cut.close()
+            diffs = [c - w for c, w in zip(times["cut"], times["whole"])]
+            leave, enter = self._conversions(graph, run, policy, calibrations)
+            done: set[str] = set()
+            converted = 0.0
+            for j, step in enumerate(lane):
+                if j in positions:
+                    converted += sum(leave.get(v, 0.0) + enter.get(v, 0.0) for v in live_values(graph, done))
+                done.update(plan.steps[step].nodes)
+            per_cut = statistics.median(diffs) / k
+            return max(0.0, per_cut - self.call_overhead_ms(run, policy, calibrations) - converted / k)
+        return calibrations.remember(f"cut_residual_ms/{graph.structural_hash()}", measure)
+
+
+register_backend(OrtBackend())

@@ -1,0 +1,16 @@
+"""The op families: per op kind, in one place, its schema (shape rule, FLOPs, category), its
+torch kernel, its ONNX export and, for convolutions, the merge rule.
+
+Importing this package registers every family (:mod:`opsched` does so on import). To add an op:
+one :class:`OpDef` in the module of its family (or a new module imported here).
+"""
+
+from opsched.ops import activation, constant, conv, elementwise, linear, norm, pool, reduce, shape
+from opsched.ops.activation import ACTIVATIONS, Activation
+from opsched.ops.onnx_builder import NotExportable, OnnxBuilder
+from opsched.ops.registry import Kernel, OpDef, op_def, op_defs, torch_kernel
+
+__all__ = [
+    "ACTIVATIONS", "Activation", "Kernel", "NotExportable", "OnnxBuilder", "OpDef", "activation", "constant", "conv",
+    "elementwise", "linear", "norm", "op_def", "op_defs", "pool", "reduce", "shape", "torch_kernel",
+]

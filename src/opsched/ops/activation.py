@@ -1,0 +1,137 @@
+"""Activations: the one table of them (torch function, FLOPs, ONNX form, the torch spellings
+the importer maps to them), each registered as an op of its own; and softmax.
+
+An activation may also be fused into the convolution or linear layer that feeds it (the
+producer's ``act`` attribute, :mod:`opsched.transforms.fuse_activation`); those kernels and
+exports apply it with :func:`apply_activation` and :func:`export_activation`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from opsched.ir import Graph, Node, OpSchema
+from opsched.ops._common import per_element, same
+from opsched.ops.onnx_builder import OnnxBuilder
+from opsched.ops.registry import Kernel, OpDef, register
+
+__all__ = ["Activation", "ACTIVATIONS", "activation", "apply_activation", "export_activation"]
+
+OnnxForm = Callable[[OnnxBuilder, str, str, Node], str]
+
+
+def _const(b: OnnxBuilder, value: float, like: Node, hint: str) -> str:
+    """A scalar constant in the node's floating dtype (an ONNX op's inputs must share one)."""
+    dtype = np.float16 if like.out.dtype == "float16" else np.float64 if like.out.dtype == "float64" else np.float32
+    return b.init(np.array(value, dtype), hint)
+
+
+def _simple(op_type: str) -> OnnxForm:
+    return lambda b, x, out, node: b.add(op_type, [x], out)
+
+
+def _relu6(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
+    return b.add("Clip", [x, _const(b, 0.0, node, "lo"), _const(b, 6.0, node, "hi")], out)
+
+
+def _silu(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
+    return b.add("Mul", [x, b.add("Sigmoid", [x])], out)
+
+
+def _hardsigmoid(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
+    return b.add("HardSigmoid", [x], out, alpha=1.0 / 6.0, beta=0.5)
+
+
+def _gelu(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
+    """``x * (1 + erf(x / sqrt 2)) / 2``, or with ``approximate="tanh"`` the tanh form: opset 17
+    has no Gelu, and ONNX Runtime fuses both patterns into its own kernel."""
+    half = b.add("Mul", [x, _const(b, 0.5, node, "half")])
+    if node.attr("approximate", "none") == "tanh":
+        cube = b.add("Mul", [b.add("Mul", [x, x]), x])
+        inner = b.add("Add", [x, b.add("Mul", [cube, _const(b, 0.044715, node, "c")])])
+        core = b.add("Tanh", [b.add("Mul", [inner, _const(b, math.sqrt(2.0 / math.pi), node, "k")])])
+    else:
+        core = b.add("Erf", [b.add("Div", [x, _const(b, math.sqrt(2.0), node, "sqrt2")])])
+    return b.add("Mul", [half, b.add("Add", [core, _const(b, 1.0, node, "one")])], out)
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """One activation: its torch function (called with the node's attributes as keywords), FLOPs
+    per element, its ONNX form, and how torch code spells it (for the importer)."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    flops: int
+    onnx: OnnxForm
+    modules: tuple[type[nn.Module], ...] = ()
+    functions: tuple[Callable[..., Any], ...] = ()
+    methods: tuple[str, ...] = ()
+
+
+#: Every activation, by name: the only list of them.
+ACTIVATIONS: dict[str, Activation] = {a.name: a for a in (
+    Activation("relu", F.relu, 1, _simple("Relu"), (nn.ReLU,), (F.relu, torch.relu), ("relu",)),
+    Activation("relu6", F.relu6, 2, _relu6, (nn.ReLU6,), (F.relu6,)),
+    Activation("sigmoid", torch.sigmoid, 4, _simple("Sigmoid"), (nn.Sigmoid,), (torch.sigmoid, F.sigmoid),
+               ("sigmoid",)),
+    Activation("tanh", torch.tanh, 4, _simple("Tanh"), (nn.Tanh,), (torch.tanh, F.tanh), ("tanh",)),
+    Activation("gelu", F.gelu, 8, _gelu),  # nn.GELU / F.gelu carry ``approximate``: the importer maps them
+    Activation("silu", F.silu, 5, _silu, (nn.SiLU,), (F.silu,)),
+    Activation("hardswish", F.hardswish, 5, _simple("HardSwish"), (nn.Hardswish,), (F.hardswish,)),
+    Activation("hardsigmoid", F.hardsigmoid, 3, _hardsigmoid, (nn.Hardsigmoid,), (F.hardsigmoid,)),
+)}
+
+
+def activation(name: str) -> Activation:
+    return ACTIVATIONS[name]
+
+
+def apply_activation(fn: Kernel, act: str) -> Kernel:
+    """``fn`` followed by the fused activation ``act`` (``"none"``: ``fn`` itself)."""
+    if act == "none":
+        return fn
+    post = ACTIVATIONS[act].fn
+    return lambda *xs: post(fn(*xs))
+
+
+def export_activation(b: OnnxBuilder, x: str, act: str, out: str, node: Node) -> str:
+    """The fused activation ``act`` of ``node`` applied to the ONNX value ``x``, written to ``out``."""
+    if act == "none":
+        return b.add("Identity", [x], out)
+    return ACTIVATIONS[act].onnx(b, x, out, node)
+
+
+def _kernel(graph: Graph, node: Node) -> Kernel:
+    fn, attrs = ACTIVATIONS[node.op].fn, dict(node.attrs)
+    return (lambda x: fn(x, **attrs)) if attrs else fn
+
+
+def _export(b: OnnxBuilder, node: Node) -> None:
+    ACTIVATIONS[node.op].onnx(b, node.inputs[0], node.name, node)
+
+
+for _a in ACTIVATIONS.values():
+    register(OpDef(OpSchema(_a.name, "activation", (1, 1), same, per_element(_a.flops)), _kernel, _export))
+
+
+# --- softmax ------------------------------------------------------------------------------
+def _softmax_kernel(graph: Graph, node: Node) -> Kernel:
+    axis = node.attr("axis", -1)
+    return lambda x: torch.softmax(x, axis)
+
+
+def _softmax_export(b: OnnxBuilder, node: Node) -> None:
+    b.add("Softmax", [node.inputs[0]], node.name, axis=int(node.attr("axis", -1)))
+
+
+register(OpDef(OpSchema("softmax", "activation", (1, 1), same, per_element(5)), _softmax_kernel,
+               _softmax_export))

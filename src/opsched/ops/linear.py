@@ -1,0 +1,46 @@
+"""Fully connected layers (``y = x W^T + b``, over the last dimension)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+
+from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
+from opsched.ops._common import fail
+from opsched.ops.activation import apply_activation, export_activation
+from opsched.ops.onnx_builder import NotExportable, OnnxBuilder
+from opsched.ops.registry import Kernel, OpDef, params, register
+
+__all__: list[str] = []
+
+
+def _infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
+    (x,) = inputs
+    w = params[0] if params else None
+    if w is None or w.rank != 2 or x.shape[-1] != w.shape[1]:
+        raise fail("linear", f"weight {w} does not fit input {x} (expected weight[out,{x.shape[-1]}])")
+    return TensorType(x.shape[:-1] + (w.shape[0],), x.dtype)
+
+
+def _flops(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType], out: TensorType) -> int:
+    return 2 * out.numel * params[0].shape[1] + (out.numel if len(params) > 1 else 0)
+
+
+def _kernel(graph: Graph, node: Node) -> Kernel:
+    p = params(graph, node)
+    weight, bias = p[0], (p[1] if len(p) > 1 else None)
+    return apply_activation(lambda x: F.linear(x, weight, bias), node.attr("act", "none"))
+
+
+def _export(b: OnnxBuilder, n: Node) -> None:
+    if len(b.graph.types[n.inputs[0]].shape) != 2:
+        raise NotExportable("linear on a non-2-D input")
+    inputs = [n.inputs[0]] + [b.param(n, i) for i in range(len(n.params))]
+    act = n.attr("act", "none")
+    y = b.add("Gemm", inputs, None if act != "none" else n.name, transB=1)
+    if act != "none":
+        export_activation(b, y, act, n.name, n)
+
+
+register(OpDef(OpSchema("linear", "gemm", (1, 1), _infer, _flops), _kernel, _export))

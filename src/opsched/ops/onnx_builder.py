@@ -1,0 +1,83 @@
+"""The builder every ONNX export writes into: fresh names under the step's label, initializers.
+
+Every ONNX node and value made for a step is named after the step (its node, or
+``merge(a,b)``), so that ONNX Runtime's profile, whose kernels keep such names even after
+fusing or converting nodes, can be read back per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from opsched.ir import Graph, Node
+
+__all__ = ["NotExportable", "OnnxBuilder", "ONNX_DTYPES", "OPSET"]
+
+#: The opset every segment is exported at.
+OPSET = 17
+
+#: The IR's dtype names as ONNX element types.
+ONNX_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+                               "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64,
+                               "int32": TensorProto.INT32, "bool": TensorProto.BOOL,
+                               "bfloat16": TensorProto.BFLOAT16}
+
+
+class NotExportable(Exception):
+    """An op's configuration that its ONNX export cannot express (internal signal: the step
+    then runs with torch)."""
+
+
+class OnnxBuilder:
+    """Collects ONNX nodes and initializers; a ``dry_run`` builder only checks exportability
+    (no weights are copied)."""
+
+    def __init__(self, graph: Graph, dry_run: bool = False) -> None:
+        self.graph = graph
+        self.dry_run = dry_run
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+        self.owner = ""  # the step being exported: a prefix of every name made for it
+
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{self.owner}/{hint}__{self._n}"
+
+    def init(self, value: np.ndarray | torch.Tensor, hint: str) -> str:
+        """A constant (an initializer) named after ``hint``."""
+        name = self.fresh(hint)
+        if self.dry_run:
+            return name
+        arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def param(self, node: Node, i: int) -> str:
+        """The node's i-th parameter as an initializer."""
+        return self.init(self.graph.params[node.params[i]], f"{node.name}_p{i}")
+
+    def add(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object) -> str:
+        """An ONNX node ``op`` reading ``inputs``; returns its (one) output's name."""
+        out = output or self.fresh(op)
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=self.fresh(op), **attrs))
+        return out
+
+    def add_multi(self, op: str, inputs: Sequence[str], outputs: Sequence[str], **attrs: object) -> None:
+        """An ONNX node with several outputs."""
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.fresh(op), **attrs))
+
+    def model(self, inputs: Sequence[str], outputs: Sequence[str]) -> onnx.ModelProto:
+        """The model of everything added, reading ``inputs`` and producing ``outputs`` (graph values)."""
+        def info(v: str) -> onnx.ValueInfoProto:
+            t = self.graph.types[v]
+            return helper.make_tensor_value_info(v, ONNX_DTYPES[t.dtype], list(t.shape))
+
+        g = helper.make_graph(self.nodes, "segment", [info(v) for v in inputs], [info(v) for v in outputs],
+                              self.inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)

@@ -1,0 +1,90 @@
+"""2-D pooling: max and average windows, and adaptive average pooling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+
+from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
+from opsched.ops._common import fail, pair, reduce_flops, window
+from opsched.ops.onnx_builder import NotExportable, OnnxBuilder
+from opsched.ops.registry import Kernel, OpDef, register
+
+__all__ = ["pool_output_hw"]
+
+
+def pool_output_hw(h: int, w: int, attrs: FrozenAttrs) -> tuple[int, int]:
+    kh, kw = pair(attrs["kernel"])
+    sh, sw = pair(attrs.get("stride", attrs["kernel"]))
+    ph, pw = pair(attrs.get("padding", 0))
+    dh, dw = pair(attrs.get("dilation", 1))
+    ceil = bool(attrs.get("ceil_mode", False))
+    return window(h, kh, sh, ph, dh, ceil), window(w, kw, sw, pw, dw, ceil)
+
+
+def _infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
+    (x,) = inputs
+    if x.rank != 4:
+        raise fail("pool", f"expects an NCHW input, got {x}")
+    h, w = pool_output_hw(x.shape[2], x.shape[3], attrs)
+    if h <= 0 or w <= 0:
+        raise fail("pool", f"output would be empty for input {x} and kernel {attrs['kernel']}")
+    return TensorType((x.shape[0], x.shape[1], h, w), x.dtype)
+
+
+def _flops(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType], out: TensorType) -> int:
+    kh, kw = pair(attrs["kernel"])
+    return out.numel * kh * kw
+
+
+def _max_kernel(graph: Graph, node: Node) -> Kernel:
+    a = node.attrs
+    k, s, p = a["kernel"], a.get("stride", a["kernel"]), a.get("padding", 0)
+    d, c = a.get("dilation", 1), a.get("ceil_mode", False)
+    return lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c)
+
+
+def _avg_kernel(graph: Graph, node: Node) -> Kernel:
+    a = node.attrs
+    k, s, p, c = a["kernel"], a.get("stride", a["kernel"]), a.get("padding", 0), a.get("ceil_mode", False)
+    inc = a.get("count_include_pad", True)
+    return lambda x: F.avg_pool2d(x, k, s, p, ceil_mode=c, count_include_pad=inc)
+
+
+def _window_attrs(n: Node) -> dict[str, object]:
+    pad = list(pair(n.attr("padding", 0)))
+    return dict(kernel_shape=list(pair(n.attr("kernel"))), strides=list(pair(n.attr("stride", n.attr("kernel")))),
+                pads=pad + pad, ceil_mode=int(bool(n.attr("ceil_mode", False))))
+
+
+def _max_export(b: OnnxBuilder, n: Node) -> None:
+    b.add("MaxPool", [n.inputs[0]], n.name, dilations=list(pair(n.attr("dilation", 1))), **_window_attrs(n))
+
+
+def _avg_export(b: OnnxBuilder, n: Node) -> None:
+    b.add("AveragePool", [n.inputs[0]], n.name, count_include_pad=int(bool(n.attr("count_include_pad", True))),
+          **_window_attrs(n))
+
+
+def _adaptive_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
+    (x,) = inputs
+    oh, ow = pair(attrs["output_size"])
+    return TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)
+
+
+def _adaptive_kernel(graph: Graph, node: Node) -> Kernel:
+    size = node.attr("output_size")
+    return lambda x: F.adaptive_avg_pool2d(x, size)
+
+
+def _adaptive_export(b: OnnxBuilder, n: Node) -> None:
+    if pair(n.attr("output_size")) != (1, 1):
+        raise NotExportable("adaptive pooling to a size other than 1x1")
+    b.add("GlobalAveragePool", [n.inputs[0]], n.name)
+
+
+register(OpDef(OpSchema("max_pool2d", "pool", (1, 1), _infer, _flops), _max_kernel, _max_export))
+register(OpDef(OpSchema("avg_pool2d", "pool", (1, 1), _infer, _flops), _avg_kernel, _avg_export))
+register(OpDef(OpSchema("adaptive_avg_pool2d", "reduce", (1, 1), _adaptive_infer, reduce_flops), _adaptive_kernel,
+               _adaptive_export))

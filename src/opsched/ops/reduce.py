@@ -1,0 +1,33 @@
+"""Reductions over axes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
+from opsched.ops._common import axis_of, reduce_flops
+from opsched.ops.onnx_builder import OnnxBuilder
+from opsched.ops.registry import Kernel, OpDef, register
+
+__all__: list[str] = []
+
+
+def _mean_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
+    (x,) = inputs
+    dims = {axis_of(d, x.rank) for d in attrs["dims"]}
+    keep = attrs.get("keepdim", False)
+    shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape) if keep or i not in dims)
+    return TensorType(shape, x.dtype)
+
+
+def _mean_kernel(graph: Graph, node: Node) -> Kernel:
+    dims, keep = tuple(node.attr("dims")), node.attr("keepdim", False)
+    return lambda x: x.mean(dims, keepdim=keep)
+
+
+def _mean_export(b: OnnxBuilder, n: Node) -> None:
+    b.add("ReduceMean", [n.inputs[0]], n.name, axes=[int(d) for d in n.attr("dims")],
+          keepdims=int(bool(n.attr("keepdim", False))))
+
+
+register(OpDef(OpSchema("mean", "reduce", (1, 1), _mean_infer, reduce_flops), _mean_kernel, _mean_export))

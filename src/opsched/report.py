@@ -1,0 +1,104 @@
+"""What :func:`opsched.optimize` made and found, as typed records (``module.report()``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsched.cost.measured import MeasurementCounts
+from opsched.runtime import Plan
+from opsched.schedule import Schedule
+from opsched.schedulers import spec
+
+__all__ = ["ScheduleSummary", "RaceResult", "OptimizeOutcome", "OptimizeReport"]
+
+
+@dataclass(frozen=True)
+class ScheduleSummary:
+    """A schedule's shape: ``stages`` where it has IOS's shape (None for free-running lanes),
+    ``phases`` of its plan, at most ``concurrency`` lanes at once, ``merges`` merged convolutions."""
+
+    scheduler: str
+    stages: int | None
+    lanes: int
+    phases: int
+    concurrency: int
+    merges: int
+    estimated_ms: float | None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, schedule: Schedule, plan: Plan) -> ScheduleSummary:
+        stages = schedule.stages
+        return cls(schedule.scheduler, None if stages is None else len(stages), len(schedule.lanes),
+                   len(plan.phases), plan.max_lanes, len(schedule.merges), schedule.estimated_ms, dict(schedule.stats))
+
+    @property
+    def search(self) -> str | None:
+        """The scheduler's own line about its work, where it has one."""
+        summarize = spec(self.scheduler).summarize if self.scheduler else None
+        return summarize(self.stats) if summarize is not None and self.stats else None
+
+    def __str__(self) -> str:
+        shape = f"{self.stages} stages" if self.stages is not None else f"{self.lanes} lanes"
+        text = (f"{shape}, {self.phases} phases, up to {self.concurrency} concurrent lanes, "
+                f"{self.merges} merged convolutions")
+        if self.estimated_ms is not None:
+            text += f"; estimated {self.estimated_ms:.3f} ms"
+        return text
+
+
+@dataclass(frozen=True)
+class RaceResult:
+    """Contenders' median ms in one interleaved race, and which was kept (the fastest)."""
+
+    times_ms: Mapping[str, float]
+    kept: str
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.times_ms.items()) + f": kept {self.kept}"
+
+
+@dataclass(frozen=True)
+class OptimizeOutcome:
+    """What optimizing found beyond the schedule it kept: the race of plans, the schedules searched
+    that lost it, the measurements it took, its time."""
+
+    race: RaceResult | None = None
+    searched: tuple[ScheduleSummary, ...] = ()
+    measurements: MeasurementCounts | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class OptimizeReport:
+    """A scheduled module's account of itself (``print`` it)."""
+
+    model: str
+    operators: int
+    batch: int
+    device: str
+    backend: str
+    executor: str
+    schedule: ScheduleSummary
+    outcome: OptimizeOutcome = OptimizeOutcome()
+
+    def __str__(self) -> str:
+        s = self.schedule
+        lines = [f"{self.model}: {self.operators} operators, scheduled by {s.scheduler} for batch {self.batch} on "
+                 f"{self.device}, running on the {self.backend} backend",
+                 f"  {s}", f"  {self.executor}"]
+        if s.search:
+            lines.append(f"  {s.search}")
+        o = self.outcome
+        if o.race is not None:
+            lines.append(f"  end-to-end check: {o.race}")
+        for other in o.searched:
+            lines.append(f"  searched schedule ({other.scheduler}, lost the race): {other}"
+                         + (f"; {other.search}" if other.search else ""))
+        if o.seconds is not None:
+            lines.append(f"  optimize time: {o.seconds:.2f} s")
+        if o.measurements is not None:
+            lines.append(f"  measurements: {o.measurements}")
+        return "\n".join(lines)

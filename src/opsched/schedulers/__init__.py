@@ -1,0 +1,22 @@
+"""Schedulers, each in its own module, registered with a spec (:mod:`.registry`):
+
+* ``sequential``: one unit per stage (what frameworks do);
+* ``greedy``: IOS's wavefront, every ready unit at once;
+* ``ios``: the IOS dynamic program over stages, optimal under its cost model;
+* ``est``: list scheduling on lanes without barriers, under a resource model (milliseconds);
+* ``nimble``, ``opara``: the peers' stream assignments.
+
+The simulator (:mod:`.simulate`) replays any schedule under a resource model.
+"""
+
+from opsched.schedulers import est, greedy, ios, sequential, streams
+from opsched.schedulers.ios import SearchStats
+from opsched.schedulers.registry import (
+    NoOptions, Progress, SchedulerSpec, make_options, register, schedule, scheduler_names, spec,
+)
+from opsched.schedulers.units import UnitGraph
+
+__all__ = [
+    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "greedy", "ios", "make_options",
+    "register", "schedule", "scheduler_names", "sequential", "spec", "streams",
+]
