@@ -1,0 +1,130 @@
+"""Backends as plug-ins: a backend that lives only in this file runs the whole pipeline, every op has
+a kernel or an export on every backend (or says why not), and plans are plain data."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+import opsched
+from opsched.api import host_cpu_model
+from opsched.backends import Backend, CpuBackend, Executor, backend_names, get_backend, register_backend
+from opsched.errors import OpschedError
+from opsched.execution import RunOptions
+from opsched.ir import Graph, registered_ops
+from opsched.models import example_inputs, get_model
+from opsched.ops import op_defs
+from opsched.runtime import Plan, lower
+from opsched.runtime.kernels import bind_step
+from opsched.schedulers import schedule
+from opsched.testing import assert_close, random_dag
+from opsched.timeline import TraceEvent
+
+
+# --- a backend in one class and one registration -------------------------------------------------
+class SerialExecutor:
+    """Every step of the plan in order on the caller's thread, torch kernels: no lanes at all."""
+
+    def __init__(self, graph: Graph, plan: Plan) -> None:
+        self.plan = plan
+        self.order = [s for phase in plan.phases for lane in phase.lanes for s in lane]
+        self.steps = [bind_step(graph, step) for step in plan.steps]
+
+    def _run(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None) -> list[torch.Tensor]:
+        slots: list[object] = [None] * len(self.plan.slot_names)
+        for slot, t in zip(self.plan.input_slots, inputs):
+            slots[slot] = t
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for s in self.order:
+                start = time.perf_counter()
+                self.steps[s](slots)
+                if trace is not None:
+                    step = self.plan.steps[s]
+                    trace.append(TraceEvent(0, 0, step.label, step.op, (start - t0) * 1e3,
+                                            (time.perf_counter() - t0) * 1e3))
+        return [slots[s] for s in self.plan.output_slots]  # type: ignore[misc]
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self._run(inputs, None)
+
+    def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
+        events: list[TraceEvent] = []
+        self._run(inputs, events)
+        return events
+
+    def describe(self) -> str:
+        return f"serial: {len(self.order)} steps, one after another"
+
+    def close(self) -> None:
+        pass
+
+
+class SerialBackend(CpuBackend):
+    name = "serial"
+
+    def prepare(self, graph: Graph, plan: Plan, run: RunOptions) -> Executor:
+        return SerialExecutor(graph, plan)
+
+
+if "serial" not in backend_names():
+    register_backend(SerialBackend())
+
+
+def test_a_backend_added_in_one_class_runs_the_whole_pipeline(tmp_path: Path) -> None:
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, backend="serial", cache_dir=str(tmp_path), scheduler=("ios", "est"),
+                              budget_s=20)  # stages measured on it, plans raced on it, checked against eager
+    assert module.backend.name == "serial" and "serial:" in str(module.report())
+    with torch.no_grad():
+        assert_close(module(*inputs), model(*inputs))
+    events = module.profile(*inputs)
+    assert sorted(e.label for e in events) == sorted(st.label for st in module.plan.steps)
+    with opsched.cost.ProfileStore(tmp_path) as store:
+        tags = {c["backend"] for c in store.status()["contexts"]}  # type: ignore[attr-defined]
+    assert tags == {"cpu-serial-v4"}  # its measurements are its own
+
+
+def test_backend_resolution_names_what_is_wrong() -> None:
+    assert get_backend("serial").name == "serial"
+    with pytest.raises(OpschedError, match="no backend 'tpu'; available: auto, .*ort.*torch"):
+        get_backend("tpu")
+    with pytest.raises(OpschedError, match="backend 'cuda' runs on cuda, not on cpu"):
+        opsched.optimize(get_model("squeezenet1_1"), example_inputs("squeezenet1_1"), backend="cuda", cost="analytic")
+    with pytest.raises(ValueError, match="taken"):
+        register_backend(SerialBackend())
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_every_op_runs_on_every_backend_or_says_why_not(name: str) -> None:
+    backend = get_backend(name)
+    assert isinstance(backend, Backend)
+    for op in registered_ops():
+        assert backend.supports(op) or backend.opt_out(op), f"backend {name!r} neither runs {op!r} nor says why"
+    for opdef in op_defs():  # the reference kernel exists for every op, an ONNX export or its reason
+        assert opdef.torch is not None and (opdef.onnx is not None or opdef.no_onnx)
+
+
+@pytest.mark.parametrize("name", ["torch", "ort", "serial"])
+def test_executors_follow_the_protocol(name: str) -> None:
+    g = random_dag(8, 4)
+    plan = lower(g, schedule(g, "greedy", host_cpu_model(), max_lanes=2))
+    executor = get_backend(name).prepare(g, plan, RunOptions())
+    assert isinstance(executor, Executor)
+    x = [torch.randn(g.inputs[0].type.shape)]
+    assert_close(executor(x), opsched.run_graph(g, x))
+    assert executor.describe().startswith({"torch": "torch", "ort": "onnxruntime", "serial": "serial"}[name])
+    assert executor.trace(x)
+    executor.close()
+
+
+def test_a_plan_is_plain_data() -> None:
+    g = random_dag(10, 2)
+    plan = lower(g, schedule(g, "est", host_cpu_model()))
+    text = json.dumps(plan.to_dict())  # indices, names and attributes only
+    assert Plan.from_dict(json.loads(text)) == plan
