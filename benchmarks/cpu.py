@@ -37,8 +37,8 @@ import torch  # noqa: E402
 from _report import write  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.cli.table import format_table  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402

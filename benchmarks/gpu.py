@@ -46,8 +46,8 @@ import torch  # noqa: E402
 from _report import RESULTS, write  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.cli.table import format_table  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
@@ -193,13 +193,16 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
     headers = ["model", "batch", "dtype", *(LABELS[k] for k in contenders), f"IOS vs {LABELS[base]}",
                f"optimize() vs {LABELS[base]}", "bound", "IOS / bound", "IOS memory vs base", "IOS search s"]
     rows = []
+
+    def ratio(med: dict[str, float], k: str) -> str:
+        return f"{med[base] / med[k]:.2f}" if k in med and base in med else ""
+
     for r in records:
         med, iqr = r["median_ms"], r["iqr_ms"]
-        ratio = lambda k: (f"{med[base] / med[k]:.2f}" if k in med and base in med else "")  # noqa: E731
         mem = r["held_mib"]
         rows.append([r["model"], r["batch"], r["dtype"],
                      *(f"{med[k]:.3f} ±{iqr[k]:.3f}" if k in med else "failed" for k in contenders),
-                     ratio("ios"), ratio("optimize"), f"{r['critical_path_bound_ms']:.3f}",
+                     ratio(med, "ios"), ratio(med, "optimize"), f"{r['critical_path_bound_ms']:.3f}",
                      f"{med['ios'] / r['critical_path_bound_ms']:.2f}" if "ios" in med else "",
                      f"{mem['ios'] / mem[base]:.2f}" if "ios" in mem and base in mem and mem[base] > 0 else "",
                      f"{r['build_s'].get('ios', float('nan')):.1f}"])

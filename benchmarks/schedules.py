@@ -31,12 +31,14 @@ from _report import write  # noqa: E402
 
 from opsched import from_torch  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.cost import AnalyticCostModel  # noqa: E402
+from opsched.cost import (
+    AnalyticCostModel,  # noqa: E402
+    StageCoster,  # noqa: E402
+)
 from opsched.ir import Graph  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
-from opsched.cost import StageCoster  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph, schedule  # noqa: E402
 

@@ -28,9 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import RESULTS, write  # noqa: E402
-
 import torch  # noqa: E402
+from _report import RESULTS, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402

@@ -61,15 +61,16 @@ from schedules import IOS_SEARCH, stored_graphs, zoo_model  # noqa: E402
 from opsched import from_torch  # noqa: E402
 from opsched._toposort import bits  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.cost import AnalyticCostModel  # noqa: E402
+from opsched.cost import (
+    AnalyticCostModel,  # noqa: E402
+    StageCoster,  # noqa: E402
+)
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
-from opsched.cost import StageCoster  # noqa: E402
 from opsched.schedulers.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
 from opsched.schedulers.partition import partition  # noqa: E402
 from opsched.schedulers.units import UnitGraph  # noqa: E402
-
 
 #: The IOS paper's DP states on its RandWire's four random stage graphs (WS(16, 4, 0.75), then
 #: three WS(32, 4, 0.75)): each block's states are all the down-sets of its DAG.
@@ -172,6 +173,22 @@ def state_pruned_floor(solver: _Solver, endings: Endings, price: Callable[[str, 
     return forced, len(reached)
 
 
+class PartPrices:
+    """A part's stages by their units, priced once each: a parallel stage's groups are the
+    components of its units, a merge's its units; (price, structural key)."""
+
+    def __init__(self, ug: UnitGraph, part: list[int], adj: list[int], probe: StageCoster) -> None:
+        self.ug, self.part, self.adj, self.probe = ug, part, adj, probe
+        self.known: dict[tuple[str, int], tuple[float, tuple[object, ...]]] = {}
+
+    def __call__(self, strategy: str, mask: int) -> tuple[float, tuple[object, ...]]:
+        if (strategy, mask) not in self.known:
+            groups = components(mask, self.adj) if strategy == "parallel" else tuple(1 << i for i in bits(mask))
+            stage = _to_stage(self.ug, self.part, (strategy, tuple(tuple(bits(c)) for c in groups)))
+            self.known[strategy, mask] = (self.probe.latency(stage), self.probe.stage_key(stage))
+        return self.known[strategy, mask]
+
+
 def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_size: int,
                 suffix_bounds: Sequence[float] = ()) -> dict[str, int]:
     ug = UnitGraph.build(graph)
@@ -193,15 +210,7 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
         for i, succ in enumerate(solver.succ):
             for j in bits(succ):
                 adj[j] |= 1 << i
-        known: dict[tuple[str, int], tuple[float, tuple[object, ...]]] = {}
-
-        def price(strategy: str, mask: int) -> tuple[float, tuple[object, ...]]:
-            """A stage by its units: a parallel stage's groups are their components, a merge's the units."""
-            if (strategy, mask) not in known:
-                groups = components(mask, adj) if strategy == "parallel" else tuple(1 << i for i in bits(mask))
-                stage = _to_stage(ug, part, (strategy, tuple(tuple(bits(c)) for c in groups)))
-                known[strategy, mask] = (probe.latency(stage), probe.stage_key(stage))
-            return known[strategy, mask]
+        price = PartPrices(ug, part, adj, probe)
 
         # enumerated once: the floors below and the passes for the cost after each state all walk them
         endings = {state: solver.endings(state) for state in solver.memo if state}

@@ -11,18 +11,19 @@ from typing import Any
 
 import pytest
 import torch
+from _zoo import zoo_params
 
 from opsched import optimize
+from opsched.backends.cuda import CudaExecutor
 from opsched.cost.analytic import AnalyticCostModel
 from opsched.frontends import from_torch
 from opsched.ir import GraphBuilder, TensorType
 from opsched.models import example_inputs, get_model, list_models
-from opsched.backends.cuda import CudaExecutor
 from opsched.runtime.plan import lower
 from opsched.runtime.reference import run_graph
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait, stream_program
-from opsched.schedulers import schedule
 from opsched.schedule import Schedule
+from opsched.schedulers import schedule
 from opsched.testing import assert_close, check_stream_program, fork_join, random_dag, tf32_in_use
 from opsched.transforms.place import dtype_name, place
 
@@ -35,12 +36,13 @@ def zoo() -> dict[str, Any]:
 
 
 # --- stream programs -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", zoo_params())
 @pytest.mark.parametrize("scheduler", list(SCHEDULERS))
-def test_stream_programs_of_the_zoo_are_correct(zoo: dict[str, Any], scheduler: str) -> None:
-    cost = AnalyticCostModel("V100")
-    for name, graph in zoo.items():
-        program = stream_program(lower(graph, schedule(graph, scheduler, cost, **SCHEDULERS[scheduler])))
-        check_stream_program(program)
+def test_stream_programs_of_the_zoo_are_correct(zoo: dict[str, Any], scheduler: str, name: str) -> None:
+    graph = zoo[name]
+    program = stream_program(lower(graph, schedule(graph, scheduler, AnalyticCostModel("V100"),
+                                                   **SCHEDULERS[scheduler])))
+    check_stream_program(program)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import opsched
-from opsched.cost import AnalyticCostModel, RandomCostModel
-from opsched.cost import OpDemand, ResourceModel, resources_for
+from opsched.cost import AnalyticCostModel, OpDemand, RandomCostModel, ResourceModel, resources_for
 from opsched.errors import CostModelError, IllegalMergeError, InvalidScheduleError
 from opsched.ir import Graph, GraphBuilder, op_schema
 from opsched.ir.analysis import critical_path, width

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from opsched.errors import (
-    CycleError, DanglingInputError, DuplicateNameError, GraphError, ShapeMismatchError, UnknownOpError,
+    CycleError,
+    DanglingInputError,
+    DuplicateNameError,
+    GraphError,
+    ShapeMismatchError,
+    UnknownOpError,
 )
 from opsched.ir import FrozenAttrs, Graph, GraphBuilder, Node, TensorType
 from opsched.ir.analysis import critical_path, generations, max_antichain, width

@@ -14,20 +14,24 @@ from hypothesis import strategies as st
 
 from opsched import from_torch
 from opsched.cost import AnalyticCostModel, RandomCostModel, SegmentCut
-from opsched.errors import (
-    CycleError, IllegalMergeError, InvalidScheduleError, ScheduleError, ScheduleMismatchError,
-)
-from opsched.ir import Graph, GraphBuilder
-from opsched.models import example_inputs, get_model
 from opsched.cost import estimate_stages as estimate
-from opsched.schedule import Schedule, Stage
-from opsched.schedulers import schedule
 from opsched.cost.coster import StageCoster
 from opsched.cost.cuts import cut_latency
+from opsched.errors import (
+    CycleError,
+    IllegalMergeError,
+    InvalidScheduleError,
+    ScheduleError,
+    ScheduleMismatchError,
+)
+from opsched.ir import Graph, GraphBuilder
 from opsched.ir.analysis import live_values
+from opsched.models import example_inputs, get_model
+from opsched.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
+from opsched.schedule import Schedule, Stage
+from opsched.schedulers import schedule
 from opsched.schedulers.endings import parallel_endings
 from opsched.schedulers.ios import ios_stages
-from opsched.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
 from opsched.schedulers.partition import cut_units, partition
 from opsched.schedulers.units import UnitGraph
 from opsched.testing import fork_join, random_dag
@@ -372,7 +376,7 @@ def test_merged_convolution_equals_its_members() -> None:
     weight, bias = merged_parameters(g, spec)
     xin = torch.randn(2, 6, 9, 9, generator=gen)
     merged = F.relu(F.conv2d(xin, weight, bias, padding=spec.padding))
-    for name, (c0, c1), (k, p) in zip(names, spec.channels, specs):
+    for name, (c0, c1), (_, p) in zip(names, spec.channels, specs):
         node = g.node(name)
         ref = F.relu(F.conv2d(xin, g.params[node.params[0]], g.params[node.params[1]], padding=p))
         torch.testing.assert_close(merged[:, c0:c1], ref, rtol=1e-5, atol=1e-5)

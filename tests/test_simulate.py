@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from opsched.cost import AnalyticCostModel
+from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.schedule import Schedule, Stage
 from opsched.schedulers import schedule
-from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.schedulers.simulate import simulate
 from opsched.testing import fork_join, random_dag
 

@@ -7,19 +7,18 @@ import io
 import onnx
 import pytest
 import torch
+from _zoo import zoo_params
 
 from opsched import from_onnx, from_torch
 from opsched.errors import MalformedModelError, ModelNotFoundError
 from opsched.ir.analysis import width
-from opsched.models import example_inputs, get_model, list_models
+from opsched.models import example_inputs, get_model
 from opsched.models.randwire import RandWire, read_edge_list
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
 
-ZOO = list_models()
 
-
-@pytest.fixture(scope="module", params=ZOO)
+@pytest.fixture(scope="module", params=zoo_params())
 def zoo_case(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
     name = request.param
     model, inputs = get_model(name), example_inputs(name)

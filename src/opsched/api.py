@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -173,7 +174,7 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
         race = None
         if len(modules) > 1:
             inputs = tuple(random_inputs(graph, dev))
-            kept, times = fastest({name: (lambda m=m: m(*inputs)) for name, m in modules.items()},
+            kept, times = fastest({name: functools.partial(m, *inputs) for name, m in modules.items()},
                                   clock=be.clock(run))
             race = RaceResult(times, kept)
         else:

@@ -9,7 +9,7 @@ import torch
 
 from opsched.check import TF32_TOLERANCE, TOLERANCES, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
-from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait
+from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamProgram, Wait
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "check_stream_program",
            "fork_join", "random_dag"]
@@ -74,37 +74,61 @@ def check_stream_program(program: StreamProgram) -> None:
     that produced the slot (the only stream that can reuse its memory); and every stream's work
     happens before the end of stream 0 (the caller sees finished results).
     """
-    plan, ops = program.plan, program.ops
-    stream_ops = [k for k, op in enumerate(ops) if not isinstance(op, Release)]
-    pos = {k: i for i, k in enumerate(stream_ops)}
-    before = [0] * len(stream_ops)  # bit i: stream op i happens before (or is) this one
-    last_on: dict[int, int] = {}
-    last_record: dict[int, int] = {}
-    for k in stream_ops:
-        op = ops[k]
-        i = pos[k]
-        bits = 1 << i
-        if op.stream in last_on:
-            bits |= before[last_on[op.stream]]
-        if isinstance(op, Wait):
-            assert op.event in last_record, f"op {k}: wait on event {op.event} before any record of it"
-            bits |= before[last_record[op.event]]
-        if isinstance(op, Record):
-            last_record[op.event] = i
-        before[i] = bits
-        last_on[op.stream] = i
+    hb = _HappensBefore(program.ops)
+    launch_of = _check_launches(program, hb)
+    _check_releases(program, hb, launch_of)
+    end = hb.last_on.get(0)
+    for i, k in enumerate(hb.stream_ops):
+        assert end is not None and hb.before[end] >> i & 1, f"op {k} ({program.ops[k]}) is not joined into stream 0"
+
+
+class _HappensBefore:
+    """Happens-before among the stream operations of a program (Releases run on the host):
+    ``before[i]`` has bit j set where stream op j happens before (or is) stream op i."""
+
+    def __init__(self, ops: tuple[Op, ...]) -> None:
+        self.stream_ops = [k for k, op in enumerate(ops) if not isinstance(op, Release)]
+        self.pos = {k: i for i, k in enumerate(self.stream_ops)}
+        self.before = [0] * len(self.stream_ops)
+        self.last_on: dict[int, int] = {}
+        last_record: dict[int, int] = {}
+        for k in self.stream_ops:
+            op, i = ops[k], self.pos[k]
+            bits = 1 << i
+            if _stream(op) in self.last_on:
+                bits |= self.before[self.last_on[_stream(op)]]
+            if isinstance(op, Wait):
+                assert op.event in last_record, f"op {k}: wait on event {op.event} before any record of it"
+                bits |= self.before[last_record[op.event]]
+            if isinstance(op, Record):
+                last_record[op.event] = i
+            self.before[i] = bits
+            self.last_on[_stream(op)] = i
+
+
+def _check_launches(program: StreamProgram, hb: _HappensBefore) -> dict[int, int]:
+    """Every step launched once, after what it reads and waits for; per step, its stream op."""
+    plan = program.plan
     launch_of: dict[int, int] = {}
-    for k, op in enumerate(ops):
+    for k, op in enumerate(program.ops):
         if isinstance(op, Launch):
             assert op.step not in launch_of, f"step {plan.steps[op.step].label} launched twice"
-            launch_of[op.step] = pos[k]
+            launch_of[op.step] = hb.pos[k]
     assert set(launch_of) == set(range(len(plan.steps))), "some steps are never launched"
     producer = {o: s for s, step in enumerate(plan.steps) for o in step.outputs}
     for s, step in enumerate(plan.steps):
-        here = before[launch_of[s]]
+        here = hb.before[launch_of[s]]
         for p in {producer[i] for i in step.inputs if i in producer} | set(step.waits):
             assert here >> launch_of[p] & 1, (f"step {step.label} may run before {plan.steps[p].label}, "
                                                f"which it reads or waits for")
+    return launch_of
+
+
+def _check_releases(program: StreamProgram, hb: _HappensBefore, launch_of: dict[int, int]) -> None:
+    """A slot released once, after its readers were enqueued, each of them ordered before the next
+    work on the stream that made it (the only stream that can reuse its memory)."""
+    plan, ops = program.plan, program.ops
+    producer = {o: s for s, step in enumerate(plan.steps) for o in step.outputs}
     readers: dict[int, list[int]] = {}
     for s, step in enumerate(plan.steps):
         for i in step.inputs:
@@ -118,15 +142,17 @@ def check_stream_program(program: StreamProgram) -> None:
             released.add(slot)
             if slot not in producer:
                 continue  # a graph input: the caller owns its memory
-            home = ops[stream_ops[launch_of[producer[slot]]]].stream
-            nxt = next((pos[j] for j in stream_ops if j > k and ops[j].stream == home), None)
+            home = _stream(ops[hb.stream_ops[launch_of[producer[slot]]]])
+            nxt = next((hb.pos[j] for j in hb.stream_ops if j > k and _stream(ops[j]) == home), None)
             for r in readers.get(slot, ()):
-                at = stream_ops[launch_of[r]]
+                at = hb.stream_ops[launch_of[r]]
                 assert at < k, f"slot {plan.slot_names[slot]} released before its reader {plan.steps[r].label}"
-                if ops[at].stream != home and nxt is not None:
-                    assert before[nxt] >> launch_of[r] & 1, (
+                if _stream(ops[at]) != home and nxt is not None:
+                    assert hb.before[nxt] >> launch_of[r] & 1, (
                         f"slot {plan.slot_names[slot]} (made on stream {home}) is released while "
-                        f"{plan.steps[r].label} on stream {ops[at].stream} may still read it")
-    end = last_on.get(0)
-    for i, k in enumerate(stream_ops):
-        assert end is not None and before[end] >> i & 1, f"op {k} ({ops[k]}) is not joined back into stream 0"
+                        f"{plan.steps[r].label} on stream {_stream(ops[at])} may still read it")
+
+
+def _stream(op: Op) -> int:
+    assert not isinstance(op, Release), "a release runs on the host, on no stream"
+    return op.stream

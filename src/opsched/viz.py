@@ -50,7 +50,7 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
         if e.end_ms - e.start_ms > end / 60:
             ax.text((e.start_ms + e.end_ms) / 2, e.lane, e.label[:18], ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
-    phase_starts = {}
+    phase_starts: dict[int, float] = {}
     for e in events:
         phase_starts[e.phase] = min(phase_starts.get(e.phase, e.start_ms), e.start_ms)
     for t in phase_starts.values():

@@ -4,7 +4,14 @@ streams, captured into one CUDA graph). See :mod:`.base` for what a backend is."
 
 from opsched.backends import cuda, ort, torch_cpu
 from opsched.backends.base import (
-    Backend, CpuBackend, Executor, backend_names, cpu_fingerprint, cpu_model_name, get_backend, register_backend,
+    Backend,
+    CpuBackend,
+    Executor,
+    backend_names,
+    cpu_fingerprint,
+    cpu_model_name,
+    get_backend,
+    register_backend,
     resolve_backend,
 )
 

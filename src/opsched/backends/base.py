@@ -11,6 +11,7 @@ cost model (it is a :class:`~opsched.cost.measured.StageTimer`) and prepares an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import statistics
@@ -230,7 +231,7 @@ class CpuBackend:
             if run.cores:
                 torch.set_num_threads(run.cores)
             try:
-                walls = interleave({k: (lambda ex=ex, x=x: ex(x)) for k, (ex, x) in enumerate(runs)}, policy.repeat,
+                walls = interleave({k: functools.partial(ex, x) for k, (ex, x) in enumerate(runs)}, policy.repeat,
                                    policy.warmup)
             finally:
                 torch.set_num_threads(threads)

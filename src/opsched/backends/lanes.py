@@ -56,8 +56,8 @@ class Program:
     n_slots: int
     input_slots: tuple[int, ...]
     output_slots: tuple[int, ...]
-    encode: Callable[[torch.Tensor], Any] = staticmethod(lambda t: t)  # type: ignore[assignment]
-    decode: Callable[[Any], torch.Tensor] = staticmethod(lambda v: v)  # type: ignore[assignment]
+    encode: Callable[[torch.Tensor], Any] = staticmethod(lambda t: t)
+    decode: Callable[[Any], torch.Tensor] = staticmethod(lambda v: v)
     sessions: tuple[Any, ...] = ()  # per item, the backend session that runs it (ONNX Runtime), or None
 
 

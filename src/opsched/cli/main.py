@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.handler(args)
+        return int(args.handler(args))
     except OpschedError as e:
         print(f"opsched: error: {e}", file=sys.stderr)
         return 1

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -24,46 +23,11 @@ from onnx import helper, numpy_helper
 
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
+from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph
 from opsched.transforms import canonicalize
 
-__all__ = ["from_onnx", "onnx_converter", "supported_onnx_ops"]
-
-Value = Any  # str (a tensor of the graph) or np.ndarray (a constant)
-OnnxConverter = Callable[["_OnnxConverter", onnx.NodeProto, list[Value], dict[str, Any]], Value | list[Value]]
-
-_CONVERTERS: dict[str, list[tuple[int, OnnxConverter]]] = {}
-
-#: Ops evaluated with NumPy when every input is a constant.
-_FOLDABLE: dict[str, Callable[..., np.ndarray]] = {}
-
-
-def onnx_converter(op_type: str, since: int = 1) -> Callable[[OnnxConverter], OnnxConverter]:
-    def deco(fn: OnnxConverter) -> OnnxConverter:
-        _CONVERTERS.setdefault(op_type, []).append((since, fn))
-        _CONVERTERS[op_type].sort(key=lambda e: e[0])
-        return fn
-    return deco
-
-
-def _converter(op_type: str, opset: int) -> OnnxConverter | None:
-    best = None
-    for since, fn in _CONVERTERS.get(op_type, []):
-        if since <= opset:
-            best = fn
-    return best
-
-
-def _fold(op_type: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
-    def deco(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        _FOLDABLE[op_type] = fn
-        return fn
-    return deco
-
-
-def supported_onnx_ops() -> list[str]:
-    return sorted(set(_CONVERTERS) | set(_FOLDABLE))
-
+__all__ = ["from_onnx", "supported_onnx_ops"]
 
 def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | None = None,
               input_shapes: Mapping[str, Sequence[int]] | None = None, canonical: bool = True) -> Graph:
@@ -116,7 +80,7 @@ def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             key = f"{node.domain}::{node.op_type}"
-        elif _converter(node.op_type, opset) is None and node.op_type not in _FOLDABLE:
+        elif converter_for(node.op_type, opset) is None and node.op_type not in FOLDABLE:
             key = node.op_type
         else:
             continue
@@ -177,28 +141,29 @@ class _OnnxConverter:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
         where = f"{self.source}: node {node.name or node.output[0]!r} ({node.op_type})"
-        if node.op_type in _FOLDABLE and all(i is None or isinstance(i, np.ndarray) for i in ins):
+        if node.op_type in FOLDABLE and all(i is None or isinstance(i, np.ndarray) for i in ins):
             try:
-                out = _FOLDABLE[node.op_type](self, ins, attrs)
+                out = FOLDABLE[node.op_type](self, ins, attrs)
             except Exception as e:
                 raise FrontendError(f"{where}: constant folding failed: {e}") from e
             self.env[node.output[0]] = out
             return
         if node.op_type == "Shape":
-            shape = np.array(self.ctx.type(ins[0]).shape, dtype=np.int64)
-            start, end = attrs.get("start", 0), attrs.get("end", None)
+            x = ins[0]
+            shape = np.array(x.shape if isinstance(x, np.ndarray) else self.ctx.type(self.tensor(x)).shape, np.int64)
+            start, end = attrs.get("start", 0), attrs.get("end")
             self.env[node.output[0]] = shape[start:end]
             return
-        conv = _converter(node.op_type, self.opset)
+        conv = converter_for(node.op_type, self.opset)
         if conv is None:  # a foldable op reached with tensor inputs
             raise UnsupportedOpError(f"{where}: only supported on constant inputs here", [node.op_type])
         self._node = node
         try:
-            out = conv(self, node, ins, attrs)
+            made = conv(self, node, ins, attrs)
         except Unsupported as e:
             raise UnsupportedOpError(f"{where}: this form is not supported{': ' + str(e) if str(e) else ''}",
                                      [node.op_type]) from None
-        outs = out if isinstance(out, list) else [out]
+        outs = made if isinstance(made, list) else [made]
         for oname, v in zip(node.output, outs):
             self.env[oname] = v
 
@@ -224,12 +189,11 @@ class _OnnxConverter:
         return self.ctx.param(self.value_name(hint), torch.from_numpy(np.ascontiguousarray(v).copy()))
 
 
+_DTYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+                           onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
+                           onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
 def _dtype(inp: onnx.ValueInfoProto) -> str:
-    elem = inp.type.tensor_type.elem_type
-    return {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-            onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
-            onnx.TensorProto.BFLOAT16: "bfloat16"}.get(elem, "float32")
+    return _DTYPES.get(int(inp.type.tensor_type.elem_type), "float32")
 
-
-# The converter and folding tables register themselves on import.
-from opsched.frontends import onnx_ops  # noqa: E402,F401

@@ -6,21 +6,65 @@ or NumPy arrays for constants) and its attributes, and returns the value name(s)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from opsched.frontends._common import Unsupported
-from opsched.frontends.onnx import OnnxConverter, Value, _fold, _OnnxConverter, onnx_converter
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from opsched.frontends.onnx import _OnnxConverter
+
+__all__ = ["Value", "OnnxConverter", "FOLDABLE", "converter_for", "supported_onnx_ops"]
+
+Value = Any  # str (a tensor of the graph) or np.ndarray (a constant)
+OnnxConverter = Callable[["_OnnxConverter", onnx.NodeProto, list[Value], dict[str, Any]], Value | list[Value]]
+
+_CONVERTERS: dict[str, list[tuple[int, OnnxConverter]]] = {}
+
+#: Ops evaluated with NumPy when every input is a constant.
+FOLDABLE: dict[str, Callable[..., np.ndarray]] = {}
+
+
+def onnx_converter(op_type: str, since: int = 1) -> Callable[[OnnxConverter], OnnxConverter]:
+    """Register a converter for ``op_type`` from opset ``since`` on."""
+    def deco(fn: OnnxConverter) -> OnnxConverter:
+        _CONVERTERS.setdefault(op_type, []).append((since, fn))
+        _CONVERTERS[op_type].sort(key=lambda e: e[0])
+        return fn
+    return deco
+
+
+def converter_for(op_type: str, opset: int) -> OnnxConverter | None:
+    """The converter of ``op_type`` for a model of ``opset``: the latest registered at or before it."""
+    best = None
+    for since, fn in _CONVERTERS.get(op_type, []):
+        if since <= opset:
+            best = fn
+    return best
+
+
+def _fold(op_type: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
+    def deco(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        FOLDABLE[op_type] = fn
+        return fn
+    return deco
+
+
+def supported_onnx_ops() -> list[str]:
+    return sorted(set(_CONVERTERS) | set(FOLDABLE))
 
 
 def _ints(v: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in np.asarray(v).reshape(-1))
+
+
+def _optional_ints(ins: list[Any], i: int) -> tuple[int, ...] | None:
+    """Input ``i`` as ints, or None where it is absent (optional ONNX inputs)."""
+    return _ints(ins[i]) if len(ins) > i and ins[i] is not None else None
 
 
 # --- constant folding ---------------------------------------------------------------------
@@ -60,13 +104,12 @@ def _f_slice(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray
     if "starts" in a:  # opset < 10
         starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
     else:
-        opt = lambda i: _ints(ins[i]) if len(ins) > i and ins[i] is not None else None  # noqa: E731
-        starts, ends, axes, steps = _ints(ins[1]), _ints(ins[2]), opt(3), opt(4)
+        starts, ends, axes, steps = _ints(ins[1]), _ints(ins[2]), _optional_ints(ins, 3), _optional_ints(ins, 4)
     index = [slice(None)] * ins[0].ndim
     for i, (s, e) in enumerate(zip(starts, ends)):
         ax = axes[i] if axes is not None else i
         index[ax] = slice(s, e, steps[i] if steps is not None else 1)
-    return ins[0][tuple(index)]
+    return np.asarray(ins[0][tuple(index)])
 
 
 @_fold("Unsqueeze")
@@ -75,13 +118,13 @@ def _f_unsqueeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.nda
     out = ins[0]
     for ax in sorted(x + out.ndim + len(axes) if x < 0 else x for x in axes):
         out = np.expand_dims(out, ax)
-    return out
+    return np.asarray(out)
 
 
 @_fold("Squeeze")
 def _f_squeeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
     axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else tuple(a.get("axes", ()))
-    return np.squeeze(ins[0], axis=axes or None)
+    return np.asarray(np.squeeze(ins[0], axis=axes or None))
 
 
 # --- converters ---------------------------------------------------------------------------
@@ -191,7 +234,8 @@ def _clip_v6(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str
 
 @onnx_converter("Clip", 11)
 def _clip_v11(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
-    bound = lambda i: float(ins[i]) if len(ins) > i and ins[i] is not None else None  # noqa: E731
+    def bound(i: int) -> float | None:
+        return float(ins[i]) if len(ins) > i and ins[i] is not None else None
     return _clip(c, ins[0], bound(1), bound(2))
 
 
@@ -262,8 +306,7 @@ def _slice_v1(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[st
 
 @onnx_converter("Slice", 10)
 def _slice_v10(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
-    opt = lambda i: _ints(ins[i]) if len(ins) > i and ins[i] is not None else None  # noqa: E731
-    return _slice(c, c.tensor(ins[0]), _ints(ins[1]), _ints(ins[2]), opt(3), opt(4))
+    return _slice(c, c.tensor(ins[0]), _ints(ins[1]), _ints(ins[2]), _optional_ints(ins, 3), _optional_ints(ins, 4))
 
 
 def _pool(op: str) -> OnnxConverter:

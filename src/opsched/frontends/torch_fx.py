@@ -9,7 +9,7 @@ callable; every such node is reported once, in one log line.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx
@@ -17,26 +17,13 @@ from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
+from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
 from opsched.transforms import canonicalize
 
 __all__ = ["from_torch"]
 
-Value = Any  # a value name (str), a tuple of them, or a Python constant
-Converter = Callable[["_FxConverter", torch.fx.Node, list[Value], dict[str, Value]], Value]
-
-MODULE_CONVERTERS: dict[type, Converter] = {}
-FUNCTION_CONVERTERS: dict[Any, Converter] = {}
-METHOD_CONVERTERS: dict[str, Converter] = {}
-
-
-def _register(table: dict[Any, Converter], *keys: Any) -> Callable[[Converter], Converter]:
-    def deco(fn: Converter) -> Converter:
-        for k in keys:
-            table[k] = fn
-        return fn
-    return deco
-
+M = TypeVar("M", bound=nn.Module)
 
 def from_torch(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
                name: str | None = None, leaf_modules: Iterable[type[nn.Module]] = (),
@@ -189,11 +176,11 @@ class _FxConverter:
 
     def _converter_for(self, n: torch.fx.Node) -> Converter | None:
         if n.op == "call_module":
-            return MODULE_CONVERTERS.get(type(self.gm.get_submodule(n.target)))
+            return MODULE_CONVERTERS.get(type(self.gm.get_submodule(str(n.target))))
         if n.op == "call_function":
             return FUNCTION_CONVERTERS.get(n.target)
         if n.op == "call_method":
-            return METHOD_CONVERTERS.get(n.target)
+            return METHOD_CONVERTERS.get(str(n.target))
         return None
 
     def _opaque(self, n: torch.fx.Node) -> str:
@@ -201,16 +188,18 @@ class _FxConverter:
         if not isinstance(value, torch.Tensor):
             raise FrontendError(f"call {n.format_node()} has no converter and returns "
                                 f"{type(value).__name__}; an opaque call must return one tensor")
+        fn: Callable[..., Any]
         if n.op == "call_module":
-            fn: Callable[..., Any] = self.gm.get_submodule(n.target)
+            fn = self.gm.get_submodule(str(n.target))
             target = f"{type(fn).__name__} {n.target}"
         elif n.op == "call_method":
-            method = n.target
+            method = str(n.target)
 
             def fn(self_: Any, *a: Any, **k: Any) -> Any:
                 return getattr(self_, method)(*a, **k)
             target = f"Tensor.{method}"
         else:
+            assert callable(n.target)
             fn = n.target
             target = getattr(fn, "__name__", str(fn))
         tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
@@ -219,20 +208,23 @@ class _FxConverter:
 
         def call(*tensors: torch.Tensor) -> torch.Tensor:
             env = dict(zip(tensor_nodes, tensors))
-            look = lambda a: env[a] if a in env else consts[a]  # noqa: E731
-            return fn(*torch.fx.node.map_arg(fx_args, look), **torch.fx.node.map_arg(fx_kwargs, look))
+
+            def look(a: torch.fx.Node) -> Any:
+                return env[a] if a in env else consts[a]
+            out: torch.Tensor = fn(*torch.fx.node.map_arg(fx_args, look), **torch.fx.node.map_arg(fx_kwargs, look))
+            return out
 
         call.__qualname__ = target
         return self.ctx.add("opaque", [self.env[a] for a in tensor_nodes], name=n.name,
                             out=tensor_type(value), fn=call, target=target)
 
     # helpers for converters
-    def module(self, n: torch.fx.Node) -> nn.Module:
-        return self.gm.get_submodule(n.target)
+    def module(self, n: torch.fx.Node, kind: type[M]) -> M:
+        """The submodule a ``call_module`` node calls, which is a ``kind``."""
+        m = self.gm.get_submodule(str(n.target))
+        assert isinstance(m, kind), f"{n.target} is a {type(m).__name__}, not a {kind.__name__}"
+        return m
 
     def out_type(self, n: torch.fx.Node) -> Any:
         return tensor_type(self.values[n])
 
-
-# The converter tables register themselves on import.
-from opsched.frontends import torch_ops  # noqa: E402,F401

@@ -9,7 +9,8 @@ call then runs opaquely.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -18,11 +19,26 @@ from torch import nn
 
 from opsched.frontends._common import Unsupported
 from opsched.ops.activation import ACTIVATIONS
-from opsched.frontends.torch_fx import (
-    FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value, _FxConverter, _register,
-)
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from opsched.frontends.torch_fx import _FxConverter
+
+__all__ = ["Value", "Converter", "MODULE_CONVERTERS", "FUNCTION_CONVERTERS", "METHOD_CONVERTERS"]
+
+Value = Any  # a value name (str), a tuple of them, or a Python constant
+Converter = Callable[["_FxConverter", torch.fx.Node, list[Value], dict[str, Value]], Value]
+
+MODULE_CONVERTERS: dict[type, Converter] = {}
+FUNCTION_CONVERTERS: dict[Any, Converter] = {}
+METHOD_CONVERTERS: dict[str, Converter] = {}
+
+
+def _register(table: dict[Any, Converter], *keys: Any) -> Callable[[Converter], Converter]:
+    def deco(fn: Converter) -> Converter:
+        for k in keys:
+            table[k] = fn
+        return fn
+    return deco
 
 
 def _get(args: list[Value], kwargs: dict[str, Value], i: int, key: str, default: Any = None) -> Any:
@@ -40,7 +56,7 @@ def _tensor(v: Value) -> str:
 # --- module converters --------------------------------------------------------------------
 @_register(MODULE_CONVERTERS, nn.Conv2d)
 def _conv2d_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
+    m = c.module(n, nn.Conv2d)
     if m.padding_mode != "zeros":
         raise Unsupported
     if isinstance(m.padding, str):
@@ -62,7 +78,7 @@ def _conv2d_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs:
 
 @_register(MODULE_CONVERTERS, nn.Linear)
 def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
+    m = c.module(n, nn.Linear)
     params = [c.ctx.param(f"{n.target}.weight", m.weight)]
     if m.bias is not None:
         params.append(c.ctx.param(f"{n.target}.bias", m.bias))
@@ -71,8 +87,8 @@ def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs:
 
 @_register(MODULE_CONVERTERS, nn.BatchNorm2d)
 def _batch_norm_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
-    if m.training or m.running_mean is None:
+    m = c.module(n, nn.BatchNorm2d)
+    if m.training or m.running_mean is None or m.running_var is None:
         raise Unsupported  # only inference-mode batch norm with running statistics is a fixed affine map
     ones, zeros = torch.ones_like(m.running_mean), torch.zeros_like(m.running_mean)
     weight = m.weight if m.weight is not None else ones
@@ -96,16 +112,18 @@ for _act in ACTIVATIONS.values():  # the one table of activations says how torch
 
 @_register(MODULE_CONVERTERS, nn.GELU)
 def _gelu_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    approx = c.module(n).approximate
-    attrs = {} if approx == "none" else {"approximate": approx}
-    return c.ctx.add("gelu", [_tensor(args[0])], name=n.name, **attrs)
+    return _gelu(c, n, args[0], c.module(n, nn.GELU).approximate)
 
 
 @_register(FUNCTION_CONVERTERS, F.gelu)
 def _gelu_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    approx = kwargs.get("approximate", "none")
-    attrs = {} if approx == "none" else {"approximate": approx}
-    return c.ctx.add("gelu", [_tensor(args[0])], name=n.name, **attrs)
+    return _gelu(c, n, args[0], kwargs.get("approximate", "none"))
+
+
+def _gelu(c: _FxConverter, n: torch.fx.Node, x: Value, approximate: str) -> str:
+    if approximate == "none":  # the default is no attribute, so that it can fuse into its producer
+        return c.ctx.add("gelu", [_tensor(x)], name=n.name)
+    return c.ctx.add("gelu", [_tensor(x)], name=n.name, approximate=approximate)
 
 
 @_register(MODULE_CONVERTERS, nn.Dropout, nn.Dropout2d, nn.Identity)
@@ -122,7 +140,7 @@ def _pool_attrs(kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
 
 @_register(MODULE_CONVERTERS, nn.MaxPool2d)
 def _max_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
+    m = c.module(n, nn.MaxPool2d)
     if m.return_indices:
         raise Unsupported
     return c.ctx.add("max_pool2d", [_tensor(args[0])], name=n.name, dilation=m.dilation,
@@ -131,7 +149,7 @@ def _max_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwarg
 
 @_register(MODULE_CONVERTERS, nn.AvgPool2d)
 def _avg_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
+    m = c.module(n, nn.AvgPool2d)
     if m.divisor_override is not None:
         raise Unsupported
     return c.ctx.add("avg_pool2d", [_tensor(args[0])], name=n.name, ceil_mode=m.ceil_mode,
@@ -166,7 +184,7 @@ def _adaptive(c: _FxConverter, n: torch.fx.Node, x: Value, size: Any) -> str:
 
 @_register(MODULE_CONVERTERS, nn.AdaptiveAvgPool2d)
 def _adaptive_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return _adaptive(c, n, args[0], c.module(n).output_size)
+    return _adaptive(c, n, args[0], c.module(n, nn.AdaptiveAvgPool2d).output_size)
 
 
 @_register(FUNCTION_CONVERTERS, F.adaptive_avg_pool2d)
@@ -176,7 +194,7 @@ def _adaptive_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: d
 
 @_register(MODULE_CONVERTERS, nn.Flatten)
 def _flatten_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
+    m = c.module(n, nn.Flatten)
     return c.ctx.add("flatten", [_tensor(args[0])], name=n.name, start_dim=m.start_dim, end_dim=m.end_dim)
 
 
@@ -195,7 +213,7 @@ def _reshape(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[
 
 @_register(MODULE_CONVERTERS, nn.Softmax)
 def _softmax_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    dim = c.module(n).dim
+    dim = c.module(n, nn.Softmax).dim
     if dim is None:
         raise Unsupported
     return c.ctx.add("softmax", [_tensor(args[0])], name=n.name, axis=dim)
@@ -255,9 +273,8 @@ def _pad(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str,
 
 @_register(MODULE_CONVERTERS, nn.ZeroPad2d, nn.ConstantPad2d)
 def _pad_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n)
-    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding),
-                     value=float(getattr(m, "value", 0.0)))
+    m = c.module(n, nn.ConstantPad2d)  # ZeroPad2d is one too
+    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding), value=float(m.value))
 
 
 def _chunks(c: _FxConverter, n: torch.fx.Node, x: str, sizes: list[int], dim: int) -> tuple[str, ...]:

@@ -45,53 +45,62 @@ def _closure_matching(graph: Graph) -> tuple[list[list[int]], list[int], list[in
     n = len(graph.nodes)
     adj = [bits(m) for m in descendants(graph)]
     match_l, match_r = [-1] * n, [-1] * n
-    inf = n + 1
-    while True:  # Hopcroft-Karp phases
-        dist = [inf] * n
-        q = deque(u for u in range(n) if match_l[u] == -1)
-        for u in q:
-            dist[u] = 0
-        found = False
-        while q:
-            u = q.popleft()
-            for v in adj[u]:
-                w = match_r[v]
-                if w == -1:
-                    found = True
-                elif dist[w] == inf:
-                    dist[w] = dist[u] + 1
-                    q.append(w)
-        if not found:
+    while True:  # Hopcroft-Karp phases: layer by BFS, then augment along the layers
+        dist = _layers(adj, match_l, match_r)
+        if dist is None:
             break
         for root in range(n):
-            if match_l[root] != -1:
-                continue
-            # iterative DFS along the layered graph
-            stack = [(root, iter(adj[root]))]
-            path: list[tuple[int, int]] = []
-            while stack:
-                u, it = stack[-1]
-                advanced = False
-                for v in it:
-                    w = match_r[v]
-                    if w == -1:
-                        path.append((u, v))
-                        for pu, pv in path:
-                            match_l[pu], match_r[pv] = pv, pu
-                        stack.clear()
-                        advanced = True
-                        break
-                    if dist[w] == dist[u] + 1:
-                        path.append((u, v))
-                        stack.append((w, iter(adj[w])))
-                        advanced = True
-                        break
-                if not advanced and stack:
-                    dist[u] = inf
-                    stack.pop()
-                    if path:
-                        path.pop()
+            if match_l[root] == -1:
+                _augment(root, adj, dist, match_l, match_r)
     return adj, match_l, match_r
+
+
+def _layers(adj: list[list[int]], match_l: list[int], match_r: list[int]) -> list[int] | None:
+    """BFS distances of left vertices from the free ones along alternating paths, or None when
+    no augmenting path is left."""
+    n = len(adj)
+    inf = n + 1
+    dist = [inf] * n
+    q = deque(u for u in range(n) if match_l[u] == -1)
+    for u in q:
+        dist[u] = 0
+    found = False
+    while q:
+        u = q.popleft()
+        for v in adj[u]:
+            w = match_r[v]
+            if w == -1:
+                found = True
+            elif dist[w] == inf:
+                dist[w] = dist[u] + 1
+                q.append(w)
+    return dist if found else None
+
+
+def _augment(root: int, adj: list[list[int]], dist: list[int], match_l: list[int], match_r: list[int]) -> None:
+    """One augmenting path from the free vertex ``root`` along the layers (iterative DFS), if any;
+    vertices found to lead nowhere leave the layers."""
+    dead = len(adj) + 1
+    stack = [(root, iter(adj[root]))]
+    path: list[tuple[int, int]] = []
+    while stack:
+        u, it = stack[-1]
+        for v in it:
+            w = match_r[v]
+            if w == -1:
+                path.append((u, v))
+                for pu, pv in path:
+                    match_l[pu], match_r[pv] = pv, pu
+                return
+            if dist[w] == dist[u] + 1:
+                path.append((u, v))
+                stack.append((w, iter(adj[w])))
+                break
+        else:
+            dist[u] = dead
+            stack.pop()
+            if path:
+                path.pop()
 
 
 def min_chain_cover(graph: Graph) -> list[list[int]]:

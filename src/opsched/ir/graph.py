@@ -133,40 +133,9 @@ class Graph:
 
     @cached_property
     def _verified(self) -> bool:
-        seen: set[str] = set()
-        for name in [i.name for i in self.inputs] + [n.name for n in self.nodes]:
-            if name in seen:
-                raise DuplicateNameError(f"graph {self.name!r}: the name {name!r} is defined twice")
-            seen.add(name)
-        for n in self.nodes:
-            for v in n.inputs:
-                if v not in seen:
-                    raise DanglingInputError(
-                        f"graph {self.name!r}: node {n.name!r} ({n.op}) reads {v!r}, which nothing defines")
-            for p in n.params:
-                if p not in self.params:
-                    raise DanglingInputError(
-                        f"graph {self.name!r}: node {n.name!r} ({n.op}) uses parameter {p!r}, which is missing")
-            if n.op == "opaque" and n.name not in self.callables:
-                raise GraphError(f"graph {self.name!r}: opaque node {n.name!r} has no callable")
-        for v in self.outputs:
-            if v not in seen:
-                raise DanglingInputError(f"graph {self.name!r}: output {v!r} is not defined")
+        _check_references(self)
         _check_acyclic(self)
-        defined = {i.name for i in self.inputs}
-        for n in self.nodes:
-            late = [v for v in n.inputs if v not in defined]
-            if late:
-                raise GraphError(f"graph {self.name!r}: nodes are not in topological order: "
-                                 f"node {n.name!r} reads {late[0]!r}, defined after it")
-            defined.add(n.name)
-            try:
-                inferred = infer_type(n.op, self.input_types(n), n.attrs, self.node_param_types(n))
-            except OpschedError as e:
-                raise ShapeMismatchError(f"graph {self.name!r}: node {n.name!r}: {e}") from None
-            if inferred is not None and inferred != n.out:
-                raise ShapeMismatchError(f"graph {self.name!r}: node {n.name!r} ({n.op}) records output "
-                                         f"{n.out} but its inputs give {inferred}")
+        _check_order_and_types(self)
         return True
 
     def subgraph(self, names: Iterable[str], name: str | None = None) -> Graph:
@@ -202,6 +171,47 @@ def random_inputs(graph: Graph, device: str | torch.device = "cpu", seed: int = 
     """Reproducible random inputs of ``graph``'s input types on ``device``."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(i.type.shape, generator=gen).to(device, getattr(torch, i.type.dtype)) for i in graph.inputs]
+
+
+def _check_references(graph: Graph) -> None:
+    """Every name defined once; every value, parameter and callable a node uses exists."""
+    seen: set[str] = set()
+    for name in [i.name for i in graph.inputs] + [n.name for n in graph.nodes]:
+        if name in seen:
+            raise DuplicateNameError(f"graph {graph.name!r}: the name {name!r} is defined twice")
+        seen.add(name)
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v not in seen:
+                raise DanglingInputError(
+                    f"graph {graph.name!r}: node {n.name!r} ({n.op}) reads {v!r}, which nothing defines")
+        for p in n.params:
+            if p not in graph.params:
+                raise DanglingInputError(
+                    f"graph {graph.name!r}: node {n.name!r} ({n.op}) uses parameter {p!r}, which is missing")
+        if n.op == "opaque" and n.name not in graph.callables:
+            raise GraphError(f"graph {graph.name!r}: opaque node {n.name!r} has no callable")
+    for v in graph.outputs:
+        if v not in seen:
+            raise DanglingInputError(f"graph {graph.name!r}: output {v!r} is not defined")
+
+
+def _check_order_and_types(graph: Graph) -> None:
+    """Nodes in topological order, each output type what its op's shape rule infers."""
+    defined = {i.name for i in graph.inputs}
+    for n in graph.nodes:
+        late = [v for v in n.inputs if v not in defined]
+        if late:
+            raise GraphError(f"graph {graph.name!r}: nodes are not in topological order: "
+                             f"node {n.name!r} reads {late[0]!r}, defined after it")
+        defined.add(n.name)
+        try:
+            inferred = infer_type(n.op, graph.input_types(n), n.attrs, graph.node_param_types(n))
+        except OpschedError as e:
+            raise ShapeMismatchError(f"graph {graph.name!r}: node {n.name!r}: {e}") from None
+        if inferred is not None and inferred != n.out:
+            raise ShapeMismatchError(f"graph {graph.name!r}: node {n.name!r} ({n.op}) records output "
+                                     f"{n.out} but its inputs give {inferred}")
 
 
 def _check_acyclic(graph: Graph) -> None:

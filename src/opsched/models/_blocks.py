@@ -54,6 +54,7 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
             c = m.num_features
             m.weight.copy_(0.5 + torch.rand(c, generator=gen))
             m.bias.copy_(torch.randn(c, generator=gen) * 0.1)
+            assert m.running_mean is not None and m.running_var is not None  # tracked by default
             m.running_mean.copy_(torch.randn(c, generator=gen) * 0.1)
             m.running_var.copy_(0.5 + torch.rand(c, generator=gen))
     return model.eval()
@@ -69,6 +70,7 @@ def calibrate(model: nn.Module, example: torch.Tensor) -> nn.Module:
     branches (RandWire, NASNet, ResNet) grow activations to 1e9 and beyond.
     """
     def hook(bn: nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
+        assert isinstance(bn, nn.BatchNorm2d)
         std = float(out.std().clamp_min(1e-6))
         bn.weight.div_(std)
         bn.bias.div_(std)

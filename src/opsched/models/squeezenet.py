@@ -30,7 +30,9 @@ class Fire(nn.Module):
 class SqueezeNet(nn.Module):
     def __init__(self, version: str = "1_0", num_classes: int = 1000) -> None:
         super().__init__()
-        pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)  # noqa: E731
+        def pool() -> nn.Module:
+            return nn.MaxPool2d(3, 2, ceil_mode=True)
+
         if version == "1_0":
             self.features = nn.Sequential(
                 nn.Conv2d(3, 96, 7, stride=2), nn.ReLU(), pool(),

@@ -8,6 +8,7 @@ fusing or converting nodes, can be read back per step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -62,13 +63,13 @@ class OnnxBuilder:
         """The node's i-th parameter as an initializer."""
         return self.init(self.graph.params[node.params[i]], f"{node.name}_p{i}")
 
-    def add(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object) -> str:
+    def add(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: Any) -> str:
         """An ONNX node ``op`` reading ``inputs``; returns its (one) output's name."""
         out = output or self.fresh(op)
         self.nodes.append(helper.make_node(op, list(inputs), [out], name=self.fresh(op), **attrs))
         return out
 
-    def add_multi(self, op: str, inputs: Sequence[str], outputs: Sequence[str], **attrs: object) -> None:
+    def add_multi(self, op: str, inputs: Sequence[str], outputs: Sequence[str], **attrs: Any) -> None:
         """An ONNX node with several outputs."""
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.fresh(op), **attrs))
 

@@ -214,40 +214,13 @@ class _Lowering:
         phase boundary keeps them."""
         steps = self.steps
         lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
-        if not lane_of:
-            return
         pos = {s: p for lane in lanes for p, s in enumerate(lane)}
         before: dict[int, set[int]] = {s: set(steps[s].waits) for s in lane_of}
         for lane in lanes:
             for p in range(1, len(lane)):
                 before[lane[p]].add(lane[p - 1])
-        after: dict[int, list[int]] = {s: [] for s in lane_of}
-        for s, bs in before.items():
-            for b in bs:
-                after[b].append(s)
-        topo, _ = topological_order(before)  # the schedule validated: nothing is stuck
-        k_of = {s: k for k, s in enumerate(topo)}
-        up = [0] * len(topo)    # ancestors, as bits of topological positions
-        down = [0] * len(topo)  # descendants
-        for k, s in enumerate(topo):
-            for b in before[s]:
-                up[k] |= up[k_of[b]] | 1 << k_of[b]
-        for k in range(len(topo) - 1, -1, -1):
-            for t in after[topo[k]]:
-                down[k] |= down[k_of[t]] | 1 << k_of[t]
-        everything = (1 << len(topo)) - 1
-        cuts = [k for k in range(len(topo)) if up[k] | down[k] | 1 << k == everything]
-        blocks: list[list[int]] = []
-        start = 0
-        for k in cuts:
-            if k > start:
-                blocks.append(topo[start:k])
-            blocks.append([topo[k]])
-            start = k + 1
-        if start < len(topo):
-            blocks.append(topo[start:])
         phase_of: dict[int, int] = {}
-        for block in blocks:
+        for block in _cut_blocks(before):
             by_lane: dict[int, list[int]] = {}
             for s in sorted(block, key=lambda s: (lane_of[s], pos[s])):
                 by_lane.setdefault(lane_of[s], []).append(s)
@@ -289,3 +262,35 @@ class _Lowering:
         for s, slots in step_frees.items():
             steps[s] = dataclasses.replace(steps[s], frees=tuple(sorted(slots)))
         return frees
+
+
+def _cut_blocks(before: dict[int, set[int]]) -> list[list[int]]:
+    """Steps (``before``: each step's predecessors, every step a key) in a topological order,
+    grouped into blocks: each *cut* (a step every other step precedes or follows) a block of its
+    own, the steps between consecutive cuts one block."""
+    after: dict[int, list[int]] = {s: [] for s in before}
+    for s, bs in before.items():
+        for b in bs:
+            after[b].append(s)
+    topo, _ = topological_order(before)  # the schedule validated: nothing is stuck
+    k_of = {s: k for k, s in enumerate(topo)}
+    up = [0] * len(topo)    # ancestors, as bits of topological positions
+    down = [0] * len(topo)  # descendants
+    for k, s in enumerate(topo):
+        for b in before[s]:
+            up[k] |= up[k_of[b]] | 1 << k_of[b]
+    for k in range(len(topo) - 1, -1, -1):
+        for t in after[topo[k]]:
+            down[k] |= down[k_of[t]] | 1 << k_of[t]
+    everything = (1 << len(topo)) - 1
+    blocks: list[list[int]] = []
+    start = 0
+    for k in range(len(topo)):
+        if up[k] | down[k] | 1 << k == everything:  # a cut
+            if k > start:
+                blocks.append(topo[start:k])
+            blocks.append([topo[k]])
+            start = k + 1
+    if start < len(topo):
+        blocks.append(topo[start:])
+    return blocks

@@ -35,7 +35,6 @@ otherwise enforce at run time, decided statically, and it holds the same under c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from opsched.runtime.plan import Plan
 
@@ -65,7 +64,7 @@ class Release:
     slots: tuple[int, ...]
 
 
-Op = Union[Launch, Record, Wait, Release]
+Op = Launch | Record | Wait | Release
 
 
 @dataclass(frozen=True)
@@ -107,69 +106,92 @@ def _round_robin(plan: Plan, lanes: tuple[tuple[int, ...], ...]) -> list[tuple[i
 
 def stream_program(plan: Plan) -> StreamProgram:
     """Lower ``plan`` to stream operations (see the module docstring for the rules)."""
-    ops: list[Op] = []
-    n_events = 0
-    produced_on: dict[int, int] = {slot: 0 for slot in plan.input_slots}
-
-    def event() -> int:
-        nonlocal n_events
-        n_events += 1
-        return n_events - 1
-
+    emitter = _Emitter(plan)
     for phase in plan.phases:
-        lanes = phase.lanes
-        if len(lanes) == 1:
-            for s in lanes[0]:
-                step = plan.steps[s]
-                ops.append(Launch(0, s))
-                produced_on.update((o, 0) for o in step.outputs)
-                if step.frees:
-                    ops.append(Release(step.frees))
-            if phase.frees:
-                ops.append(Release(phase.frees))
-            continue
+        if len(phase.lanes) == 1:
+            emitter.one_lane(phase.lanes[0], phase.frees)
+        else:
+            emitter.several_lanes(phase.lanes, phase.frees)
+    return StreamProgram(plan, tuple(emitter.ops), max((len(p.lanes) for p in plan.phases), default=1),
+                         emitter.n_events)
+
+
+class _Emitter:
+    """Operations in host order, phase after phase; which stream made each slot."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.ops: list[Op] = []
+        self.n_events = 0
+        self.produced_on: dict[int, int] = {slot: 0 for slot in plan.input_slots}
+
+    def event(self) -> int:
+        self.n_events += 1
+        return self.n_events - 1
+
+    def one_lane(self, lane: tuple[int, ...], frees: tuple[int, ...]) -> None:
+        """A phase of one lane runs on stream 0, releasing as it goes."""
+        for s in lane:
+            step = self.plan.steps[s]
+            self.ops.append(Launch(0, s))
+            self.produced_on.update((o, 0) for o in step.outputs)
+            if step.frees:
+                self.ops.append(Release(step.frees))
+        if frees:
+            self.ops.append(Release(frees))
+
+    def several_lanes(self, lanes: tuple[tuple[int, ...], ...], frees: tuple[int, ...]) -> None:
+        """A fork, the lanes round-robin with the waits the streams do not already imply, a join."""
+        plan, ops = self.plan, self.ops
         k = len(lanes)
-        fork = event()
+        fork = self.event()
         ops.append(Record(0, fork))
         ops.extend(Wait(i, fork) for i in range(1, k))
         order = _round_robin(plan, lanes)
-        lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
-        rank = {s: r + 1 for lane in lanes for r, s in enumerate(lane)}  # steps done on its lane, it included
-        # Pass 1: which waits the streams do not already imply (vector clocks over this phase).
-        clock = [[0] * k for _ in range(k)]  # clock[i][j]: steps of lane j known done before stream i's next work
-        after: dict[int, list[int]] = {}     # step -> the vector clock of its stream right after it
-        needed: dict[int, list[int]] = {}    # step -> the steps it must wait for, in order
-        for li, s in order:
-            for p in sorted(plan.steps[s].waits, key=lambda p: -rank[p]):
-                j = lane_of[p]
-                if clock[li][j] >= rank[p]:
-                    continue
-                needed.setdefault(s, []).append(p)
-                clock[li] = [max(a, b) for a, b in zip(clock[li], after[p])]
-            clock[li][li] = rank[s]
-            after[s] = list(clock[li])
+        needed, clock = _needed_waits(plan, lanes, order)
         recorded = {p for ps in needed.values() for p in ps}
-        # Pass 2: emit, releasing at once only what no other stream can still be reading.
+        # emit, releasing at once only what no other stream can still be reading
         event_of: dict[int, int] = {}
         deferred: list[int] = []
         for li, s in order:
             step = plan.steps[s]
             ops.extend(Wait(li, event_of[p]) for p in needed.get(s, ()))
             ops.append(Launch(li, s))
-            produced_on.update((o, li) for o in step.outputs)
+            self.produced_on.update((o, li) for o in step.outputs)
             if s in recorded:
-                event_of[s] = event()
+                event_of[s] = self.event()
                 ops.append(Record(li, event_of[s]))
-            now = tuple(f for f in step.frees if produced_on[f] == li)
-            deferred.extend(f for f in step.frees if produced_on[f] != li)
+            now = tuple(f for f in step.frees if self.produced_on[f] == li)
+            deferred.extend(f for f in step.frees if self.produced_on[f] != li)
             if now:
                 ops.append(Release(now))
         for i in range(1, k):
             if lanes[i] and clock[0][i] < len(lanes[i]):
-                join = event()
+                join = self.event()
                 ops.append(Record(i, join))
                 ops.append(Wait(0, join))
                 clock[0] = [max(a, b) for a, b in zip(clock[0], clock[i])]
-        if deferred or phase.frees:
-            ops.append(Release(tuple(sorted(deferred)) + phase.frees))
-    return StreamProgram(plan, tuple(ops), max((len(p.lanes) for p in plan.phases), default=1), n_events)
+        if deferred or frees:
+            ops.append(Release(tuple(sorted(deferred)) + frees))
+
+
+def _needed_waits(plan: Plan, lanes: tuple[tuple[int, ...], ...], order: list[tuple[int, int]]
+                  ) -> tuple[dict[int, list[int]], list[list[int]]]:
+    """Which waits the streams do not already imply (vector clocks over one phase): per step, the
+    steps it must wait for; and each stream's clock at the end."""
+    k = len(lanes)
+    lane_of = {s: li for li, lane in enumerate(lanes) for s in lane}
+    rank = {s: r + 1 for lane in lanes for r, s in enumerate(lane)}  # steps done on its lane, it included
+    clock = [[0] * k for _ in range(k)]  # clock[i][j]: steps of lane j known done before stream i's next work
+    after: dict[int, list[int]] = {}     # step -> the vector clock of its stream right after it
+    needed: dict[int, list[int]] = {}
+    for li, s in order:
+        for p in sorted(plan.steps[s].waits, key=lambda p: -rank[p]):
+            j = lane_of[p]
+            if clock[li][j] >= rank[p]:
+                continue
+            needed.setdefault(s, []).append(p)
+            clock[li] = [max(a, b) for a, b in zip(clock[li], after[p])]
+        clock[li][li] = rank[s]
+        after[s] = list(clock[li])
+    return needed, clock

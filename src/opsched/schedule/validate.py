@@ -111,7 +111,7 @@ def _check_order(schedule: Schedule, graph: Graph, where: dict[str, tuple[int, i
             if u_lane == lane and u_pos > pos:
                 raise InvalidScheduleError(f"node {n.name!r} runs before {u!r}, which it reads (lane {lane})")
     waits: dict[str, set[str]] = {}
-    for i, lane_ in enumerate(schedule.lanes):
+    for lane_ in schedule.lanes:
         for pos, v in enumerate(lane_.nodes):
             deps = {u for u in graph.node(v).inputs if u in graph.index}
             if pos:

@@ -12,7 +12,14 @@ The simulator (:mod:`.simulate`) replays any schedule under a resource model.
 from opsched.schedulers import est, greedy, ios, sequential, streams
 from opsched.schedulers.ios import SearchStats
 from opsched.schedulers.registry import (
-    NoOptions, Progress, SchedulerSpec, make_options, register, schedule, scheduler_names, spec,
+    NoOptions,
+    Progress,
+    SchedulerSpec,
+    make_options,
+    register,
+    schedule,
+    scheduler_names,
+    spec,
 )
 from opsched.schedulers.units import UnitGraph
 

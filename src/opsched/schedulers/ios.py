@@ -447,9 +447,9 @@ class _Solver:
         stages: list[LocalStage] = []
         state = full
         while state:
-            _, choice, nxt = self.memo[state]
-            assert choice is not None
-            stages.append(choice)
+            _, last, nxt = self.memo[state]
+            assert last is not None
+            stages.append(last)
             state = nxt
         stages.reverse()
         return PartSolution(self.memo[full][0], stages)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from opsched.cost import CostModel, StageCoster, estimate_stages
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
-from opsched.schedule import Schedule, Stage, graph_batch
+from opsched.schedule import Lane, Schedule, Stage, graph_batch
 
 __all__ = ["SchedulerSpec", "Progress", "NoOptions", "register", "spec", "scheduler_names", "make_options",
            "schedule", "staged", "laned", "positive", "RENAMED"]
@@ -182,7 +182,7 @@ def laned(graph: Graph, cost: CostModel, lanes: list[list[str]] | tuple[tuple[st
           options: Any, waits: tuple[tuple[str, str], ...] = (), merges: tuple[tuple[str, ...], ...] = (),
           estimated_ms: float | None = None, stats: Mapping[str, Any] | None = None) -> Schedule:
     """A schedule of free-running lanes."""
-    return Schedule(graph.structural_hash(), tuple(tuple(lane) for lane in lanes), waits=waits, merges=merges,
+    return Schedule(graph.structural_hash(), tuple(Lane(tuple(lane)) for lane in lanes), waits=waits, merges=merges,
                     **_meta(graph, cost, name, options), estimated_ms=estimated_ms,
                     stats=dict(stats or {"lanes": len(lanes)}))
 

@@ -47,7 +47,8 @@ def _opaque_bridge(fn: Callable[..., Any], home: torch.device, home_dtypes: tupl
                    device: torch.device, out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     def bridged(*tensors: torch.Tensor) -> torch.Tensor:
         back = [t.to(home, d) for t, d in zip(tensors, home_dtypes)]
-        return fn(*back).to(device, out_dtype)
+        out: torch.Tensor = fn(*back)
+        return out.to(device, out_dtype)
     bridged.__qualname__ = getattr(fn, "__qualname__", "opaque")
     return bridged
 
