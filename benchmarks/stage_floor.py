@@ -68,7 +68,7 @@ from opsched.cost import (
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
-from opsched.schedulers.ios import _TIE, SearchStats, _PartCuts, _Solver, _to_stage  # noqa: E402 (the DP's own, examined)
+from opsched.schedulers.ios_part import TIE, PartCuts, PartSolver, SearchStats, to_stage  # noqa: E402 (the DP's own, examined)
 from opsched.schedulers.partition import partition  # noqa: E402
 from opsched.schedulers.units import UnitGraph  # noqa: E402
 
@@ -121,7 +121,7 @@ def sub_chains(comps: Sequence[int], adj: Sequence[int]) -> list[int]:
 Endings = dict[int, list[tuple[str, int, tuple[int, ...]]]]  # per state of a part, its endings
 
 
-def costs_after(solver: _Solver, endings: Endings, price: Callable[[str, int], tuple[float, object]]
+def costs_after(solver: PartSolver, endings: Endings, price: Callable[[str, int], tuple[float, object]]
                 ) -> dict[int, float]:
     """The exact cost of scheduling the part's units outside each state, once the state has run:
     the DP run backwards from the full part, every ending priced."""
@@ -139,7 +139,7 @@ def costs_after(solver: _Solver, endings: Endings, price: Callable[[str, int], t
     return after
 
 
-def state_pruned_floor(solver: _Solver, endings: Endings, price: Callable[[str, int], tuple[float, object]],
+def state_pruned_floor(solver: PartSolver, endings: Endings, price: Callable[[str, int], tuple[float, object]],
                        adj: Sequence[int],
                        after: dict[int, float], fraction: float) -> tuple[set[object], int]:
     """The stages (structural keys) a branch and bound over states must price when the bound on
@@ -154,7 +154,7 @@ def state_pruned_floor(solver: _Solver, endings: Endings, price: Callable[[str, 
             continue
         best, choice, _ = solver.memo[state]
         threshold = min(best, optimum - fraction * after[state])
-        if best <= threshold + _TIE:  # an optimum may pass here: its last stage is priced
+        if best <= threshold + TIE:  # an optimum may pass here: its last stage is priced
             assert choice is not None
             forced.add(price(choice[0], sum(1 << i for g in choice[1] for i in g))[1])
         for strategy, mask, comps in endings[state]:
@@ -165,7 +165,7 @@ def state_pruned_floor(solver: _Solver, endings: Endings, price: Callable[[str, 
             if strategy == "parallel":
                 subs = [*comps, *(mask & ~c for c in comps)] if several else []
                 bounds += [price("parallel", sub)[0] for sub in subs + sub_chains(comps, adj) if sub]
-            if done + max(bounds) >= threshold - _TIE:
+            if done + max(bounds) >= threshold - TIE:
                 continue
             forced.add(price(strategy, mask)[1])
             if rest:
@@ -184,7 +184,7 @@ class PartPrices:
     def __call__(self, strategy: str, mask: int) -> tuple[float, tuple[object, ...]]:
         if (strategy, mask) not in self.known:
             groups = components(mask, self.adj) if strategy == "parallel" else tuple(1 << i for i in bits(mask))
-            stage = _to_stage(self.ug, self.part, (strategy, tuple(tuple(bits(c)) for c in groups)))
+            stage = to_stage(self.ug, self.part, (strategy, tuple(tuple(bits(c)) for c in groups)))
             self.known[strategy, mask] = (self.probe.latency(stage), self.probe.stage_key(stage))
         return self.known[strategy, mask]
 
@@ -203,8 +203,8 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
     pruned: dict[float, set[object]] = {f: set() for f in suffix_bounds}
     reached: dict[float, int] = dict.fromkeys(suffix_bounds, 0)
     for index, part in enumerate(partition(ug, max_part_size)):
-        cuts = _PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
-        solver = _Solver(ug, part, coster, ("parallel", "merge"), r, s, lambda: None, stats, cuts)
+        cuts = PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
+        solver = PartSolver(ug, part, coster, ("parallel", "merge"), r, s, lambda: None, stats, cuts)
         solver.solve()
         adj = list(solver.succ)
         for i, succ in enumerate(solver.succ):
@@ -228,14 +228,14 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
                     continue
                 counts["multi-group endings"] += 1
                 done = solver.memo[state & ~mask][0] + solver.cut(state & ~mask, state)
-                if done + max(price("parallel", c)[0] for c in comps) >= best - _TIE:
+                if done + max(price("parallel", c)[0] for c in comps) >= best - TIE:
                     counts["ruled out by one group"] += 1
-                elif any(done + price("parallel", mask & ~c)[0] >= best - _TIE for c in comps):
+                elif any(done + price("parallel", mask & ~c)[0] >= best - TIE for c in comps):
                     counts["ruled out by a sub-stage"] += 1
                 else:
                     counts["forced"] += 1
                     floor.add(price("parallel", mask)[1])
-                    if any(done + price("parallel", sub)[0] >= best - _TIE for sub in sub_chains(comps, adj)):
+                    if any(done + price("parallel", sub)[0] >= best - TIE for sub in sub_chains(comps, adj)):
                         counts["ruled out by a sub-chain"] += 1
                     else:
                         floor_chains.add(price("parallel", mask)[1])

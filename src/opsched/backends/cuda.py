@@ -49,7 +49,7 @@ from opsched.runtime.kernels import bind_step
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait, stream_program
 from opsched.schedule import Stage
 from opsched.timeline import TraceEvent
-from opsched.timing import Clock, synchronized
+from opsched.timing import Clock, cuda_events_ms, synchronized
 
 __all__ = ["StreamDevice", "TorchCuda", "CudaExecutor", "CudaBackend", "cuda_available", "capture_blocker",
            "gpu_fingerprint", "gpu_versions", "gpu_preset"]
@@ -407,18 +407,12 @@ class CudaBackend:
             if not executor.captured:
                 raise CostModelError(f"stage {stage} of graph {graph.name!r} could not be captured into a CUDA "
                                      f"graph ({executor.capture_error}); the CUDA backend times captured stages only")
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            samples = []
-            for _ in range(policy.repeat):
-                start.record()
+            def replays() -> None:
                 for _ in range(policy.inner):
                     executor.replay()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / policy.inner)
+            return [cuda_events_ms(replays) / policy.inner for _ in range(policy.repeat)]
         finally:
             executor.close()
-        return samples
 
 
 register_backend(CudaBackend())

@@ -1,0 +1,289 @@
+"""The IOS dynamic program over one part of a graph (:mod:`opsched.schedulers.ios` cuts the graph
+into parts, reuses solutions of identical parts and falls back where the budget runs out).
+
+States are down-sets of the part's units, as bitmasks; ``cost(S) = min over endings S' of
+cost(S - S') + L(S') (+ the segment cuts an ending of several groups pays)``, with the branch
+and bound described in :mod:`opsched.schedulers.ios`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from operator import itemgetter
+from typing import Any
+
+from opsched._toposort import bits
+from opsched.cost import SegmentCut, StageCoster
+from opsched.ops.conv import merge_class
+from opsched.schedule import Stage
+from opsched.schedulers.endings import parallel_endings
+from opsched.schedulers.units import UnitGraph
+
+__all__ = ["LocalStage", "TIE", "SearchStats", "summarize", "PartSolution", "to_stage", "PartCuts", "PartSolver"]
+
+# A stage in part-local terms: (strategy, groups as tuples of local unit indices).
+LocalStage = tuple[str, tuple[tuple[int, ...], ...]]
+
+
+#: Totals closer than this (ms) are ties: sums of the same prices in another order differ by
+#: rounding, and an ending that cannot beat the best by more than rounding cannot improve it.
+TIE = 1e-9
+
+
+@dataclass
+class SearchStats:
+    parts: int = 0
+    parts_solved: int = 0
+    parts_reused: int = 0
+    parts_fallback: int = 0
+    states: int = 0
+    transitions: int = 0
+    pruned: int = 0  # states whose remaining endings the bound discarded unpriced
+    stage_requests: int = 0
+    distinct_stages: int = 0
+    structural_hits: int = 0
+    seconds: float = 0.0
+    budget_exhausted: bool = False
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        return dict(self.__dict__)
+
+    def __str__(self) -> str:
+        return summarize(self.as_dict())
+
+
+def summarize(stats: Mapping[str, Any]) -> str:
+    """One line about an IOS search, from a schedule's stats."""
+    line = (f"search {stats.get('states', 0)} states, {stats.get('distinct_stages', 0)} distinct stages priced, "
+            f"{stats.get('seconds', 0.0):.2f} s")
+    if stats.get("budget_exhausted"):
+        line += f" (budget ran out: {stats.get('parts_fallback', 0)} of {stats.get('parts', 0)} parts fell back)"
+    return line
+
+
+@dataclass
+class PartSolution:
+    cost: float
+    stages: list[LocalStage] = field(default_factory=list)
+
+
+def to_stage(ug: UnitGraph, part: list[int], st: LocalStage) -> Stage:
+    strategy, groups = st
+    return Stage(tuple(tuple(v for i in g for v in ug.units[part[i]]) for g in groups), strategy)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PartCuts:
+    """A :class:`SegmentCut` in one part's local terms. A value counts where it is live: a unit's
+    value (its last node's) while a reader is still to run; a value from before the part (a graph
+    input, an earlier part's unit) while a reader in the part is, or always, if one runs after it.
+
+    Equal records mean equal cut costs, so a part's solution is reused only with an equal one."""
+
+    resume_ms: float
+    always: tuple[float, float]                           # (leave, enter) of values live throughout
+    outside: tuple[tuple[int, float, float], ...]         # (local readers, leave, enter), earlier values
+    inside: tuple[tuple[bool, float, float], ...]         # per local unit: (read after the part, leave, enter)
+
+    @classmethod
+    def build(cls, ug: UnitGraph, part: list[int], cut: SegmentCut) -> PartCuts:
+        local = {u: i for i, u in enumerate(part)}
+        first, last = part[0], part[-1]
+        g = ug.graph
+        readers: dict[str, set[int]] = {}  # earlier values -> units (global) that read them
+        for u in range(first, len(ug)):
+            for v in ug.units[u]:
+                for x in g.node(v).inputs:
+                    if x not in g.index or ug.unit_of[x] < first:
+                        readers.setdefault(x, set()).add(u)
+        always = [0.0, 0.0]
+        outside = []
+        for x, us in readers.items():
+            leave, enter = cut.leave_ms.get(x, 0.0), cut.enter_ms.get(x, 0.0)
+            if any(u > last for u in us):
+                always[0] += leave
+                always[1] += enter
+            else:
+                outside.append((sum(1 << local[u] for u in us), leave, enter))
+        inside = tuple((any(s > last for s in ug.succs[u]), cut.leave_ms.get(ug.units[u][-1], 0.0),
+                        cut.enter_ms.get(ug.units[u][-1], 0.0)) for u in part)
+        return cls(cut.resume_ms, (always[0], always[1]), tuple(sorted(outside)), inside)
+
+    def live(self, state: int, succ: Sequence[int]) -> tuple[float, float]:
+        """(leave, enter) summed over the values live once the local units ``state`` have run."""
+        leave, enter = self.always
+        for readers, out_ms, in_ms in self.outside:
+            if readers & ~state:
+                leave += out_ms
+                enter += in_ms
+        for i, (later, out_ms, in_ms) in enumerate(self.inside):
+            if (state >> i) & 1 and (later or succ[i] & ~state):
+                leave += out_ms
+                enter += in_ms
+        return leave, enter
+
+
+class PartSolver:
+    """The DP over one part; unit indices are local (0..n-1, topological)."""
+
+    def __init__(self, ug: UnitGraph, part: list[int], coster: StageCoster, strategies: tuple[str, ...],
+                 r: int, s: int, check_budget: Callable[[], None], stats: SearchStats,
+                 cuts: PartCuts | None) -> None:
+        self.ug, self.part, self.coster = ug, part, coster
+        self.cuts = cuts
+        self._live: dict[int, tuple[float, float]] = {}
+        self.r, self.s, self.strategies = r, s, strategies
+        self.check_budget, self.stats = check_budget, stats
+        local = {u: i for i, u in enumerate(part)}
+        n = len(part)
+        self.succ = [sum(1 << local[v] for v in ug.succs[u] if v in local) for u in part]
+        self.anc = [0] * n
+        for i, u in enumerate(part):
+            for p in ug.preds[u]:
+                if p in local:
+                    self.anc[i] |= self.anc[local[p]] | (1 << local[p])
+        self.order = list(range(n - 1, -1, -1))
+        graph = ug.graph
+        self.merge_cls: list[object | None] = []
+        for u in part:
+            names = ug.units[u]
+            self.merge_cls.append(merge_class(graph, graph.node(names[0])) if len(names) == 1 else None)
+        self.memo: dict[int, tuple[float, LocalStage | None, int]] = {0: (0.0, None, 0)}
+        # Stage prices by strategy and mask: the mask alone names the stage, as a parallel stage's
+        # groups are the weakly connected components of its units (:mod:`.endings`; so are any of
+        # them together) and a merge's are its units.
+        self.prices: dict[str, dict[int, float]] = {"parallel": {}, "merge": {}}
+        self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
+        self.by_weight: dict[int, tuple[int, ...]] = {}  # an ending's groups, dearest first, by its mask
+        self.n = n
+        self.monotone = coster.cost.monotone
+
+    def price(self, strategy: str, comps: tuple[int, ...], mask: int) -> float:
+        """The price of the stage whose groups are ``comps`` (their union: ``mask``)."""
+        known = self.prices[strategy]
+        value = known.get(mask)
+        if value is None:
+            self.check_budget()
+            groups = tuple(tuple(v for i in bits(c) for v in self.ug.units[self.part[i]]) for c in comps)
+            value = known[mask] = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
+        return value
+
+    def cut(self, rest: int, state: int) -> float:
+        """What an ending of several groups from ``state`` down to ``rest`` pays for the cut segments."""
+        cuts = self.cuts
+        if cuts is None:
+            return 0.0
+        return cuts.resume_ms + self._live_at(cuts, rest)[0] + self._live_at(cuts, state)[1]
+
+    def _live_at(self, cuts: PartCuts, state: int) -> tuple[float, float]:
+        """(leave, enter) of the values live at ``state``, computed once per state."""
+        live = self._live.get(state)
+        if live is None:
+            live = self._live[state] = cuts.live(state, self.succ)
+        return live
+
+    def single(self, comp: int) -> float:
+        value = self.singles[comp] = self.price("parallel", (comp,), comp)
+        return value
+
+    def heaviest_first(self, comps: tuple[int, ...], mask: int) -> tuple[int, ...]:
+        """An ending's groups, the dearest alone first (ties as enumerated). Kept per mask: an
+        ending's groups, and the order the enumeration gives them, depend on its mask alone."""
+        known = self.singles
+        singles = [known[c] if c in known else self.single(c) for c in comps]
+        order = self.by_weight[mask] = tuple(c for _, c in sorted(zip(singles, comps), key=itemgetter(0),
+                                                                   reverse=True))
+        return order
+
+    def endings(self, state: int) -> list[tuple[str, int, tuple[int, ...]]]:
+        out: list[tuple[str, int, tuple[int, ...]]] = []
+        if "parallel" in self.strategies:
+            out += [("parallel", m, c) for m, c in
+                    parallel_endings(state, self.succ, self.anc, self.order, self.r, self.s)]
+        else:  # IOS-Merge alone: a stage is one sink unit, or a merge
+            out += [("parallel", 1 << i, (1 << i,)) for i in bits(state) if not self.succ[i] & state]
+        if "merge" in self.strategies:
+            classes: dict[object, list[int]] = defaultdict(list)
+            for i in bits(state):
+                if self.merge_cls[i] is not None and not self.succ[i] & state:
+                    classes[self.merge_cls[i]].append(i)
+            for members in classes.values():
+                for k in range(2, len(members) + 1):
+                    for sub in combinations(members, k):
+                        mask = sum(1 << i for i in sub)
+                        out.append(("merge", mask, tuple(1 << i for i in sub)))
+        return out
+
+    def best_ending(self, state: int, endings: list[tuple[str, int, tuple[int, ...]]]
+                    ) -> tuple[float, tuple[str, tuple[int, ...]] | None, int]:
+        """(cost of ``state``, its best last stage as (strategy, group masks), the state before it)."""
+        best, choice, nxt = float("inf"), None, 0
+        bounded = []
+        memo, known, monotone, charges_cuts = self.memo, self.singles, self.monotone, self.cuts is not None
+        by_weight = self.by_weight
+        for strategy, mask, comps in endings:
+            rest = state & ~mask
+            several = strategy == "parallel" and len(comps) > 1
+            cut = self.cut(rest, state) if several and charges_cuts else 0.0
+            if not several or not monotone:
+                total = memo[rest][0] + cut + self.price(strategy, comps, mask)
+                if total < best:
+                    best, choice, nxt = total, (strategy, comps), rest
+            else:
+                heavy = by_weight.get(mask) or self.heaviest_first(comps, mask)
+                bounded.append((memo[rest][0] + cut + known[heavy[0]], rest, comps, heavy, cut))
+        # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
+        bounded.sort(key=itemgetter(0))
+        priced = self.prices["parallel"]
+        for bound, rest, comps, heavy, cut in bounded:
+            if bound >= best - TIE:
+                self.stats.pruned += 1
+                break
+            done = self.memo[rest][0] + cut
+            prefix = heavy[0]
+            for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
+                prefix |= heavy[t - 1]
+                value = priced.get(prefix)
+                total = done + (value if value is not None else self.price("parallel", tuple(heavy[:t]), prefix))
+                if total >= best - TIE:
+                    break
+            else:
+                best, choice, nxt = total, ("parallel", comps), rest
+        return best, choice, nxt
+
+    def solve(self) -> PartSolution:
+        full = (1 << self.n) - 1
+        # Iterative post-order over states (no recursion limit on deep parts).
+        stack = [full]
+        waiting: dict[int, list[tuple[str, int, tuple[int, ...]]]] = {}  # endings of states on the stack
+        while stack:
+            state = stack[-1]
+            if state in self.memo:
+                stack.pop()
+                continue
+            endings = waiting.pop(state, None) or self.endings(state)
+            pending = [state & ~m for _, m, _ in endings if (state & ~m) not in self.memo]
+            if pending:
+                waiting[state] = endings
+                stack.extend(pending)
+                continue
+            stack.pop()
+            self.stats.states += 1
+            self.stats.transitions += len(endings)
+            if self.stats.states % 256 == 0:
+                self.check_budget()
+            best, choice, nxt = self.best_ending(state, endings)
+            assert choice is not None
+            self.memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
+        stages: list[LocalStage] = []
+        state = full
+        while state:
+            _, last, nxt = self.memo[state]
+            assert last is not None
+            stages.append(last)
+            state = nxt
+        stages.reverse()
+        return PartSolution(self.memo[full][0], stages)
