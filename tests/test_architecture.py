@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "opsched"
 #: Lowest first. A module may import from its own layer only within its own package (the top
 #: layer excepted: its modules use each other, without cycles).
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
-    "errors _toposort timing progress timeline execution",
+    "errors _toposort _text timing progress timeline execution",
     "ir",
     "ops",
     "transforms",

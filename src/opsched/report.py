@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsched._text import count
 from opsched.cost.measured import MeasurementCounts
 from opsched.runtime import Plan
 from opsched.schedule import Schedule
-from opsched.schedulers import spec
+from opsched.schedulers import scheduler_names, spec
 
 __all__ = ["ScheduleSummary", "RaceResult", "OptimizeOutcome", "OptimizeReport"]
 
@@ -37,13 +38,13 @@ class ScheduleSummary:
     @property
     def search(self) -> str | None:
         """The scheduler's own line about its work, where it has one."""
-        summarize = spec(self.scheduler).summarize if self.scheduler else None
+        summarize = spec(self.scheduler).summarize if self.scheduler in scheduler_names() else None
         return summarize(self.stats) if summarize is not None and self.stats else None
 
     def __str__(self) -> str:
-        shape = f"{self.stages} stages" if self.stages is not None else f"{self.lanes} lanes"
-        text = (f"{shape}, {self.phases} phases, up to {self.concurrency} concurrent lanes, "
-                f"{self.merges} merged convolutions")
+        shape = count(self.stages, "stage") if self.stages is not None else count(self.lanes, "lane")
+        text = (f"{shape}, {count(self.phases, 'phase')}, up to {count(self.concurrency, 'concurrent lane')}, "
+                f"{count(self.merges, 'merged convolution')}")
         if self.estimated_ms is not None:
             text += f"; estimated {self.estimated_ms:.3f} ms"
         return text

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
+from opsched._text import count
 from opsched.backends.base import Executor, register_backend
 from opsched.backends.lanes import step_category
 from opsched.cost import DEVICES, DeviceSpec, SegmentCut, StageTiming, TimingPolicy
@@ -241,7 +242,7 @@ class CudaExecutor:
     def describe(self) -> str:
         captured = (f"not captured into a CUDA graph: {self.capture_error}" if self.capture_error
                     else "captured into one CUDA graph")
-        return f"cuda: {self.program.n_streams} CUDA streams on {self.device}; {captured}"
+        return f"cuda: {count(self.program.n_streams, 'CUDA stream')} on {self.device}; {captured}"
 
     def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
         """Run the plan eagerly once with CUDA events around each step: one event per step."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from opsched._text import count
 from opsched.errors import ExecutionError, OpschedError
 from opsched.ir import Graph
 from opsched.ops import op_def
@@ -100,8 +101,8 @@ class LaneExecutor:
     def describe(self) -> str:
         prog = self.program
         lanes = max((len(phase) for phase in prog.phases), default=1)
-        return (f"{self.name}: {prog.n_items} items in {len(prog.phases)} phases of up to {lanes} lanes "
-                f"on {self.cores} cores")
+        return (f"{self.name}: {count(prog.n_items, 'item')} in {count(len(prog.phases), 'phase')} of up to "
+                f"{count(lanes, 'lane')} on {count(self.cores, 'core')}")
 
     def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
         events: list[TraceEvent] = []

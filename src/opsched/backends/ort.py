@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from opsched._text import count
 from opsched.backends.base import CpuBackend, Executor, register_backend
 from opsched.backends.lanes import Item, LaneExecutor, Program, step_category
 from opsched.backends.ort_export import export_segment, exportable
@@ -224,9 +225,10 @@ class OrtExecutor(LaneExecutor):
         sessions = sum(1 for s in prog.sessions if s is not None)
         on_torch = [f"{it.label} ({it.op})" for phase in prog.phases for lane in phase for it, s in
                     ((it, prog.sessions[it.id]) for it in lane) if s is None]
-        text = f"onnxruntime: {sessions} sessions in {len(prog.phases)} phases on {self.cores} cores"
+        text = (f"onnxruntime: {count(sessions, 'session')} in {count(len(prog.phases), 'phase')} "
+                f"on {count(self.cores, 'core')}")
         if on_torch:
-            text += f"; {len(on_torch)} steps run with torch between them: {', '.join(on_torch[:5])}"
+            text += f"; {count(len(on_torch), 'step')} run with torch between them: {', '.join(on_torch[:5])}"
         return text
 
     def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:

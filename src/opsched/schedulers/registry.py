@@ -28,7 +28,7 @@ from opsched.ir import Graph
 from opsched.schedule import Lane, Schedule, Stage, graph_batch
 
 __all__ = ["SchedulerSpec", "Progress", "NoOptions", "register", "spec", "scheduler_names", "make_options",
-           "schedule", "staged", "laned", "positive", "RENAMED"]
+           "schedule", "staged", "laned", "option", "positive", "RENAMED"]
 
 #: ``progress(done, total, text)``: called as a long search advances.
 Progress = Callable[[int, int, str], None]
@@ -148,7 +148,8 @@ def make_options(name: str, values: Mapping[str, Any]) -> Any:
 
 
 def _type_name(hint: Any) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    """``int | None`` for ``typing.Optional[int]`` and the like, as a user would write it."""
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def schedule(graph: Graph, scheduler: str, cost: CostModel, options: Any = None, *, progress: Progress | None = None,
@@ -185,14 +186,6 @@ def laned(graph: Graph, cost: CostModel, lanes: list[list[str]] | tuple[tuple[st
     return Schedule(graph.structural_hash(), tuple(Lane(tuple(lane)) for lane in lanes), waits=waits, merges=merges,
                     **_meta(graph, cost, name, options), estimated_ms=estimated_ms,
                     stats=dict(stats or {"lanes": len(lanes)}))
-
-
-def help_of(options: type[Any], name: str) -> str:
-    """The help text of an option field (its ``metadata["help"]``)."""
-    for f in dataclasses.fields(options):
-        if f.name == name:
-            return str(f.metadata.get("help", ""))
-    return ""
 
 
 def option(default: Any, help: str) -> Any:  # noqa: A002 (the dataclass metadata key)

@@ -1,0 +1,10 @@
+"""Small helpers for messages and reports."""
+
+from __future__ import annotations
+
+__all__ = ["count"]
+
+
+def count(n: int, noun: str) -> str:
+    """``3 lanes``, ``1 lane``: a number and its noun, plural where it must be."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
