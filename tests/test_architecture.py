@@ -123,3 +123,17 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_checker_finds_cycles() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_package_and_its_ir_import_without_heavy_libraries() -> None:
+    """``import opsched`` loads nothing (the CLI's --help and --version answer at once); the IR
+    knows every op without ONNX, ONNX Runtime or matplotlib."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, opsched; before = set(sys.modules); import opsched.ir as ir; "
+             "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'matplotlib') if m in before), "
+             "sorted(m for m in ('onnx', 'onnxruntime', 'matplotlib') if m in sys.modules), "
+             "'conv2d' in ir.registered_ops())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "[]", "True"]

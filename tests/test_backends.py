@@ -17,8 +17,8 @@ from opsched.backends import Backend, CpuBackend, Executor, backend_names, get_b
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, registered_ops
+from opsched.ir.ops import op_defs
 from opsched.models import example_inputs, get_model
-from opsched.ops import op_defs
 from opsched.runtime import Plan, lower
 from opsched.runtime.kernels import bind_step
 from opsched.schedulers import schedule

@@ -55,10 +55,13 @@ def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: p
                  "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
-    for row in ("eager PyTorch", "sequential", "greedy"):
-        assert row in text
-    kept = text.split("end-to-end check: ")[1].split("\n")[0].rsplit(": kept ", 1)[1]  # the race of ios and est
-    assert kept in ("ios", "est") and f"optimized ({kept})" in text
+    # the table is the race that chose the plan: searched schedules and baselines, the fastest kept
+    race = {line.split()[0]: line.split()[1:] for line in text.splitlines()
+            if line.split() and line.split()[0] in ("ios", "est", "sequential", "greedy")}
+    assert set(race) == {"ios", "est", "sequential", "greedy"}
+    kept = next(name for name, cells in race.items() if cells[-1:] == ["kept"])
+    assert float(race[kept][0]) == min(float(cells[0]) for cells in race.values())
+    assert f"scheduled by {kept}" in text and "as fast as eager PyTorch" in text
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads((out / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]

@@ -26,8 +26,8 @@ from opsched.errors import (
 )
 from opsched.ir import Graph, GraphBuilder
 from opsched.ir.analysis import live_values
+from opsched.ir.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
 from opsched.models import example_inputs, get_model
-from opsched.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
 from opsched.schedule import Schedule, Stage
 from opsched.schedulers import schedule
 from opsched.schedulers.endings import parallel_endings

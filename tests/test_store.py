@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
-from collections.abc import Sequence
+import multiprocessing.synchronize
+import os
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,120 @@ def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "import", str(tmp_path / "e.jsonl"), "--cache-dir", str(tmp_path)]) == 0
     assert main(["cache", "status", "--cache-dir", str(tmp_path)]) == 0
     assert "1 measurements" in capsys.readouterr().out
+
+
+# --- locked, read-only and foreign files: nothing measured is lost, nothing healthy is moved ------
+def _holder(path: str, ready: mp.synchronize.Event, release: mp.synchronize.Event) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = DELETE")  # no WAL: an exclusive lock keeps readers out too
+    conn.execute("BEGIN EXCLUSIVE")
+    ready.set()
+    release.wait(60)
+    conn.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_a_store_another_process_holds_locked_is_not_moved(tmp_path: Path, journal: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    with ProfileStore(tmp_path) as store:
+        store.put(CTX, "kept", 1.0)
+    db = tmp_path / "profiles.sqlite"
+    if journal == "delete":
+        import sqlite3
+
+        sqlite3.connect(db, isolation_level=None).execute("PRAGMA journal_mode = DELETE").close()
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_holder, args=(str(db), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with (caplog.at_level(logging.WARNING, logger="opsched.cost.store"),
+              ProfileStore(tmp_path, timeout_s=0.3) as store):
+            store.put(CTX, "new", 2.0)  # cannot be written now: kept in memory for this run
+            assert store.get(CTX, "new") == 2.0
+            assert store.get(CTX, "kept") in (1.0, None)  # readable where the lock lets readers in
+        assert any("locked by another process" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        holder.join(30)
+    assert not list(tmp_path.glob("*.corrupt-*")) and db.exists()
+    with ProfileStore(tmp_path) as store:
+        assert store.get(CTX, "kept") == 1.0
+
+
+def _unprivileged(check: Callable[[], None]) -> None:
+    """Run ``check`` as a user without write access (a forked child dropping to nobody where the
+    tests run as root, which writes anywhere); its failure fails the test."""
+    if os.geteuid() != 0:
+        check()
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the outcome through the pipe, then leave at once
+        os.close(r)
+        message = b""
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            check()
+        except BaseException as e:  # noqa: BLE001 (every failure is the test's to report)
+            message = f"{type(e).__name__}: {e}".encode()
+        os.write(w, message)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert not message, message
+
+
+def _shared_dir(tmp_path: Path) -> Path:
+    """A directory every user can read (pytest's own are private to their owner)."""
+    base = Path(tempfile.mkdtemp(prefix="opsched-ro-", dir="/tmp"))
+    base.chmod(0o755)
+    return base
+
+
+def test_a_read_only_store_serves_what_it_holds(tmp_path: Path) -> None:
+    base = _shared_dir(tmp_path)
+    with ProfileStore(base) as store:
+        store.put(CTX, "kept", 1.0)
+    (base / "empty").mkdir()
+    for p in base.iterdir():
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    base.chmod(0o555)
+
+    def check() -> None:
+        with ProfileStore(base) as store:
+            assert not store.writable and store.get(CTX, "kept") == 1.0
+            store.put(CTX, "new", 2.0)  # kept for this run, not in the file
+            assert store.get(CTX, "new") == 2.0
+        for empty in (base / "missing", base / "empty"):  # nothing stored, and nowhere to store it
+            with ProfileStore(empty) as store:
+                assert not store.writable and store.get(CTX, "kept") is None
+                store.put(CTX, "new", 2.0)
+                assert store.get(CTX, "new") == 2.0
+    try:
+        _unprivileged(check)
+        assert not list(base.glob("*.corrupt-*"))
+    finally:
+        base.chmod(0o755)
+        for p in base.iterdir():
+            p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def test_a_foreign_sqlite_file_is_named_and_left_alone(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "profiles.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE measurements (name TEXT, value REAL)")
+    conn.execute("INSERT INTO measurements VALUES ('theirs', 1.0)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ProfileStoreError, match="is an SQLite database but not an opsched profile store"):
+        ProfileStore(tmp_path)
+    assert sqlite3.connect(db).execute("SELECT value FROM measurements").fetchone() == (1.0,)

@@ -8,28 +8,30 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from opsched.backends import Backend, resolve_backend
-from opsched.check import placed_inputs, verify_against
+from opsched.check import verify_against
 from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
-from opsched.errors import OpschedError, ScheduleError
+from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
 from opsched.ir import Graph, random_inputs
-from opsched.module import ScheduledModule
+from opsched.module import OutputStructure, ScheduledModule
+from opsched.progress import Phases, phases
 from opsched.race import fastest
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
 from opsched.schedule import Schedule
-from opsched.schedulers import Progress, make_options, schedule, spec
+from opsched.schedulers import make_options, schedule, spec
 from opsched.schedulers.registry import RENAMED
-from opsched.transforms.place import place
+from opsched.transforms.place import dtype_name, place
 
-__all__ = ["optimize", "optimize_graph", "load", "host_cpu_model", "measured_cost", "placed_inputs",
+__all__ = ["optimize", "optimize_graph", "load", "Request", "check_request", "host_cpu_model", "measured_cost",
            "scheduler_options"]
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,58 @@ def host_cpu_model() -> AnalyticCostModel:
     return AnalyticCostModel(host_cpu_spec())
 
 
-def _inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+@dataclass(frozen=True)
+class Request:
+    """What :func:`optimize_graph` was asked for, checked: the device, the backend that runs there,
+    the schedulers (each with its options dataclass), the precision."""
+
+    device: torch.device
+    backend: Backend
+    schedulers: tuple[str, ...]
+    options: Mapping[str, Any]
+    dtype: str | None
+
+
+def check_request(*, device: str | torch.device = "cpu", scheduler: str | Sequence[str] = "ios",
+                  backend: str = "auto", dtype: str | torch.dtype | None = None, **options: Any) -> Request:
+    """Every argument of an optimization checked, before any work (the CLI asks this before it
+    loads a model): an unknown device, backend, scheduler, option or precision is refused with
+    an :class:`~opsched.errors.OpschedError` naming what is accepted."""
+    dev = _device(device)
+    be = resolve_backend(backend, dev)
+    names = _scheduler_names(scheduler)
+    per_scheduler = scheduler_options(names, dev.type, options)
+    return Request(dev, be, names, per_scheduler, None if dtype is None else dtype_name(dtype))
+
+
+def _scheduler_names(scheduler: object) -> tuple[str, ...]:
+    names = (scheduler,) if isinstance(scheduler, str) else scheduler
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ScheduleError(f"scheduler: a scheduler's name or a sequence of names, got {scheduler!r}")
+    if not names:
+        raise ScheduleError("scheduler: name at least one scheduler")
+    for name in names:
+        spec(name)  # an unknown name fails before any work
+    return tuple(names)
+
+
+def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[str, Any],
+                      cores: int | None = None) -> dict[str, Any]:
+    """Each scheduler's options dataclass: its device defaults, overridden by the ``values`` it
+    takes. An option no scheduler of ``names`` takes is an error naming what each one takes."""
+    cores = cores or os.cpu_count() or 1
+    takes = {name: {f.name for f in dataclasses.fields(spec(name).options)} for name in names}
+    unknown = sorted(k for k in values if not any(k in t for t in takes.values()))
+    if unknown:
+        hints = [f"{k!r} (renamed {RENAMED[k]!r})" if k in RENAMED else repr(k) for k in unknown]
+        listing = "; ".join(f"{name} takes {sorted(t) or 'none'}" for name, t in takes.items())
+        raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing})")
+    out = {}
+    for name in names:
+        chosen = {k: v for k, v in spec(name).defaults(device_type, cores).items() if k in takes[name]}
+        chosen.update((k, v) for k, v in values.items() if k in takes[name])
+        out[name] = make_options(name, chosen)
+    return out
 
 
 def _device(device: str | torch.device) -> torch.device:
@@ -59,18 +111,46 @@ def _device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _example_inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, ...]:
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    for k, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise InputMismatchError(f"example input {k} must be a tensor, got {type(t).__name__}")
+        if t.device.type not in DEVICES:
+            raise InputMismatchError(f"example input {k} is on the {t.device.type} device: it holds no values to run "
+                                     f"and check the model with; give a tensor on {' or '.join(DEVICES)}")
+        if 0 in t.shape:
+            raise InputMismatchError(f"example input {k} has shape {tuple(t.shape)}: a zero-size dimension leaves "
+                                     f"nothing to schedule; give a batch of at least one")
+    return inputs
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (inference: running statistics, no dropout) for the duration, then
+    every submodule back in the mode it was in: the caller's model is left as it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
              device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
              graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
              backend: str = "auto", cache_dir: str | None = None, verify: bool = True,
-             progress: Progress | None = None, **options: Any) -> ScheduledModule:
-    """Import ``model``, search a schedule, and return a module that runs it.
+             leaf_modules: Sequence[type[nn.Module]] = (), progress: bool | Phases | None = None,
+             **options: Any) -> ScheduledModule:
+    """Import ``model``, search a schedule, and return a module that computes what
+    ``model.eval()`` computes (the model itself is left in the mode it was in).
 
     ``scheduler`` names a scheduler, or several: ``("ios", "est")`` makes the dynamic
     program's schedule and the list scheduler's, races their plans end to end and keeps the
     faster (neither wins everywhere). Each option goes to the schedulers that take it
-    (:func:`scheduler_options` lists them); on a CPU, ``max_lanes`` defaults to the number of
-    cores.
+    (:func:`scheduler_options`); on a CPU, ``max_lanes`` defaults to the number of cores.
 
     ``cost`` is ``"measured"`` (stages timed on this machine by the backend, remembered in the
     profile store under ``cache_dir``), ``"analytic"`` (the analytic model of this device:
@@ -82,42 +162,81 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     (``graphs=False``: eagerly on the streams). ``dtype`` (``"float16"``, ``"bfloat16"``, ...)
     and ``channels_last`` place the model's weights: the returned module then behaves like
     ``model.to(device, dtype)`` and takes inputs on that device in that precision (the schedule
-    is specialised to them). ``progress(done, total, text)`` follows a long search. With
-    ``verify`` the result is checked against the model once.
+    is specialised to them). ``leaf_modules`` are submodule types to keep whole rather than trace
+    into (:func:`opsched.from_torch`). The module returns outputs nested as the model's (tuples,
+    lists, dicts). ``progress``: a bar per long phase on stderr (``None``: when stderr is a
+    terminal), or a callable ``phases(name) -> progress(done, total, text)``. With ``verify`` the
+    result is checked against the model on the example inputs and on fresh random ones.
     """
-    dev = _device(device)
-    inputs = _inputs(example_inputs)
-    model = model.eval()
+    if not isinstance(model, nn.Module):
+        raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
+                            f"nn.Module whose forward calls it")
+    request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
+    inputs = _example_inputs(example_inputs)
     start = time.perf_counter()
-    graph = from_torch(model, inputs)
-    module = optimize_graph(graph, device=dev, dtype=dtype, channels_last=channels_last, graphs=graphs,
-                            scheduler=scheduler, cost=cost, backend=backend, cache_dir=cache_dir,
-                            single_output=_single_output(model, inputs), progress=progress, **options)
-    module.outcome = _with_seconds(module.outcome, time.perf_counter() - start)
-    if verify:
-        verify_against(module, module.graph, module.device, model, inputs)
+    with _eval_mode(model):
+        with torch.no_grad():
+            structure = OutputStructure.of(model(*inputs))
+        graph = from_torch(model, inputs, leaf_modules=leaf_modules)
+        if structure.tensors != len(graph.outputs):
+            raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
+                                f"{len(graph.outputs)} outputs; please report this with the model")
+        module = _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
+                           outputs=structure, progress=phases(progress))
+        module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)
+        if verify:
+            verify_against(module, module.graph, module.device, model, inputs, phases(progress)("checking"))
     return module
 
 
-def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[str, Any],
-                      cores: int | None = None) -> dict[str, Any]:
-    """Each scheduler's options dataclass: its device defaults, overridden by the ``values`` it
-    takes. An option no scheduler of ``names`` takes is an error naming what each one takes."""
-    if not names:
-        raise ScheduleError("scheduler: name at least one scheduler")
-    cores = cores or os.cpu_count() or 1
-    takes = {name: {f.name for f in dataclasses.fields(spec(name).options)} for name in names}
-    unknown = sorted(k for k in values if not any(k in t for t in takes.values()))
-    if unknown:
-        hints = [f"{k!r} (renamed {RENAMED[k]!r})" if k in RENAMED else repr(k) for k in unknown]
-        listing = "; ".join(f"{name} takes {sorted(t) or 'none'}" for name, t in takes.items())
-        raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing})")
-    out = {}
-    for name in names:
-        chosen = {k: v for k, v in spec(name).defaults(device_type, cores).items() if k in takes[name]}
-        chosen.update((k, v) for k, v in values.items() if k in takes[name])
-        out[name] = make_options(name, chosen)
-    return out
+def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                   channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
+                   cost: str | CostModel = "measured", backend: str = "auto", cache_dir: str | None = None,
+                   check: bool = True, race_with: Sequence[str] = (), rounds: int = 7,
+                   progress: bool | Phases | None = None, **options: Any) -> ScheduledModule:
+    """:func:`optimize` for an imported graph (from :func:`opsched.from_onnx`, say).
+
+    With ``check`` and a measured cost model, the plan also races the sequential one (stage
+    prices were taken in isolation) and the faster is kept; with several schedulers, their
+    plans race whatever the cost model. ``race_with`` adds schedulers whose plans only race (the
+    command line's baselines); ``rounds`` is the race's. ``module.report()`` gives every
+    contender's median and which was kept."""
+    request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
+    extra = _scheduler_names(race_with) if race_with else ()
+    return _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
+                     check=check, race_with=extra, rounds=rounds, progress=phases(progress))
+
+
+def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bool, cost: str | CostModel,
+              cache_dir: str | None, progress: Phases, check: bool = True, race_with: Sequence[str] = (),
+              rounds: int = 7, outputs: OutputStructure | None = None) -> ScheduledModule:
+    start = time.perf_counter()
+    dev, be = request.device, request.backend
+    graph = place(graph, dev, request.dtype, channels_last)
+    run = RunOptions(dev, None, graphs, channels_last, spin=True)
+    with contextlib.ExitStack() as stack:
+        cost_model = _cost_model(cost, be, run, cache_dir, stack)
+        made = {name: schedule(graph, name, cost_model, request.options[name], progress=progress(f"searching {name}"))
+                for name in request.schedulers}
+        extra = [*race_with, *(["sequential"] if check and isinstance(cost_model, MeasuredCostModel) else [])]
+        for name in extra:
+            if name not in made:
+                made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
+        modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
+                                         outputs=outputs) for name, s in made.items()}
+        race = None
+        kept = request.schedulers[0]
+        if len(modules) > 1:
+            inputs = tuple(random_inputs(graph, dev))
+            kept, times = fastest({name: functools.partial(m, *inputs) for name, m in modules.items()},
+                                  clock=be.clock(run), rounds=rounds, progress=progress("racing plans"))
+            race = RaceResult(times, kept)
+        module = modules[kept]
+        searched = tuple(ScheduleSummary.of(m.schedule, m.plan) for name, m in modules.items()
+                         if name != kept and name in request.schedulers and m.schedule.stats)
+        counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
+        module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start)
+    return module
 
 
 def measured_cost(device: str | torch.device = "cpu", *, backend: str | Backend = "auto",
@@ -143,62 +262,9 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
     raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
 
 
-def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-                   channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
-                   cost: str | CostModel = "measured", backend: str = "auto", cache_dir: str | None = None,
-                   single_output: bool = True, check: bool = True, progress: Progress | None = None,
-                   **options: Any) -> ScheduledModule:
-    """:func:`optimize` for an imported graph (from :func:`opsched.from_onnx`, say).
-
-    With ``check`` and a measured cost model, the plan also races the sequential one (stage
-    prices were taken in isolation) and the faster is kept; with several schedulers, their
-    plans race whatever the cost model. ``module.report()`` gives every contender's median and
-    which was kept."""
-    start = time.perf_counter()
-    dev = _device(device)
-    be = resolve_backend(backend, dev)
-    names = [scheduler] if isinstance(scheduler, str) else list(scheduler)
-    for name in names:
-        spec(name)  # an unknown name fails before any work
-    per_scheduler = scheduler_options(names, dev.type, options)
-    graph = place(graph, dev, dtype, channels_last)
-    run = RunOptions(dev, None, graphs, channels_last, spin=True)
-    with contextlib.ExitStack() as stack:
-        cost_model = _cost_model(cost, be, run, cache_dir, stack)
-        made = {name: schedule(graph, name, cost_model, per_scheduler[name], progress=progress) for name in names}
-        measured = isinstance(cost_model, MeasuredCostModel)
-        if check and measured and "sequential" not in made:
-            made["sequential"] = schedule(graph, "sequential", cost_model)
-        modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
-                                         single_output=single_output) for name, s in made.items()}
-        race = None
-        if len(modules) > 1:
-            inputs = tuple(random_inputs(graph, dev))
-            kept, times = fastest({name: functools.partial(m, *inputs) for name, m in modules.items()},
-                                  clock=be.clock(run))
-            race = RaceResult(times, kept)
-        else:
-            kept = names[0]
-        module = modules[kept]
-        searched = tuple(ScheduleSummary.of(m.schedule, m.plan) for name, m in modules.items()
-                         if name != kept and name in names and m.schedule.stats)
-        counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
-        module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start)
-    return module
-
-
-def _with_seconds(outcome: OptimizeOutcome, seconds: float) -> OptimizeOutcome:
-    return OptimizeOutcome(outcome.race, outcome.searched, outcome.measurements, seconds)
-
-
-def _single_output(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
-    with torch.no_grad():
-        return isinstance(model(*inputs), torch.Tensor)
-
-
 def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequence[torch.Tensor] | torch.Tensor,
          *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
-         graphs: bool = True, backend: str = "auto") -> ScheduledModule:
+         graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = ()) -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
 
     The model is imported again with ``example_inputs`` and placed as given; a schedule made for
@@ -207,11 +273,14 @@ def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequenc
     travel), with a warning: it was tuned for that device.
     """
     dev = _device(device)
-    inputs = _inputs(example_inputs)
-    graph = place(from_torch(model.eval(), inputs), dev, dtype, channels_last)
+    inputs = _example_inputs(example_inputs)
+    with _eval_mode(model):
+        with torch.no_grad():
+            structure = OutputStructure.of(model(*inputs))
+        graph = place(from_torch(model, inputs, leaf_modules=leaf_modules), dev, dtype, channels_last)
     sched = Schedule.load(path).validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
-                             single_output=_single_output(model, inputs))
+                             outputs=structure)
     here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
     if here and sched.device and here not in sched.device:
         log.warning("schedule %s was made for %s; running it on %s", path, sched.device, here)

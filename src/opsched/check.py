@@ -6,12 +6,15 @@ import copy
 from collections.abc import Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import ExecutionError
 from opsched.ir import Graph
+from opsched.progress import Progress
 
-__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "verify_against"]
+__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "fresh_inputs",
+           "verify_against"]
 
 #: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
 #: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
@@ -36,7 +39,8 @@ def tolerance(reference: torch.Tensor) -> float:
         rel = TF32_TOLERANCE
     else:
         rel = TOLERANCES.get(reference.dtype, 1e-4)
-    return rel * max(1.0, float(reference.abs().max()))
+    scale = float(reference.abs().max()) if reference.numel() else 0.0
+    return rel * max(1.0, scale)
 
 
 def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -44,21 +48,52 @@ def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.de
     return tuple(t.to(device, getattr(torch, i.type.dtype)) for i, t in zip(graph.inputs, inputs))
 
 
+def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.Tensor, ...]:
+    """Random inputs like ``inputs`` (shapes, dtypes, devices) but not equal to them: floats drawn
+    around the examples' mean and spread, integers and booleans within the examples' range (token
+    ids stay valid ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in inputs:
+        if t.is_floating_point():
+            ref = t.detach().float()
+            scale = float(ref.std()) if ref.numel() > 1 else 1.0
+            fresh = float(ref.mean()) + (scale or 1.0) * torch.randn(t.shape, generator=gen)
+        elif t.dtype == torch.bool:
+            fresh = torch.rand(t.shape, generator=gen) < 0.5
+        else:
+            lo, hi = int(t.min()), int(t.max())
+            fresh = torch.randint(lo, hi + 1, t.shape, generator=gen)
+        out.append(fresh.to(t.device, t.dtype))
+    return tuple(out)
+
+
 def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module,
-                   inputs: tuple[torch.Tensor, ...]) -> None:
+                   inputs: tuple[torch.Tensor, ...], progress: Progress | None = None) -> None:
     """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device``)
-    returns what ``model`` returns on ``inputs``, output by output, within :func:`tolerance`."""
+    returns what ``model`` returns, leaf by leaf within :func:`tolerance`, on ``inputs`` and on
+    fresh random inputs (a module that replayed a value recorded at import would pass the first)."""
     placed = placed_inputs(graph, inputs, device)
     if any(p.dtype != t.dtype or p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
-        model, inputs = copy.deepcopy(model).to(device, placed[0].dtype), placed
-    with torch.no_grad():
-        expected = model(*inputs)
-        actual = module(*inputs)
-    exp = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-    act = [actual] if isinstance(actual, torch.Tensor) else list(actual)
-    for i, (a, e) in enumerate(zip(act, exp)):
-        tol = tolerance(e)
-        err = float((a - e).abs().max())
-        if err > tol:
-            raise ExecutionError(f"the scheduled module's output {i} differs from the model's by {err:.3g} "
-                                 f"(tolerance {tol:.3g}); please report this with the model")
+        model = copy.deepcopy(model).to(device, placed[0].dtype)
+    cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
+    for k, (which, xs) in enumerate(cases.items()):
+        with torch.no_grad():
+            expected = pytree.tree_leaves(model(*xs))
+            actual = pytree.tree_leaves(module(*xs))
+        if progress is not None:
+            progress(k + 1, len(cases), which)
+        if len(actual) != len(expected):
+            raise ExecutionError(f"the scheduled module returns {len(actual)} outputs on {which}, the model "
+                                 f"{len(expected)}; please report this with the model")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            if not isinstance(e, torch.Tensor):
+                continue
+            tol = tolerance(e)
+            err = float((a.double() - e.double()).abs().max()) if e.numel() and a.shape == e.shape else 0.0
+            if a.shape != e.shape or err > tol:
+                raise ExecutionError(f"on {which}, the scheduled module's output {i} differs from the model's "
+                                     f"(shape {tuple(a.shape)} against {tuple(e.shape)}, largest difference {err:.3g}, "
+                                     f"tolerance {tol:.3g}): the model may take another path on other inputs (its "
+                                     f"Python control flow was traced for the example inputs), or this is a bug: "
+                                     f"please report it with the model")

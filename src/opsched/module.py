@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.backends import Backend, Executor, resolve_backend
-from opsched.errors import OpschedError
+from opsched.errors import InputMismatchError, OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph
 from opsched.report import OptimizeOutcome, OptimizeReport, ScheduleSummary
@@ -17,7 +20,41 @@ from opsched.runtime import Plan, check_inputs, lower
 from opsched.schedule import Schedule
 from opsched.timeline import TraceEvent
 
-__all__ = ["ScheduledModule"]
+__all__ = ["ScheduledModule", "OutputStructure"]
+
+
+@dataclass(frozen=True)
+class OutputStructure:
+    """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
+    its leaves are the graph's outputs, in order, and what the others are (constants such as None)."""
+
+    spec: pytree.TreeSpec
+    slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
+    constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
+
+    @classmethod
+    def of(cls, example: Any) -> OutputStructure:
+        """The structure of a model's output ``example`` (its tensors are the graph's outputs)."""
+        leaves, spec = pytree.tree_flatten(example)
+        slots, k = [], 0
+        for leaf in leaves:
+            slots.append(k if isinstance(leaf, torch.Tensor) else None)
+            k += isinstance(leaf, torch.Tensor)
+        return cls(spec, tuple(slots), tuple(None if isinstance(x, torch.Tensor) else x for x in leaves))
+
+    @classmethod
+    def flat(cls, n: int) -> OutputStructure:
+        """One tensor, or (for ``n`` other than 1) a tuple of ``n``: a graph's outputs as they are."""
+        dummy = torch.empty(0)
+        return cls.of(dummy if n == 1 else tuple(dummy for _ in range(n)))
+
+    @property
+    def tensors(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    def build(self, outputs: Sequence[torch.Tensor]) -> Any:
+        leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
+        return pytree.tree_unflatten(leaves, self.spec)
 
 
 class ScheduledModule(nn.Module):
@@ -31,7 +68,7 @@ class ScheduledModule(nn.Module):
 
     def __init__(self, graph: Graph, schedule: Schedule, *, backend: str | Backend = "auto",
                  device: str | torch.device = "cpu", graphs: bool = True, channels_last: bool = False,
-                 single_output: bool = True, outcome: OptimizeOutcome | None = None) -> None:
+                 outputs: OutputStructure | None = None, outcome: OptimizeOutcome | None = None) -> None:
         super().__init__()
         self.graph = graph
         self.schedule = schedule
@@ -44,7 +81,10 @@ class ScheduledModule(nn.Module):
                                    f" with backend {lane.backend}: this module runs every lane on "
                                    f"{self.run.device} with {self.backend.name}")
         self._executor: Executor = self.backend.prepare(graph, self.plan, self.run)
-        self._single = single_output and len(graph.outputs) == 1
+        self.outputs = outputs or OutputStructure.flat(len(graph.outputs))
+        if self.outputs.tensors != len(graph.outputs):
+            raise OpschedError(f"the output structure holds {self.outputs.tensors} tensors, but graph {graph.name!r} "
+                               f"has {len(graph.outputs)} outputs")
         self.outcome = outcome or OptimizeOutcome()
 
     @property
@@ -53,8 +93,11 @@ class ScheduledModule(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         check_inputs(self.graph, inputs)
-        outputs = self._executor(inputs)
-        return outputs[0] if self._single else tuple(outputs)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            raise InputMismatchError(
+                f"a scheduled module of {self.graph.name!r} is for inference: it computes no gradients, and an input "
+                f"requires one; call it under torch.no_grad() or torch.inference_mode(), or detach the input")
+        return self.outputs.build(self._executor(inputs))
 
     def profile(self, *inputs: torch.Tensor) -> list[TraceEvent]:
         """Run once, recording when each step ran on which lane (on ONNX Runtime, each kernel of

@@ -69,14 +69,14 @@ def median(samples: Iterable[float]) -> float:
 
 
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,
-               clock: Clock = wall_ms, seed: int = 0,
-               settle_s: float = 0.0, block: int = 1) -> dict[K, list[float]]:
+               clock: Clock = wall_ms, seed: int = 0, settle_s: float = 0.0, block: int = 1,
+               on_round: Callable[[int, int], None] | None = None) -> dict[K, list[float]]:
     """Run every call once a round, in a fresh (seeded) order each round: ``warmup`` rounds
     untimed, then ``rounds`` timed by ``clock``. With ``block`` > 1 a call's turn is one
     untimed call and ``block`` timed ones, its sample their median; each turn begins with
     ``settle_s`` seconds of sleep (untimed: threads the previous call left spinning go idle).
     Returns each call's samples, one per timed round, in round order (so the k-th samples of
-    two calls come from the same round)."""
+    two calls come from the same round). ``on_round(done, total)`` follows the rounds."""
     order = list(calls)
     rng = random.Random(seed)
     times: dict[K, list[float]] = {k: [] for k in order}
@@ -92,4 +92,6 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
                 elapsed = clock(calls[k])
             if r >= warmup:
                 times[k].append(elapsed)
+        if on_round is not None:
+            on_round(r + 1, warmup + rounds)
     return times

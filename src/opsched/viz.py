@@ -30,8 +30,12 @@ def op_family(event: TraceEvent) -> str:
     return _FAMILIES.get(event.category, "other")
 
 
-def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], title: str = "") -> None:
-    """A Gantt chart: one row per lane, one bar per step, coloured by operator kind."""
+def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], title: str = "",
+                  median_ms: float | None = None) -> None:
+    """A Gantt chart: one row per lane, one bar per step (or kernel), coloured by what it does,
+    labelled where the label fits inside its bar. ``median_ms``, the call's median latency where
+    it was timed, is named beside the drawn run's length: a profiled run is one run, and profiling
+    adds its own overhead."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,15 +44,18 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
 
     lanes = max((e.lane for e in events), default=0) + 1
     end = max((e.end_ms for e in events), default=1.0)
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * lanes))
+    width_in = 12.0
+    fig, ax = plt.subplots(figsize=(width_in, 1.2 + 0.6 * lanes))
+    ms_per_char = end * 1.01 / (0.8 * width_in) * (6 * 0.6 / 72)  # fontsize 6 glyphs over the axis' data span
     used = set()
     for e in events:
         family = op_family(e)
         used.add(family)
         ax.barh(e.lane, e.end_ms - e.start_ms, left=e.start_ms, height=0.7, color=_COLORS[family],
                 edgecolor="white", linewidth=0.3)
-        if e.end_ms - e.start_ms > end / 60:
-            ax.text((e.start_ms + e.end_ms) / 2, e.lane, e.label[:18], ha="center", va="center", fontsize=6,
+        label = e.label[:24]
+        if e.end_ms - e.start_ms > (len(label) + 1) * ms_per_char:
+            ax.text((e.start_ms + e.end_ms) / 2, e.lane, label, ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
     phase_starts: dict[int, float] = {}
     for e in events:
@@ -59,7 +66,10 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, end * 1.01)
-    ax.set_title(title or "timeline")
+    note = f"one profiled run, {end:.2f} ms"
+    if median_ms is not None:
+        note += f" (median call {median_ms:.2f} ms; profiling adds its own overhead)"
+    ax.set_title(f"{title or 'timeline'}\n{note}", fontsize=10)
     ax.legend(handles=[Patch(color=_COLORS[f], label=f) for f in _COLORS if f in used], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()

@@ -25,7 +25,7 @@ from opsched.cost.measured import Calibrations
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
-from opsched.ops import op_def
+from opsched.ir.ops import op_def
 from opsched.runtime import Plan, lower_stage
 from opsched.schedule import Stage
 from opsched.timeline import TraceEvent

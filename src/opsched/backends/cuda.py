@@ -44,7 +44,7 @@ from opsched.cost.measured import Calibrations
 from opsched.errors import CostModelError, ExecutionError, InputMismatchError, OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
-from opsched.ops import op_def
+from opsched.ir.ops import op_def
 from opsched.runtime import Plan, lower_stage
 from opsched.runtime.kernels import bind_step
 from opsched.runtime.stream_program import Launch, Record, Release, StreamProgram, Wait, stream_program

@@ -24,7 +24,7 @@ import torch
 from opsched._text import count
 from opsched.errors import ExecutionError, OpschedError
 from opsched.ir import Graph
-from opsched.ops import op_def
+from opsched.ir.ops import op_def
 from opsched.runtime.kernels import bind_step
 from opsched.runtime.plan import MERGED_OP, Plan, Step
 from opsched.timeline import TraceEvent

@@ -38,7 +38,7 @@ from opsched.cost.measured import Calibrations
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
 from opsched.ir.analysis import live_values
-from opsched.ops import op_def
+from opsched.ir.ops import op_def
 from opsched.runtime import Plan, lower
 from opsched.runtime.kernels import step_kernel
 from opsched.runtime.plan import cut_segments
@@ -270,7 +270,7 @@ class OrtExecutor(LaneExecutor):
 
 class OrtBackend(CpuBackend):
     """ONNX Runtime sessions per lane segment; the fast CPU kernels. Ops without an ONNX export
-    run with torch between sessions (:attr:`opsched.ops.OpDef.no_onnx` says why)."""
+    run with torch between sessions (:attr:`opsched.ir.ops.OpDef.no_onnx` says why)."""
 
     name = "ort"
 

@@ -2,7 +2,7 @@
 
 Used by the ONNX Runtime backend: each lane segment of a plan becomes one ONNX model whose
 inputs are the values it reads from elsewhere and whose outputs are the values read elsewhere.
-Every op exports through its family's exporter (:attr:`opsched.ops.OpDef.onnx`); an op without
+Every op exports through its family's exporter (:attr:`opsched.ir.ops.OpDef.onnx`); an op without
 one, or a configuration its exporter refuses (:class:`~opsched.ops.NotExportable`), is not
 exportable and the backend runs that step with torch.
 """
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import onnx
 
 from opsched.ir import Graph, Node
-from opsched.ops import NotExportable, OnnxBuilder, op_def
-from opsched.ops.conv import export_merged
-from opsched.ops.onnx_builder import ONNX_DTYPES
+from opsched.ir.ops import NotExportable, op_def
+from opsched.ir.ops.conv import export_merged
+from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OnnxBuilder
 from opsched.runtime.plan import step_label
 
 __all__ = ["export_segment", "exportable"]

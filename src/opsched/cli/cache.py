@@ -11,16 +11,22 @@ from opsched.cli.table import format_table
 
 @subcommand("cache", "inspect or manage the profile store of stage measurements")
 def _setup(p: argparse.ArgumentParser) -> Handler:
-    p.add_argument("action", choices=["status", "clear", "export", "import"])
-    p.add_argument("file", nargs="?", help="JSON-lines file for export / import")
-    p.add_argument("--cache-dir", help="the cache directory (default: $OPSCHED_CACHE_DIR or the user cache)")
-    p.add_argument("--json", action="store_true", help="status as JSON")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    parsers = {
+        "status": actions.add_parser("status", help="where the store is, and what it holds"),
+        "clear": actions.add_parser("clear", help="remove every measurement"),
+        "export": actions.add_parser("export", help="write every measurement to FILE (JSON lines)"),
+        "import": actions.add_parser("import", help="merge measurements exported to FILE"),
+    }
+    for action, sub in parsers.items():
+        sub.add_argument("--cache-dir", help="the cache directory (default: $OPSCHED_CACHE_DIR or the user cache)")
+        if action in ("export", "import"):
+            sub.add_argument("file", help="a JSON-lines file")
+    parsers["status"].add_argument("--json", action="store_true", help="status as JSON")
 
     def run(args: argparse.Namespace) -> int:
-        from opsched.cost.store import ProfileStore
+        from opsched.cost import ProfileStore
 
-        if args.action in ("export", "import") and not args.file:
-            p.error(f"cache {args.action} needs a FILE")
         with ProfileStore(args.cache_dir) as store:
             if args.action == "status":
                 status = store.status()

@@ -1,4 +1,9 @@
-"""``opsched``: entry point and subcommand registry (one module per subcommand)."""
+"""``opsched``: entry point and subcommand registry (one module per subcommand).
+
+Only the chosen subcommand's arguments are built, so ``opsched --help`` and ``opsched --version``
+answer without importing torch, ONNX Runtime or matplotlib; a subcommand checks its arguments
+before it loads a model or starts any work.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,18 @@ from collections.abc import Callable, Sequence
 
 from opsched.errors import OpschedError
 
-__all__ = ["main", "subcommand", "positive_int"]
+__all__ = ["main", "subcommand", "positive_int", "subcommand_parser"]
 
 Handler = Callable[[argparse.Namespace], int]
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {}
+Setup = Callable[[argparse.ArgumentParser], Handler]
+_SUBCOMMANDS: dict[str, tuple[str, Setup]] = {}
 
 
-def subcommand(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], Handler]], None]:
+def subcommand(name: str, help: str) -> Callable[[Setup], Setup]:  # noqa: A002 (argparse's word)
     """Register ``name``: the decorated function adds its arguments and returns the handler."""
-    def deco(setup: Callable[[argparse.ArgumentParser], Handler]) -> None:
-        holder: dict[str, Handler] = {}
-
-        def configure(p: argparse.ArgumentParser) -> None:
-            holder["run"] = setup(p)
-        _SUBCOMMANDS[name] = (help, configure, lambda args: holder["run"](args))
+    def deco(setup: Setup) -> Setup:
+        _SUBCOMMANDS[name] = (help, setup)
+        return setup
     return deco
 
 
@@ -37,29 +40,50 @@ def positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from opsched.cli import cache, optimize, schedule, show, zoo  # noqa: F401  (each registers its subcommand)
+def _load_subcommands() -> None:
+    from opsched.cli import cache, optimize, schedule, show, zoo  # noqa: F401  (each registers itself)
 
-    parser = argparse.ArgumentParser(prog="opsched", description="Inter-operator scheduling for DNN inference.")
+
+def _top_parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:10s} {help_}" for name, (help_, _) in _SUBCOMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="opsched", add_help=False, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Inter-operator scheduling for DNN inference.",
+        epilog=f"commands:\n{listing}\n\n'opsched COMMAND --help' describes a command.")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_, configure, handler) in _SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
-        configure(p)
-        p.set_defaults(handler=handler)
+    parser.add_argument("command", nargs="?", metavar="COMMAND", help="one of: " + ", ".join(_SUBCOMMANDS))
     return parser
 
 
+def subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, Handler]:
+    """The parser of subcommand ``name`` (its arguments built now) and its handler."""
+    help_, setup = _SUBCOMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"opsched {name}", description=help_)
+    return parser, setup(parser)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    _load_subcommands()
+    top = _top_parser()
+    args, rest = top.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if args.version:
+        from opsched import __version__
+
+        print(f"opsched {__version__}")
+        return 0
+    if args.command is None:
+        top.print_help()
+        return 0 if args.help else 2
+    if args.command not in _SUBCOMMANDS:
+        top.error(f"no command {args.command!r}; commands: {', '.join(_SUBCOMMANDS)}")
+    parser, handler = subcommand_parser(args.command)
+    command_args = parser.parse_args(rest + (["--help"] if args.help else []))
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
                         format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
     try:
-        return int(args.handler(args))
+        return int(handler(command_args))
     except OpschedError as e:
         print(f"opsched: error: {e}", file=sys.stderr)
         return 1

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from opsched.cli.main import Handler, subcommand
-from opsched.schedule import Schedule
+
+if TYPE_CHECKING:
+    from opsched.schedule import Schedule
 
 
 @subcommand("show", "print a saved schedule; with --png, draw its timeline simulated on an analytic device")

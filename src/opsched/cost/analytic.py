@@ -52,7 +52,7 @@ from opsched.cost.base import SegmentCut
 from opsched.cost.devices import DeviceSpec, device_spec
 from opsched.cost.resources import OpDemand, ResourceModel
 from opsched.ir import Graph, Node, node_bytes, node_flops, op_schema
-from opsched.ops.conv import merged_conv
+from opsched.ir.ops.conv import merged_conv
 from opsched.schedule import Stage
 
 __all__ = ["AnalyticCostModel", "OpCost"]

@@ -49,6 +49,12 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if opset is None:
         raise MalformedModelError(f"{source}: the model imports no default-domain opset")
     name = name or model.graph.name or "onnx_model"
+    initializers = {init.name for init in model.graph.initializer}
+    real_inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    unknown = sorted(set(input_shapes or {}) - set(real_inputs))
+    if unknown:
+        raise FrontendError(f"{source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
+                            f"{', '.join(map(repr, real_inputs))}")
     _check_supported(model, opset, source)
     graph = _OnnxConverter(model.graph, opset, name, source, dict(input_shapes or {})).run().verify()
     if canonical:

@@ -8,11 +8,13 @@ callable; every such node is reported once, in one log line.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
@@ -45,6 +47,35 @@ def from_torch(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch
         graph = canonicalize(graph)
     report_opaque(graph, f"from_torch({name})")
     return graph
+
+
+def _in_place_name(name: str) -> bool:
+    """``relu_``, ``add_``: torch's spelling of an op that changes its first argument."""
+    return name.endswith("_") and not name.startswith("_")
+
+
+#: Python's augmented assignments: on a tensor, they change it in place.
+_AUGMENTED = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                        operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor})
+
+
+def _mutated(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The fx node whose tensor the call ``n`` changes in place (its first argument), if any:
+    ``x.relu_()``, ``torch.relu_(x)``, ``x += y``, ``F.hardtanh(x, inplace=True)``,
+    ``nn.ReLU(inplace=True)(x)``."""
+    first = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+    if first is None:
+        return None
+    if n.op == "call_method":
+        in_place = _in_place_name(str(n.target))
+    elif n.op == "call_function":
+        in_place = (n.target in _AUGMENTED or _in_place_name(getattr(n.target, "__name__", ""))
+                    or n.kwargs.get("inplace") is True)
+    elif n.op == "call_module":
+        in_place = getattr(gm.get_submodule(str(n.target)), "inplace", False) is True
+    else:
+        in_place = False
+    return first if in_place else None
 
 
 # --- tracing ------------------------------------------------------------------------------
@@ -106,7 +137,7 @@ def _record(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], name: str)
     rec = _Recorder(gm)
     with torch.no_grad():
         try:
-            rec.run(*inputs)
+            rec.run(*[t.clone() for t in inputs])  # an in-place op of the model must not change the caller's inputs
         except Exception as e:
             raise FrontendError(f"running {name} on the example inputs failed: {type(e).__name__}: {e}") from e
     return rec.values
@@ -129,41 +160,41 @@ class _FxConverter:
                     raise FrontendError(f"input {n.name!r} must be a tensor, got {type(v).__name__}")
                 self.env[n] = self.ctx.b.input(n.name, tuple(v.shape), tensor_type(v).dtype)
             elif n.op == "output":
-                outputs = self._flatten_output(n.args[0])
+                outputs = self._outputs(n.args[0])
             else:
                 self.env[n] = self._convert(n)
+                mutated = _mutated(n, self.gm)
+                if mutated is not None and isinstance(self.env.get(mutated), str) and isinstance(self.env[n], str):
+                    # functionalised: the op computed a new value; later readers of the tensor it
+                    # changed in place read that value (as they would have read the changed tensor)
+                    self.env[mutated] = self.env[n]
         return self.ctx.b.build(outputs)
 
-    def _flatten_output(self, arg: Any) -> list[str]:
-        if isinstance(arg, torch.fx.Node):
-            v = self.env[arg]
-            if isinstance(v, str):
-                return [v]
-            if isinstance(v, tuple):
-                return list(v)
-            raise FrontendError(f"model output {arg.name!r} is not a tensor")
-        if isinstance(arg, (list, tuple)):
-            return [x for a in arg for x in self._flatten_output(a)]
-        raise FrontendError(f"model outputs must be tensors or tuples of tensors, got {type(arg).__name__}")
+    def _outputs(self, returned: Any) -> list[str]:
+        """The graph's outputs: the tensors the model returns, in pytree order (the order
+        :class:`opsched.module.OutputStructure` numbers them in), a node's own container
+        (a split's pieces) expanded in place."""
+        out: list[str] = []
+        for leaf in pytree.tree_leaves(returned):
+            value = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
+            out.extend(v for v in pytree.tree_leaves(value) if isinstance(v, str))
+        return out
 
     def _arg(self, a: Any) -> Value:
         if isinstance(a, torch.fx.Node):
-            v = self.env[a]
-            return v
+            return self.env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(self._arg(x) for x in a)
         return a
 
     def _convert(self, n: torch.fx.Node) -> Value:
         value = self.values[n]
-        is_tensor_like = isinstance(value, torch.Tensor) or (
-            isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value))
-        if not is_tensor_like and n.op != "get_attr":
-            return value  # ints, shapes, ...: constants of this specialised graph
         if n.op == "get_attr":
             if not isinstance(value, torch.Tensor):
                 return value
             return self.ctx.add("constant", [], name=n.name, params=[self.ctx.param(str(n.target), value)])
+        if not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value)):
+            return value  # ints, shapes, dtypes, None: constants of this specialised graph
         args = [self._arg(a) for a in n.args]
         kwargs = {k: self._arg(v) for k, v in n.kwargs.items()}
         conv = self._converter_for(n)
@@ -175,48 +206,71 @@ class _FxConverter:
         return self._opaque(n)
 
     def _converter_for(self, n: torch.fx.Node) -> Converter | None:
+        """A converter for the call, its in-place form converted as its out-of-place one (the
+        value it computes is the same; :meth:`run` rebinds the tensor it changed)."""
         if n.op == "call_module":
             return MODULE_CONVERTERS.get(type(self.gm.get_submodule(str(n.target))))
         if n.op == "call_function":
-            return FUNCTION_CONVERTERS.get(n.target)
+            conv = FUNCTION_CONVERTERS.get(n.target)
+            name = getattr(n.target, "__name__", "")
+            if conv is None and _in_place_name(name) and hasattr(torch, name[:-1]):
+                conv = FUNCTION_CONVERTERS.get(getattr(torch, name[:-1]))
+            return conv
         if n.op == "call_method":
-            return METHOD_CONVERTERS.get(str(n.target))
+            name = str(n.target)
+            return METHOD_CONVERTERS.get(name[:-1] if _in_place_name(name) else name)
         return None
 
-    def _opaque(self, n: torch.fx.Node) -> str:
+    def _opaque(self, n: torch.fx.Node) -> Value:
+        """The call as opaque node(s) that run it: one for a tensor result; for a container (a
+        tuple with a None, a dict), one per tensor in it, so that every traced tensor stays a
+        graph value (none is frozen into a constant)."""
         value = self.values[n]
-        if not isinstance(value, torch.Tensor):
-            raise FrontendError(f"call {n.format_node()} has no converter and returns "
-                                f"{type(value).__name__}; an opaque call must return one tensor")
-        fn: Callable[..., Any]
+        fn, target = self._callable(n)
+        tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
+        consts = {a: self.values[a] for a in n.all_input_nodes if a not in tensor_nodes}
+        fx_args, fx_kwargs = n.args, n.kwargs
+        clone = _mutated(n, self.gm) is not None  # an in-place call works on a copy: the value is shared
+
+        def call(*tensors: torch.Tensor) -> Any:
+            env = dict(zip(tensor_nodes, (t.clone() if clone else t for t in tensors)))
+
+            def look(a: torch.fx.Node) -> Any:
+                return env[a] if a in env else consts[a]
+            return fn(*torch.fx.node.map_arg(fx_args, look), **torch.fx.node.map_arg(fx_kwargs, look))
+
+        inputs = [self.env[a] for a in tensor_nodes]
+        if isinstance(value, torch.Tensor):
+            call.__qualname__ = target
+            return self.ctx.add("opaque", inputs, name=n.name, out=tensor_type(value), fn=call, target=target)
+        leaves, spec = pytree.tree_flatten(value)
+        names: list[Any] = []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                names.append(leaf)
+                continue
+
+            def element(*tensors: torch.Tensor, i: int = i) -> torch.Tensor:
+                out: torch.Tensor = pytree.tree_leaves(call(*tensors))[i]
+                return out
+            element.__qualname__ = f"{target}[{i}]"
+            names.append(self.ctx.add("opaque", inputs, name=f"{n.name}_{i}", out=tensor_type(leaf), fn=element,
+                                      target=f"{target}[{i}]"))
+        return pytree.tree_unflatten(names, spec)
+
+    def _callable(self, n: torch.fx.Node) -> tuple[Callable[..., Any], str]:
+        """What an opaque node calls, and its name for reports."""
         if n.op == "call_module":
-            fn = self.gm.get_submodule(str(n.target))
-            target = f"{type(fn).__name__} {n.target}"
-        elif n.op == "call_method":
+            module = self.gm.get_submodule(str(n.target))
+            return module, f"{type(module).__name__} {n.target}"
+        if n.op == "call_method":
             method = str(n.target)
 
             def fn(self_: Any, *a: Any, **k: Any) -> Any:
                 return getattr(self_, method)(*a, **k)
-            target = f"Tensor.{method}"
-        else:
-            assert callable(n.target)
-            fn = n.target
-            target = getattr(fn, "__name__", str(fn))
-        tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
-        consts = {a: self.values[a] for a in n.all_input_nodes if a not in tensor_nodes}
-        fx_args, fx_kwargs = n.args, n.kwargs
-
-        def call(*tensors: torch.Tensor) -> torch.Tensor:
-            env = dict(zip(tensor_nodes, tensors))
-
-            def look(a: torch.fx.Node) -> Any:
-                return env[a] if a in env else consts[a]
-            out: torch.Tensor = fn(*torch.fx.node.map_arg(fx_args, look), **torch.fx.node.map_arg(fx_kwargs, look))
-            return out
-
-        call.__qualname__ = target
-        return self.ctx.add("opaque", [self.env[a] for a in tensor_nodes], name=n.name,
-                            out=tensor_type(value), fn=call, target=target)
+            return fn, f"Tensor.{method}"
+        assert callable(n.target)
+        return n.target, getattr(n.target, "__name__", str(n.target))
 
     # helpers for converters
     def module(self, n: torch.fx.Node, kind: type[M]) -> M:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from opsched.frontends._common import Unsupported
-from opsched.ops.activation import ACTIVATIONS
+from opsched.ir.ops.activation import ACTIVATIONS
 
 if TYPE_CHECKING:
     from opsched.frontends.torch_fx import _FxConverter

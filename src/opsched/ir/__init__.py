@@ -8,7 +8,10 @@ from opsched.ir.schema import CATEGORIES, OpSchema, node_bytes, node_flops, op_s
 from opsched.ir.types import FrozenAttrs, TensorType
 
 __all__ = [
-    "CATEGORIES", "FrozenAttrs", "Graph", "GraphBuilder", "GraphInput", "Node", "OpSchema", "TensorType",
+    "CATEGORIES", "FrozenAttrs", "Graph", "GraphBuilder", "GraphInput", "Node", "OpSchema", "TensorType", "ops",
     "group_wiring", "node_bytes", "node_flops", "node_signature", "op_schema", "random_inputs", "register_op",
     "registered_ops", "stage_key", "structural_hash", "tensor_type",
 ]
+
+# The op families register their schemas, kernels and exports: the IR always knows its ops.
+from opsched.ir import ops  # noqa: E402

@@ -2,7 +2,7 @@
 
 An op kind is a plain string (``"conv2d"``); its :class:`OpSchema` is found with
 :func:`op_schema`. The verifier, cost models and schedulers consult this one table. The schemas
-themselves are registered by the op families in :mod:`opsched.ops` (each family keeps its
+themselves are registered by the op families in :mod:`opsched.ir.ops` (each family keeps its
 schema beside its kernels and its ONNX export); importing :mod:`opsched` registers them all.
 
 Conventions: tensors are NCHW; ``out`` includes the batch dimension; FLOPs count a

@@ -1,5 +1,5 @@
 """Binding plan steps to torch kernels: what the torch backends (CPU and CUDA) and the
-reference interpreter run. Each op's kernel is its family's (:mod:`opsched.ops`); binding happens
+reference interpreter run. Each op's kernel is its family's (:mod:`opsched.ir.ops`); binding happens
 once, when an executor is prepared, so the per-call loop does no lookups or dispatch on strings."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from opsched.ir import Graph
-from opsched.ops import Kernel, torch_kernel
-from opsched.ops.conv import merged_kernel
+from opsched.ir.ops import Kernel, torch_kernel
+from opsched.ir.ops.conv import merged_kernel
 from opsched.runtime.plan import Step
 
 __all__ = ["step_kernel", "bind_step"]

@@ -12,7 +12,7 @@ import torch
 
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError
 from opsched.ir import Graph
-from opsched.ops import Kernel, torch_kernel
+from opsched.ir.ops import Kernel, torch_kernel
 
 __all__ = ["Interpreter", "run_graph", "check_inputs"]
 

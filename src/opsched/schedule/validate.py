@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from opsched._toposort import kahn
 from opsched.errors import IllegalMergeError, InvalidScheduleError, ScheduleMismatchError
 from opsched.ir import Graph
-from opsched.ops.conv import check_merge
+from opsched.ir.ops.conv import check_merge
 
 if TYPE_CHECKING:
     from opsched.schedule.types import Schedule

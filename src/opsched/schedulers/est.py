@@ -62,7 +62,7 @@ from typing import Any
 from opsched.cost import CostModel, ResourceModel, StageCoster, device_spec, resources_for
 from opsched.errors import CostModelError, ScheduleError
 from opsched.ir import Graph
-from opsched.ops.conv import merge_class
+from opsched.ir.ops.conv import merge_class
 from opsched.schedule import Schedule, Stage
 from opsched.schedulers.registry import Progress, SchedulerSpec, laned, option, positive, register
 from opsched.schedulers.simulate import Fluid

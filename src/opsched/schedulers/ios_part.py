@@ -17,7 +17,7 @@ from typing import Any
 
 from opsched._toposort import bits
 from opsched.cost import SegmentCut, StageCoster
-from opsched.ops.conv import merge_class
+from opsched.ir.ops.conv import merge_class
 from opsched.schedule import Stage
 from opsched.schedulers.endings import parallel_endings
 from opsched.schedulers.units import UnitGraph

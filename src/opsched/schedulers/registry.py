@@ -25,13 +25,12 @@ from typing import Any, Protocol
 from opsched.cost import CostModel, StageCoster, estimate_stages
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
+from opsched.progress import Progress
 from opsched.schedule import Lane, Schedule, Stage, graph_batch
 
 __all__ = ["SchedulerSpec", "Progress", "NoOptions", "register", "spec", "scheduler_names", "make_options",
            "schedule", "staged", "laned", "option", "positive", "RENAMED"]
 
-#: ``progress(done, total, text)``: called as a long search advances.
-Progress = Callable[[int, int, str], None]
 
 
 class SchedulerFn(Protocol):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from opsched.cost import ResourceModel
 from opsched.ir import Graph
-from opsched.ops import op_def
+from opsched.ir.ops import op_def
 from opsched.schedule import Schedule
 from opsched.timeline import TraceEvent
 

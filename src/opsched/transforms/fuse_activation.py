@@ -7,7 +7,7 @@ kernel then does both, and the scheduler sees one operator (as IOS's Conv-ReLU u
 from __future__ import annotations
 
 from opsched.ir import Graph, Node
-from opsched.ops.activation import ACTIVATIONS
+from opsched.ir.ops.activation import ACTIVATIONS
 from opsched.transforms._rewrite import rename_uses, use_counts
 
 __all__ = ["fuse_activation"]

@@ -15,7 +15,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from opsched.ir import Graph, Node
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops.registry import NotExportable
 
 __all__ = ["NotExportable", "OnnxBuilder", "ONNX_DTYPES", "OPSET"]
 
@@ -27,11 +29,6 @@ ONNX_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorPr
                                "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64,
                                "int32": TensorProto.INT32, "bool": TensorProto.BOOL,
                                "bfloat16": TensorProto.BFLOAT16}
-
-
-class NotExportable(Exception):
-    """An op's configuration that its ONNX export cannot express (internal signal: the step
-    then runs with torch)."""
 
 
 class OnnxBuilder:

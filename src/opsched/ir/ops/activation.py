@@ -11,21 +11,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsched.ir import Graph, Node, OpSchema
-from opsched.ops._common import per_element, same
-from opsched.ops.onnx_builder import OnnxBuilder
-from opsched.ops.registry import Kernel, OpDef, register
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops._common import per_element, same
+from opsched.ir.ops.registry import Kernel, OpDef, register
+from opsched.ir.schema import OpSchema
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__ = ["Activation", "ACTIVATIONS", "activation", "apply_activation", "export_activation"]
 
-OnnxForm = Callable[[OnnxBuilder, str, str, Node], str]
+OnnxForm = Callable[["OnnxBuilder", str, str, Node], str]
 
 
 def _const(b: OnnxBuilder, value: float, like: Node, hint: str) -> str:

@@ -4,11 +4,17 @@ not convert: it still runs, with torch, but cannot be merged, exported or priced
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
-from opsched.ops._common import fail, zero_flops
-from opsched.ops.onnx_builder import OnnxBuilder
-from opsched.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops._common import fail, zero_flops
+from opsched.ir.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.schema import OpSchema
+from opsched.ir.types import FrozenAttrs, TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__: list[str] = []
 

@@ -16,17 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from opsched.errors import IllegalMergeError
-from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
-from opsched.ops._common import fail, pair, window
-from opsched.ops.activation import ACTIVATIONS, apply_activation, export_activation
-from opsched.ops.onnx_builder import OnnxBuilder
-from opsched.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops._common import fail, pair, window
+from opsched.ir.ops.activation import ACTIVATIONS, apply_activation, export_activation
+from opsched.ir.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.schema import OpSchema
+from opsched.ir.types import FrozenAttrs, TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__ = ["MergedConv", "conv_output_hw", "merge_class", "check_merge", "merged_conv", "merged_parameters",
            "merged_kernel", "export_merged"]

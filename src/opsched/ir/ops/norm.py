@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 
-from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
-from opsched.ops._common import fail, per_element
-from opsched.ops.onnx_builder import OnnxBuilder
-from opsched.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops._common import fail, per_element
+from opsched.ir.ops.registry import Kernel, OpDef, params, register
+from opsched.ir.schema import OpSchema
+from opsched.ir.types import FrozenAttrs, TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__: list[str] = []
 

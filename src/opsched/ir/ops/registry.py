@@ -1,6 +1,6 @@
 """The op table: per op kind, its schema, its torch kernel and its ONNX export, in one record.
 
-Each family module (:mod:`opsched.ops.conv`, :mod:`opsched.ops.activation`, ...) registers its
+Each family module (:mod:`opsched.ir.ops.conv`, :mod:`opsched.ir.ops.activation`, ...) registers its
 ops with :func:`register`, which also registers the schema with the IR
 (:func:`opsched.ir.register_op`). Backends find what they run here: the torch backends (CPU
 and CUDA) and the reference interpreter bind :attr:`OpDef.torch`; the ONNX Runtime backend
@@ -17,20 +17,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opsched.errors import ExecutionError, UnknownOpError
-from opsched.ir import Graph, Node, OpSchema, register_op
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.schema import OpSchema, register_op
 
 if TYPE_CHECKING:
-    from opsched.ops.onnx_builder import OnnxBuilder
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["Kernel", "KernelFactory", "OnnxExport", "OpDef", "register", "op_def", "op_defs", "torch_kernel"]
+__all__ = ["Kernel", "KernelFactory", "OnnxExport", "OpDef", "NotExportable", "register", "op_def", "op_defs",
+           "torch_kernel"]
 
 #: A node bound to its attributes and parameters: takes the input tensors, returns the output
 #: (or, for a merged convolution, one output per member).
 Kernel = Callable[..., Any]
 KernelFactory = Callable[[Graph, Node], Kernel]
-#: Adds the ONNX nodes computing a node to a builder; raises
-#: :class:`~opsched.ops.onnx_builder.NotExportable` for a configuration ONNX cannot express.
+#: Adds the ONNX nodes computing a node to a builder; raises :class:`NotExportable` for a
+#: configuration ONNX cannot express.
 OnnxExport = Callable[["OnnxBuilder", Node], None]
+
+
+class NotExportable(Exception):
+    """An op's configuration that its ONNX export cannot express (internal signal: the step
+    then runs with torch)."""
 
 
 @dataclass(frozen=True, slots=True)

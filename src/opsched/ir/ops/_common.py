@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from opsched.errors import ShapeMismatchError
-from opsched.ir import FrozenAttrs, TensorType
 from opsched.ir.schema import FlopRule
+from opsched.ir.types import FrozenAttrs, TensorType
 
 __all__ = ["fail", "pair", "window", "broadcast", "axis_of", "same", "per_element", "zero_flops", "reduce_flops"]
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from opsched.ir import FrozenAttrs, Graph, Node, OpSchema, TensorType
-from opsched.ops._common import axis_of, reduce_flops
-from opsched.ops.onnx_builder import OnnxBuilder
-from opsched.ops.registry import Kernel, OpDef, register
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops._common import axis_of, reduce_flops
+from opsched.ir.ops.registry import Kernel, OpDef, register
+from opsched.ir.schema import OpSchema
+from opsched.ir.types import FrozenAttrs, TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__: list[str] = []
 

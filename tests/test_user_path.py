@@ -1,0 +1,214 @@
+"""What a new user hits: each a small regression test of a case that went wrong, and the fixes'
+edges. Every model here is checked against eager PyTorch on fresh inputs, not only the examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import opsched
+from opsched.check import fresh_inputs
+from opsched.cli.main import main
+from opsched.errors import FrontendError, InputMismatchError, ScheduleError, UntraceableModuleError
+from opsched.testing import assert_close
+
+ANALYTIC = {"cost": "analytic", "verify": False}
+
+
+def tensors(out: object) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def equal_on_fresh_inputs(model: nn.Module, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    for xs in (inputs, fresh_inputs(inputs, seed=7)):
+        with torch.no_grad():
+            assert_close(tensors(module(*xs)), tensors(model(*xs)))
+
+
+# --- correctness ---------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """A ViT block's core: nn.MultiheadAttention returns (output, None) with need_weights=False."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.mlp = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return self.mlp(y + x)
+
+
+@pytest.mark.parametrize("scheduler", ["sequential", "ios", "est"])
+def test_a_tuple_with_a_none_stays_a_graph_value(scheduler: str) -> None:
+    """It was frozen into a constant: every other input gave the example input's output again."""
+    model, x = Attention().eval(), torch.randn(2, 5, 16)
+    module = opsched.optimize(model, x, scheduler=scheduler, **ANALYTIC)
+    equal_on_fresh_inputs(model, module, (x,))
+    opsched.optimize(model, x, cost="analytic", scheduler=scheduler)  # the end-to-end check now sees fresh inputs
+
+
+class InPlace(nn.Module):
+    """Branches that read a tensor that another op changes in place, every spelling of it."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__()
+        self.spelling = spelling
+        self.a, self.b, self.c = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        before = self.c(y)  # reads y before the change
+        if self.spelling == "module":
+            z = self.relu(y)
+        elif self.spelling == "method":
+            z = y.relu_()
+        elif self.spelling == "augmented":
+            y += 1.0
+            z = y
+        else:  # a call without a converter, in place
+            z = F.hardtanh(y, -0.5, 0.5, inplace=True)
+        after = self.b(y)  # reads y after it: eager sees the changed tensor
+        return z * 2 + after + before
+
+
+@pytest.mark.parametrize("spelling", ["module", "method", "augmented", "opaque"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_in_place_ops_on_a_shared_tensor_equal_eager(spelling: str, backend: str) -> None:
+    model, x = InPlace(spelling).eval(), torch.randn(1, 4, 8, 8)
+    for scheduler in ("sequential", "greedy", "ios", "est"):
+        module = opsched.optimize(model, x, scheduler=scheduler, backend=backend, **ANALYTIC)
+        equal_on_fresh_inputs(model, module, (x,))
+    assert_close([x], [x.clone()])
+
+
+class Dilated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(4, 8, 3, padding=2, dilation=2)
+        self.b = nn.Conv2d(4, 8, 2, padding=1, dilation=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.parametrize("scheduler", ["ios", "est"])
+def test_dilated_convolutions_whose_paddings_cannot_share_a_kernel(scheduler: str) -> None:
+    model, x = Dilated().eval(), torch.randn(1, 4, 12, 12)
+    module = opsched.optimize(model, x, scheduler=scheduler, cost="analytic")
+    assert not module.schedule.merges
+    equal_on_fresh_inputs(model, module, (x,))
+
+
+def test_optimize_leaves_the_model_in_its_mode() -> None:
+    model = Attention()
+    model.mlp.eval()  # mixed modes survive too
+    opsched.optimize(model, torch.randn(2, 5, 16), **ANALYTIC)
+    assert model.training and model.attn.training and not model.mlp.training
+
+
+class Nested(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        a, b = self.a(x), self.b(x)
+        return {"a": a, "pair": (b, [a + 1, torch.flatten(b, 1)]), "none": None, "k": 3}
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_outputs_come_back_nested_as_the_model_returns_them(verify: bool) -> None:
+    model, x = Nested().eval(), torch.randn(1, 3, 6, 6)
+    out = opsched.optimize(model, x, cost="analytic", verify=verify)(x)
+    with torch.no_grad():
+        want = model(x)
+    assert set(out) == set(want) and out["none"] is None and out["k"] == 3
+    assert isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
+    assert_close(tensors(out), tensors(want))
+
+
+# --- bad input gets a named error ----------------------------------------------------------------
+def test_bad_inputs_and_arguments_are_named() -> None:
+    model = Dilated().eval()
+    with pytest.raises(InputMismatchError, match="zero-size dimension"):
+        opsched.optimize(model, torch.randn(0, 4, 12, 12), **ANALYTIC)
+    with pytest.raises(InputMismatchError, match="on the meta device"):
+        opsched.optimize(model, torch.randn(1, 4, 12, 12, device="meta"), **ANALYTIC)
+    with pytest.raises(ScheduleError, match="a scheduler's name or a sequence of names, got None"):
+        opsched.optimize(model, torch.randn(1, 4, 12, 12), scheduler=None, **ANALYTIC)  # type: ignore[arg-type]
+    with pytest.raises(FrontendError, match="takes a torch.nn.Module, got function"):
+        opsched.optimize(lambda x: x + 1, torch.randn(2), **ANALYTIC)  # type: ignore[arg-type]
+    module = opsched.optimize(model, torch.randn(1, 4, 12, 12), **ANALYTIC)
+    with pytest.raises(InputMismatchError, match="is for inference"):
+        module(torch.randn(1, 4, 12, 12, requires_grad=True))
+    with torch.no_grad():
+        module(torch.randn(1, 4, 12, 12, requires_grad=True))
+
+
+class Branchy(nn.Module):
+    """Python control flow on a tensor's value: torch.fx cannot trace it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu() if float(x.sum()) > 0 else x.sigmoid()
+
+
+class WithBranchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.inner = nn.Conv2d(3, 3, 1), Branchy()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.conv(x)) + x
+
+
+def test_leaf_modules_reach_the_importer_through_optimize() -> None:
+    model, x = WithBranchy().eval(), torch.randn(1, 3, 4, 4)
+    with pytest.raises(UntraceableModuleError, match="leaf_modules=\\[Branchy\\]"):
+        opsched.optimize(model, x, **ANALYTIC)
+    module = opsched.optimize(model, x, cost="analytic", leaf_modules=[Branchy])
+    equal_on_fresh_inputs(model, module, (x,))
+
+
+def test_onnx_input_shapes_must_name_the_model_inputs(tmp_path: Path) -> None:
+    path = tmp_path / "d.onnx"
+    torch.onnx.export(Dilated().eval(), (torch.randn(1, 4, 12, 12),), str(path), dynamo=False, input_names=["x"])
+    with pytest.raises(FrontendError, match="input_shapes names 'y'.*inputs are 'x'"):
+        opsched.from_onnx(path, input_shapes={"y": (1, 4, 12, 12)})
+
+
+# --- the command line ----------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    heavy = "('torch', 'onnx', 'onnxruntime', 'matplotlib')"
+    probe = ("import sys; from opsched.cli.main import main; code = main(sys.argv[1:]); "
+             f"print('imported:', sorted(m for m in {heavy} if m in sys.modules)); raise SystemExit(code)")
+    return subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+
+
+def test_help_and_version_answer_without_importing_torch() -> None:
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith(f"opsched {opsched.__version__}")
+    assert "imported: []" in version.stdout
+    top = _cli("--help")
+    assert top.returncode == 0 and "optimize" in top.stdout and "imported: []" in top.stdout
+
+
+def test_arguments_are_checked_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the scheduler is checked before the (missing) model is looked for
+    assert main(["optimize", "no_such_model", "--scheduler", "iso", "--cost", "analytic"]) == 1
+    assert "no scheduler 'iso' (did you mean 'ios'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["optimize", "squeezenet1_1", "--rounds", "0"])
+    assert exit_.value.code == 2 and "expected at least 1" in capsys.readouterr().err
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)))
+    assert main(["show", str(tmp_path / "binary.json")]) == 1
+    assert "not JSON, so not a schedule" in capsys.readouterr().err
+    assert main(["cache", "export", "--cache-dir", str(tmp_path / "c"), str(tmp_path / "e.jsonl")]) == 0
+    assert "wrote 0 measurements" in capsys.readouterr().out
