@@ -106,3 +106,21 @@ def test_opara_hands_a_lane_to_one_consumer_only() -> None:
     sched = schedule(G, "opara", AnalyticCostModel("V100"))
     # a's lane goes to b; c opens lane 1; d takes b's
     assert [lane.nodes for lane in sched.lanes] == [("a", "b", "d"), ("c",)]
+
+
+@pytest.mark.parametrize("device", ["V100", "H100", "CPU2"])
+@pytest.mark.parametrize("shape", [(1, 4, 64, 64), (1, 2048, 8, 8), (8, 64, 56, 56)])
+def test_a_reduction_is_priced_by_the_input_its_threads_share(device: str, shape: tuple[int, ...]) -> None:
+    """A global average pool reads its input once, as a ReLU does, and writes less: never dearer.
+    (Priced by its output's few elements, a pool of 4 channels over 64x64 came to 1.5 ms on a V100.)"""
+    from opsched.ir import GraphBuilder
+    from opsched.schedule import Stage
+
+    b = GraphBuilder("reduce")
+    x = b.input("x", shape)
+    g = b.build([b.add("adaptive_avg_pool2d", [x], name="gap", output_size=(1, 1)),
+                 b.add("mean", [x], name="mean", dims=(2, 3)), b.add("relu", [x], name="relu")])
+    cost = AnalyticCostModel(device)
+    relu = cost.stage_latency(g, Stage((("relu",),)))
+    for reduce in ("gap", "mean"):
+        assert cost.stage_latency(g, Stage(((reduce,),))) <= relu

@@ -9,7 +9,8 @@ Per operator *i* (views and constants cost nothing):
   area_i / u_i``. Dense convolutions and GEMMs are tiled (``DeviceSpec.tile``): ``u_i =
   min(1, tiles_i / (slots * tiles_per_slot))``, so a 17x17x192 convolution at batch 1 (9 x 3
   tiles) occupies a sixth of a V100; other operators are thread-parallel: ``u_i = min(1,
-  out_elems_i / (slots * saturation))``;
+  elems_i / (slots * saturation))`` over their output elements, or their input elements for a
+  reduction (its threads share out the input);
 * ``launch``: the per-kernel issue (GPU) or dispatch (CPU) overhead.
 
 A stage whose groups run at once shares the device like a fluid: it lasts at least as long
@@ -89,16 +90,16 @@ class AnalyticCostModel:
                 f"{s.tile}x{s.tiles_per_slot}/{s.overlap}/{s.launch_us}/{s.sync_us}/{s.cut_us}/"
                 f"{sorted(s.efficiency.items())}")
 
-    def _cost(self, flops: int, nbytes: int, out_elems: int, category: str, channels: int = 0) -> OpCost:
+    def _cost(self, flops: int, nbytes: int, elems: int, category: str, channels: int = 0) -> OpCost:
         s = self.spec
         eff = s.efficiency.get(category, s.efficiency["default"])
         area = max(flops / (s.peak_gflops * 1e6 * eff), nbytes / (s.mem_gbps * 1e6))
         if category in ("conv", "gemm") and channels:
-            rows = max(out_elems // channels, 1)
+            rows = max(elems // channels, 1)
             tiles = -(-rows // s.tile[0]) * -(-channels // s.tile[1])
             u = min(1.0, tiles / s.tile_capacity)
         else:
-            u = min(1.0, max(out_elems, 1) / s.capacity)
+            u = min(1.0, max(elems, 1) / s.capacity)
         return OpCost(area, area / u, s.launch_us / 1e3)
 
     def op_cost(self, graph: Graph, node: Node) -> OpCost:
@@ -119,8 +120,10 @@ class AnalyticCostModel:
         if node.op == "conv2d" and node.attr("groups", 1) > 1:
             category = "depthwise"
         channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1]
-        return self._cost(node_flops(node, ins, params), node_bytes(node, ins, params), node.out.numel, category,
-                          channels)
+        # a reduction's threads share out its input, not its (small) output: a global average pool
+        # of 4 channels over 64x64 keeps 16,384 threads busy, not 4
+        parallel = sum(t.numel for t in ins) if category == "reduce" else node.out.numel
+        return self._cost(node_flops(node, ins, params), node_bytes(node, ins, params), parallel, category, channels)
 
     def _merged_cost(self, graph: Graph, stage: Stage) -> OpCost:
         spec = merged_conv(graph, stage.nodes)
