@@ -83,3 +83,12 @@ def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixtur
 def test_bad_model_spec_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["optimize", "no_such_model", "--cost", "analytic"]) == 1
     assert "is not a zoo model" in capsys.readouterr().err
+
+
+def test_the_options_reference_page_is_current(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/options.md is what the code says: regenerate it with ``opsched options --markdown``."""
+    from pathlib import Path
+
+    assert main(["options", "--markdown"]) == 0
+    page = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    assert capsys.readouterr().out == page.read_text(), "docs/options.md is stale: opsched options --markdown"

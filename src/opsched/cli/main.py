@@ -41,7 +41,7 @@ def positive_int(text: str) -> int:
 
 
 def _load_subcommands() -> None:
-    from opsched.cli import cache, optimize, schedule, show, zoo  # noqa: F401  (each registers itself)
+    from opsched.cli import cache, optimize, reference, schedule, show, zoo  # noqa: F401  (each registers itself)
 
 
 def _top_parser() -> argparse.ArgumentParser:

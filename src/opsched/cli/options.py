@@ -10,7 +10,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_scheduler_flags", "scheduler_values"]
+__all__ = ["add_scheduler_flags", "scheduler_values", "reference"]
 
 
 def _converter(hint: Any) -> Callable[[str], Any] | None:
@@ -52,3 +52,57 @@ def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
 def scheduler_values(args: argparse.Namespace) -> dict[str, Any]:
     """The scheduler options given on the command line (those not given keep their defaults)."""
     return {k.removeprefix("opt_"): v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
+
+
+def reference(markdown: bool = False) -> str:
+    """Every scheduler with its options (type, default, device default, meaning), every backend and
+    every analytic device preset, as text or as the Markdown of ``docs/options.md``."""
+    from opsched.backends import backend_names, get_backend
+    from opsched.cost import DEVICES
+    from opsched.schedulers import scheduler_names, spec
+
+    lines = ["# Options", "",
+             "Generated from the code by `opsched options --markdown` (`tests/test_cli.py` checks that this page "
+             "is current).", "", "## Schedulers", "",
+             "`opsched.optimize(model, x, scheduler=NAME, **options)`, `opsched.schedulers.schedule(graph, NAME, "
+             "cost, **options)`, and the flags of `opsched optimize` and `opsched schedule` (`--max-lanes 4`).", ""]
+    for name in scheduler_names():
+        s = spec(name)
+        lines += [f"### `{name}`", "", s.summary[:1].upper() + s.summary[1:] + ".", ""]
+        fields = dataclasses.fields(s.options)
+        if not fields:
+            lines += ["No options.", ""]
+            continue
+        hints = typing.get_type_hints(s.options)
+        lines += ["| option | type | default | on a CPU | meaning |", "|---|---|---|---|---|"]
+        for f in fields:
+            cpu = _cpu_default(s.defaults, f.name)
+            kind = _type_text(hints[f.name]).replace("|", "\\|")  # a bar inside a Markdown table cell
+            lines.append(f"| `{f.name}` | `{kind}` | `{f.default!r}` | {cpu} | {f.metadata.get('help', '')} |")
+        lines.append("")
+    lines += ["## Backends", "", "`backend=` of `optimize()`, `--backend` of the command line; `auto` picks the "
+              "first available for the device.", "", "| backend | device | what it is |", "|---|---|---|"]
+    for name in backend_names():
+        backend = get_backend(name)
+        doc = (type(backend).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        lines.append(f"| `{name}` | {backend.device_type} | {doc} |")
+    lines += ["", "## Analytic device presets", "", "`opsched schedule --device NAME`, "
+              "`opsched.cost.AnalyticCostModel(NAME)`.", "", "| preset | kind | peak GFLOP/s | memory GB/s | units |",
+              "|---|---|---:|---:|---:|"]
+    for name, d in DEVICES.items():
+        lines.append(f"| `{name}` | {d.kind} | {d.peak_gflops:,.0f} | {d.mem_gbps:,.0f} | {d.slots} |")
+    text = "\n".join(lines) + "\n"
+    if markdown:
+        return text
+    return text.replace("`", "").replace("\\|", "|").replace("### ", "").replace("## ", "").replace("# ", "")
+
+
+def _cpu_default(defaults: Callable[[str, int], dict[str, Any]], name: str) -> str:
+    at4, at8 = defaults("cpu", 4).get(name), defaults("cpu", 8).get(name)
+    if at4 is None:
+        return ""
+    return "the number of cores" if (at4, at8) == (4, 8) else f"`{at4!r}`"
+
+
+def _type_text(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
