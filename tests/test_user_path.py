@@ -89,6 +89,51 @@ def test_in_place_ops_on_a_shared_tensor_equal_eager(spelling: str, backend: str
     assert_close([x], [x.clone()])
 
 
+class Aliased(nn.Module):
+    """In-place changes that reach other tensors through shared memory (views, ``x += y`` on a
+    second name, ``x[i] = y``): torch.fx records none of them as eager PyTorch runs them."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.case = case
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> object:
+        a = self.conv(x)
+        if self.case == "view changed, base read":
+            a.transpose(2, 3).relu_()
+            return a + 1
+        if self.case == "base changed, earlier view read":
+            b = a[:, :2]
+            a.relu_()
+            return b * 2
+        if self.case == "second name":
+            alias = a
+            alias += 1.0
+            return a
+        if self.case == "chunks":
+            p, q = a.chunk(2, 1)
+            p.mul_(3)
+            q += 1
+            return a, p, q.sigmoid()
+        if self.case == "setitem":
+            flat = a.flatten(2)
+            a[:, :2] = 0
+            a[..., 0, :] = a[..., 1, :].sigmoid()
+            return flat.sum(-1), a
+        raise AssertionError(self.case)
+
+
+@pytest.mark.parametrize("case", ["view changed, base read", "base changed, earlier view read", "second name",
+                                  "chunks", "setitem"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_in_place_changes_through_shared_memory_equal_eager(case: str, backend: str) -> None:
+    model, x = Aliased(case).eval(), torch.randn(1, 3, 6, 6)
+    for scheduler in ("sequential", "ios"):
+        module = opsched.optimize(model, x, scheduler=scheduler, backend=backend, **ANALYTIC)
+        equal_on_fresh_inputs(model, module, (x,))
+
+
 class Dilated(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -19,6 +19,7 @@ from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
+from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
 from opsched.transforms import canonicalize
@@ -54,9 +55,19 @@ def _in_place_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
-#: Python's augmented assignments: on a tensor, they change it in place.
-_AUGMENTED = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                        operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor})
+#: Python's augmented assignments (``x += y``): on a tensor, they change it in place.
+_AUGMENTED = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+              "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv, "__imod__": operator.imod,
+              "__ipow__": operator.ipow, "__iand__": operator.iand, "__ior__": operator.ior,
+              "__ixor__": operator.ixor}
+#: Functions that change their first argument in place.
+_IN_PLACE_FUNCTIONS = frozenset({*_AUGMENTED.values(), operator.setitem})
+
+
+def _set_item(tensor: torch.Tensor, index: Any, value: Any) -> torch.Tensor:
+    """``tensor[index] = value`` as a call with a result: the changed tensor."""
+    tensor[index] = value
+    return tensor
 
 
 def _mutated(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None:
@@ -69,7 +80,7 @@ def _mutated(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None
     if n.op == "call_method":
         in_place = _in_place_name(str(n.target))
     elif n.op == "call_function":
-        in_place = (n.target in _AUGMENTED or _in_place_name(getattr(n.target, "__name__", ""))
+        in_place = (n.target in _IN_PLACE_FUNCTIONS or _in_place_name(getattr(n.target, "__name__", ""))
                     or n.kwargs.get("inplace") is True)
     elif n.op == "call_module":
         in_place = getattr(gm.get_submodule(str(n.target)), "inplace", False) is True
@@ -79,12 +90,34 @@ def _mutated(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None
 
 
 # --- tracing ------------------------------------------------------------------------------
+class _Proxy(torch.fx.Proxy):
+    """fx's proxy, plus what fx leaves out and eager PyTorch does in place: ``x += y`` (which
+    fx records as ``x = x + y``, leaving every other reader of ``x`` with the old value) and
+    ``x[i] = y`` (which fx cannot record at all)."""
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+def _augmented(function: Callable[[Any, Any], Any]) -> Callable[[_Proxy, Any], torch.fx.Proxy]:
+    def method(self: _Proxy, other: Any) -> torch.fx.Proxy:
+        return self.tracer.create_proxy("call_function", function, (self, other), {})
+    return method
+
+
+for _name, _function in _AUGMENTED.items():
+    setattr(_Proxy, _name, _augmented(_function))
+
+
 class _Tracer(torch.fx.Tracer):
     def __init__(self, leaves: tuple[type[nn.Module], ...]) -> None:
         super().__init__()
         self.leaves = leaves
         self.path: list[str] = []
         self.failed_in: str | None = None  # the innermost module being traced when tracing failed
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _Proxy(node, self)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return isinstance(m, self.leaves) or super().is_leaf_module(m, qualname)
@@ -150,6 +183,7 @@ class _FxConverter:
         self.values = values
         self.ctx = ConversionContext(name)
         self.env: dict[torch.fx.Node, Value] = {}
+        self.aliases = Aliases(gm, values, self.ctx, self._callable)
 
     def run(self) -> Graph:
         outputs: list[str] = []
@@ -159,15 +193,17 @@ class _FxConverter:
                 if not isinstance(v, torch.Tensor):
                     raise FrontendError(f"input {n.name!r} must be a tensor, got {type(v).__name__}")
                 self.env[n] = self.ctx.b.input(n.name, tuple(v.shape), tensor_type(v).dtype)
+                self.aliases.observe(n, None)
             elif n.op == "output":
                 outputs = self._outputs(n.args[0])
             else:
                 self.env[n] = self._convert(n)
                 mutated = _mutated(n, self.gm)
+                self.aliases.observe(n, mutated)
                 if mutated is not None and isinstance(self.env.get(mutated), str) and isinstance(self.env[n], str):
                     # functionalised: the op computed a new value; later readers of the tensor it
-                    # changed in place read that value (as they would have read the changed tensor)
-                    self.env[mutated] = self.env[n]
+                    # changed in place, and of every view of its memory, read new values
+                    self.aliases.rebind(n, mutated, self.env)
         return self.ctx.b.build(outputs)
 
     def _outputs(self, returned: Any) -> list[str]:
@@ -193,6 +229,8 @@ class _FxConverter:
             if not isinstance(value, torch.Tensor):
                 return value
             return self.ctx.add("constant", [], name=n.name, params=[self.ctx.param(str(n.target), value)])
+        if n.target is operator.setitem:
+            return self._opaque(n, like=self.values[n.args[0]])  # type: ignore[index]
         if not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value)):
             return value  # ints, shapes, dtypes, None: constants of this specialised graph
         args = [self._arg(a) for a in n.args]
@@ -221,11 +259,12 @@ class _FxConverter:
             return METHOD_CONVERTERS.get(name[:-1] if _in_place_name(name) else name)
         return None
 
-    def _opaque(self, n: torch.fx.Node) -> Value:
+    def _opaque(self, n: torch.fx.Node, like: Any = None) -> Value:
         """The call as opaque node(s) that run it: one for a tensor result; for a container (a
         tuple with a None, a dict), one per tensor in it, so that every traced tensor stays a
-        graph value (none is frozen into a constant)."""
-        value = self.values[n]
+        graph value (none is frozen into a constant). ``like``: the result's example, where the
+        recording has none (a ``setitem``)."""
+        value = self.values[n] if like is None else like
         fn, target = self._callable(n)
         tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
         consts = {a: self.values[a] for a in n.all_input_nodes if a not in tensor_nodes}
@@ -269,6 +308,8 @@ class _FxConverter:
             def fn(self_: Any, *a: Any, **k: Any) -> Any:
                 return getattr(self_, method)(*a, **k)
             return fn, f"Tensor.{method}"
+        if n.target is operator.setitem:
+            return _set_item, "setitem"
         assert callable(n.target)
         return n.target, getattr(n.target, "__name__", str(n.target))
 
