@@ -13,7 +13,7 @@ import torch
 
 import opsched
 from opsched.api import host_cpu_model
-from opsched.backends import Backend, CpuBackend, Executor, backend_names, get_backend, register_backend
+from opsched.backends import Backend, CpuBackend, Executor, backend_names, base, get_backend, register_backend
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, registered_ops
@@ -72,10 +72,15 @@ class SerialBackend(CpuBackend):
         return SerialExecutor(graph, plan)
 
 
-if "serial" not in backend_names():
-    register_backend(SerialBackend())
+@pytest.fixture
+def serial(monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """SerialBackend, registered for one test (the registry is the process's: other tests, the
+    options page's among them, must not see it)."""
+    monkeypatch.setattr(base, "_BACKENDS", dict(base._BACKENDS))
+    return register_backend(SerialBackend())
 
 
+@pytest.mark.usefixtures("serial")
 def test_a_backend_added_in_one_class_runs_the_whole_pipeline(tmp_path: Path) -> None:
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
     module = opsched.optimize(model, inputs, backend="serial", cache_dir=str(tmp_path), scheduler=("ios", "est"),
@@ -90,6 +95,7 @@ def test_a_backend_added_in_one_class_runs_the_whole_pipeline(tmp_path: Path) ->
     assert tags == {"cpu-serial-v4"}  # its measurements are its own
 
 
+@pytest.mark.usefixtures("serial")
 def test_backend_resolution_names_what_is_wrong() -> None:
     assert get_backend("serial").name == "serial"
     with pytest.raises(OpschedError, match="no backend 'tpu'; available: auto, .*ort.*torch"):
@@ -100,7 +106,8 @@ def test_backend_resolution_names_what_is_wrong() -> None:
         register_backend(SerialBackend())
 
 
-@pytest.mark.parametrize("name", backend_names())
+@pytest.mark.usefixtures("serial")
+@pytest.mark.parametrize("name", [*backend_names(), "serial"])
 def test_every_op_runs_on_every_backend_or_says_why_not(name: str) -> None:
     backend = get_backend(name)
     assert isinstance(backend, Backend)
@@ -110,6 +117,7 @@ def test_every_op_runs_on_every_backend_or_says_why_not(name: str) -> None:
         assert opdef.torch is not None and (opdef.onnx is not None or opdef.no_onnx)
 
 
+@pytest.mark.usefixtures("serial")
 @pytest.mark.parametrize("name", ["torch", "ort", "serial"])
 def test_executors_follow_the_protocol(name: str) -> None:
     g = random_dag(8, 4)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from _zoo import zoo_params
 
 from opsched import optimize
 from opsched.backends.cuda import CudaExecutor
@@ -36,7 +35,7 @@ def zoo() -> dict[str, Any]:
 
 
 # --- stream programs -------------------------------------------------------------------------
-@pytest.mark.parametrize("name", zoo_params())
+@pytest.mark.parametrize("name", list_models())
 @pytest.mark.parametrize("scheduler", list(SCHEDULERS))
 def test_stream_programs_of_the_zoo_are_correct(zoo: dict[str, Any], scheduler: str, name: str) -> None:
     graph = zoo[name]

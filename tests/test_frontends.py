@@ -102,6 +102,32 @@ def test_canonical_graph_folds_and_fuses() -> None:
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class UnusedBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.unused(x).sigmoid()  # computed and thrown away
+        return self.used(x)
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_a_branch_no_output_reads_is_removed(backend: str) -> None:
+    """An ONNX Runtime segment of dead nodes had no output to ask for, which ORT refuses."""
+    import opsched
+
+    model, x = UnusedBranch().eval(), torch.randn(1, 3, 6, 6)
+    assert [n.op for n in from_torch(model, x, canonical=False).nodes] == ["conv2d", "sigmoid", "conv2d"]
+    graph = from_torch(model, x)
+    assert [n.name for n in graph.nodes] == ["used"]
+    for canonical in (True, False):  # dead nodes kept: greedy gives them a lane, an ORT segment with no output
+        module = opsched.optimize_graph(from_torch(model, x, canonical=canonical), backend=backend,
+                                        scheduler="greedy", max_lanes=2, cost="analytic", check=False)
+        with torch.no_grad():
+            assert_close([module(x)], [model(x)])
+
+
 def test_wrong_number_of_example_inputs() -> None:
     with pytest.raises(FrontendError, match="takes 1 inputs .*2 example inputs"):
         from_torch(nn.ReLU(), (torch.randn(1), torch.randn(1)))

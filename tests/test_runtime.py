@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-from _zoo import zoo_params
 from torch import nn
 
 import opsched
@@ -16,7 +15,7 @@ from opsched.backends.ort import ort_available
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError, ScheduleError, ScheduleMismatchError
 from opsched.execution import RunOptions
 from opsched.ir import GraphBuilder
-from opsched.models import example_inputs, get_model
+from opsched.models import example_inputs, get_model, list_models
 from opsched.runtime.plan import lower
 from opsched.schedule import Schedule
 from opsched.schedulers import schedule
@@ -30,7 +29,7 @@ def from_torch_zoo(name: str):  # type: ignore[no-untyped-def]
 SLOW_SEARCH = {"randwire_large": 5.0, "nasnet_large": 5.0, "nasnet_mobile": 5.0}
 
 
-@pytest.fixture(scope="module", params=zoo_params())
+@pytest.fixture(scope="module", params=list_models())
 def zoo(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     name = request.param
     model, inputs = get_model(name), example_inputs(name)

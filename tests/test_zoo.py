@@ -7,18 +7,17 @@ import io
 import onnx
 import pytest
 import torch
-from _zoo import zoo_params
 
 from opsched import from_onnx, from_torch
 from opsched.errors import MalformedModelError, ModelNotFoundError
 from opsched.ir.analysis import width
-from opsched.models import example_inputs, get_model
+from opsched.models import example_inputs, get_model, list_models
 from opsched.models.randwire import RandWire, read_edge_list
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
 
 
-@pytest.fixture(scope="module", params=zoo_params())
+@pytest.fixture(scope="module", params=list_models())
 def zoo_case(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
     name = request.param
     model, inputs = get_model(name), example_inputs(name)

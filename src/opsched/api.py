@@ -176,7 +176,7 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     start = time.perf_counter()
     with _eval_mode(model):
         with torch.no_grad():
-            structure = OutputStructure.of(model(*inputs))
+            structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
         graph = from_torch(model, inputs, leaf_modules=leaf_modules)
         if structure.tensors != len(graph.outputs):
             raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
@@ -276,7 +276,7 @@ def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequenc
     inputs = _example_inputs(example_inputs)
     with _eval_mode(model):
         with torch.no_grad():
-            structure = OutputStructure.of(model(*inputs))
+            structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
         graph = place(from_torch(model, inputs, leaf_modules=leaf_modules), dev, dtype, channels_last)
     sched = Schedule.load(path).validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,

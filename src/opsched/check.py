@@ -79,7 +79,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
     for k, (which, xs) in enumerate(cases.items()):
         with torch.no_grad():
-            expected = pytree.tree_leaves(model(*xs))
+            expected = pytree.tree_leaves(model(*(t.clone() for t in xs)))  # a model may change its inputs
             actual = pytree.tree_leaves(module(*xs))
         if progress is not None:
             progress(k + 1, len(cases), which)

@@ -178,6 +178,8 @@ class _ProgramBuilder:
         outputs = set(self.plan.output_slots)
         outs = [slot for s in segment for slot in steps[s].outputs
                 if slot in outputs or self.readers.get(slot, set()) - inside]
+        if not outs:  # a segment nothing reads (a graph built with dead nodes): ORT needs one output
+            outs = [steps[segment[-1]].outputs[0]]
         model = export_segment(self.graph, [steps[s].nodes for s in segment], [names[i] for i in ins],
                                [names[o] for o in outs])
         prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")

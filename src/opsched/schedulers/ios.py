@@ -80,7 +80,8 @@ class IosOptions:
     max_lanes: int = option(8, "s: most groups in one stage (each runs on its own lane)")
     max_part_size: int = option(50, "most units in one part of the graph (larger blocks are split)")
     strategies: tuple[str, ...] = option(("parallel", "merge"), "stage strategies: parallel, merge or both")
-    budget_s: float | None = option(None, "seconds of search; then unsolved parts use greedy or sequential stages")
+    budget_s: float | None = option(60.0, "seconds of search (None: no limit); then unsolved parts use greedy or "
+                                          "sequential stages, so that a wide graph's search always ends")
     max_stage_costs: int | None = option(None, "most distinct stages priced (measurements); then as budget_s")
 
     def __post_init__(self) -> None:

@@ -5,20 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from opsched.ir import Graph
+from opsched.transforms.eliminate_dead import eliminate_dead
 from opsched.transforms.eliminate_identity import eliminate_identity
 from opsched.transforms.flatten_sums import flatten_sums
 from opsched.transforms.fold_batch_norm import fold_batch_norm
 from opsched.transforms.fuse_activation import fuse_activation
 
 __all__ = [
-    "CANONICAL_PIPELINE", "canonicalize", "eliminate_identity", "flatten_sums", "fold_batch_norm",
+    "CANONICAL_PIPELINE", "canonicalize", "eliminate_dead", "eliminate_identity", "flatten_sums", "fold_batch_norm",
     "fuse_activation",
 ]
 
 Pass = Callable[[Graph], Graph]
 
 #: Order matters: a batch norm must be folded before the ReLU after it can fuse into the conv.
-CANONICAL_PIPELINE: tuple[Pass, ...] = (eliminate_identity, fold_batch_norm, fuse_activation, flatten_sums)
+CANONICAL_PIPELINE: tuple[Pass, ...] = (eliminate_dead, eliminate_identity, fold_batch_norm, fuse_activation,
+                                        flatten_sums)
 
 
 def canonicalize(graph: Graph, passes: Sequence[Pass] = CANONICAL_PIPELINE) -> Graph:
