@@ -17,6 +17,9 @@ DTYPE_BYTES: dict[str, int] = {
     "float64": 8,
     "int64": 8,
     "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
     "bool": 1,
 }
 

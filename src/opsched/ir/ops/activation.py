@@ -79,19 +79,24 @@ class Activation:
     modules: tuple[type[nn.Module], ...] = ()
     functions: tuple[Callable[..., Any], ...] = ()
     methods: tuple[str, ...] = ()
+    aten: tuple[str, ...] = ()  # the ATen overloads torch.export records for it
 
 
 #: Every activation, by name: the only list of them.
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in (
-    Activation("relu", F.relu, 1, _simple("Relu"), (nn.ReLU,), (F.relu, torch.relu), ("relu",)),
-    Activation("relu6", F.relu6, 2, _relu6, (nn.ReLU6,), (F.relu6,)),
+    Activation("relu", F.relu, 1, _simple("Relu"), (nn.ReLU,), (F.relu, torch.relu), ("relu",),
+               ("aten::relu.default",)),
+    Activation("relu6", F.relu6, 2, _relu6, (nn.ReLU6,), (F.relu6,), (), ("aten::relu6.default",)),  # or hardtanh
     Activation("sigmoid", torch.sigmoid, 4, _simple("Sigmoid"), (nn.Sigmoid,), (torch.sigmoid, F.sigmoid),
-               ("sigmoid",)),
-    Activation("tanh", torch.tanh, 4, _simple("Tanh"), (nn.Tanh,), (torch.tanh, F.tanh), ("tanh",)),
+               ("sigmoid",), ("aten::sigmoid.default",)),
+    Activation("tanh", torch.tanh, 4, _simple("Tanh"), (nn.Tanh,), (torch.tanh, F.tanh), ("tanh",),
+               ("aten::tanh.default",)),
     Activation("gelu", F.gelu, 8, _gelu),  # nn.GELU / F.gelu carry ``approximate``: the importer maps them
-    Activation("silu", F.silu, 5, _silu, (nn.SiLU,), (F.silu,)),
-    Activation("hardswish", F.hardswish, 5, _simple("HardSwish"), (nn.Hardswish,), (F.hardswish,)),
-    Activation("hardsigmoid", F.hardsigmoid, 3, _hardsigmoid, (nn.Hardsigmoid,), (F.hardsigmoid,)),
+    Activation("silu", F.silu, 5, _silu, (nn.SiLU,), (F.silu,), (), ("aten::silu.default",)),
+    Activation("hardswish", F.hardswish, 5, _simple("HardSwish"), (nn.Hardswish,), (F.hardswish,), (),
+               ("aten::hardswish.default",)),
+    Activation("hardsigmoid", F.hardsigmoid, 3, _hardsigmoid, (nn.Hardsigmoid,), (F.hardsigmoid,), (),
+               ("aten::hardsigmoid.default",)),
 )}
 
 

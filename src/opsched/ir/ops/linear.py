@@ -11,7 +11,7 @@ from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 from opsched.ir.ops._common import fail
 from opsched.ir.ops.activation import apply_activation, export_activation
-from opsched.ir.ops.registry import Kernel, NotExportable, OpDef, params, register
+from opsched.ir.ops.registry import Kernel, OpDef, params, register
 from opsched.ir.schema import OpSchema
 from opsched.ir.types import FrozenAttrs, TensorType
 
@@ -40,11 +40,17 @@ def _kernel(graph: Graph, node: Node) -> Kernel:
 
 
 def _export(b: OnnxBuilder, n: Node) -> None:
-    if len(b.graph.types[n.inputs[0]].shape) != 2:
-        raise NotExportable("linear on a non-2-D input")
-    inputs = [n.inputs[0]] + [b.param(n, i) for i in range(len(n.params))]
+    """Gemm on a matrix; on a batch of them (a transformer's tokens), MatMul by the transposed
+    weight and Add of the bias, which ONNX Runtime fuses into one kernel."""
     act = n.attr("act", "none")
-    y = b.add("Gemm", inputs, None if act != "none" else n.name, transB=1)
+    out = None if act != "none" else n.name
+    if len(b.graph.types[n.inputs[0]].shape) == 2:
+        y = b.add("Gemm", [n.inputs[0]] + [b.param(n, i) for i in range(len(n.params))], out, transB=1)
+    else:
+        weight_t = b.init(b.graph.params[n.params[0]].t().contiguous(), f"{n.name}_wT")
+        y = b.add("MatMul", [n.inputs[0], weight_t], out if len(n.params) == 1 else None)
+        if len(n.params) > 1:
+            y = b.add("Add", [y, b.param(n, 1)], out)
     if act != "none":
         export_activation(b, y, act, n.name, n)
 

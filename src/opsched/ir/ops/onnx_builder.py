@@ -27,7 +27,8 @@ OPSET = 17
 #: The IR's dtype names as ONNX element types.
 ONNX_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                                "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64,
-                               "int32": TensorProto.INT32, "bool": TensorProto.BOOL,
+                               "int32": TensorProto.INT32, "int16": TensorProto.INT16, "int8": TensorProto.INT8,
+                               "uint8": TensorProto.UINT8, "bool": TensorProto.BOOL,
                                "bfloat16": TensorProto.BFLOAT16}
 
 

@@ -1,0 +1,252 @@
+"""Generic ATen operators: any operator ``torch.export`` records that no family of ours models.
+
+A generic node names its ATen overload (``target="aten::gelu.default"``) and its arguments as
+attributes (:func:`encode_args`): the node's inputs and parameters by position, every other
+argument (ints, floats, lists, strings, dtypes, devices) by value. Its output type comes from the
+frontend (fake-tensor propagation), its FLOPs from PyTorch's own flop counter where it has a
+rule (an ``flops`` attribute, computed at import), its bytes from the types. It runs as the
+ATen overload itself on the torch backends (CPU and CUDA, capturable in a CUDA graph), and it
+exports to ONNX through the overload's own ONNX symbolic (torch.onnx run on the one call).
+
+One op kind per category (``aten.elementwise``, ``aten.gemm``, ...), so that cost models,
+schedulers and pictures treat a generic matrix product as a matrix product; the category comes
+from the overload's tags and name (:func:`category_of`).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opsched.ir.graph import Graph
+from opsched.ir.node import Node
+from opsched.ir.ops.registry import Kernel, NotExportable, OpDef, register
+from opsched.ir.schema import OpSchema
+from opsched.ir.types import FrozenAttrs, TensorType
+
+if TYPE_CHECKING:
+    import onnx
+
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
+
+__all__ = ["GENERIC_OPS", "category_of", "encode_args", "generic_kind", "overload", "target_of"]
+
+#: Generic op kinds, by the category each is costed and drawn as.
+GENERIC_OPS: dict[str, str] = {
+    category: f"aten.{category}"
+    for category in ("conv", "gemm", "norm", "activation", "elementwise", "pool", "reduce", "data", "view")
+}
+
+_GEMM = frozenset({"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "einsum", "scaled_dot_product_attention",
+                   "_scaled_dot_product_flash_attention_for_cpu", "addbmm", "addmv", "mv", "dot"})
+_ACTIVATIONS = frozenset({"relu", "relu6", "gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid",
+                          "hardtanh", "leaky_relu", "elu", "selu", "celu", "mish", "softplus", "prelu",
+                          "log_sigmoid", "softsign", "tanhshrink", "threshold"})
+
+
+def target_of(op: torch._ops.OpOverload) -> str:
+    """``torch.ops.aten.gelu.default`` -> ``"aten::gelu.default"``."""
+    return f"{op._schema.name}.{op._schema.overload_name or 'default'}"
+
+
+@functools.cache
+def overload(target: str) -> torch._ops.OpOverload:
+    """The ATen overload a target names (:func:`target_of`'s inverse)."""
+    namespace, rest = target.split("::", 1)
+    name, _, which = rest.rpartition(".")
+    op: torch._ops.OpOverload = getattr(getattr(getattr(torch.ops, namespace), name), which)
+    return op
+
+
+def category_of(op: torch._ops.OpOverload) -> str:
+    """What an overload mostly does, from its tags and its name."""
+    name = op._schema.name.split("::")[-1].removesuffix("_")
+    if op.is_view:
+        return "view"
+    if "conv" in name:
+        return "conv"
+    if name in _GEMM:
+        return "gemm"
+    if "norm" in name:
+        return "norm"
+    if "pool" in name:
+        return "pool"
+    if name in _ACTIVATIONS:
+        return "activation"
+    if torch.Tag.pointwise in op.tags:
+        return "elementwise"
+    if torch.Tag.reduction in op.tags or name in ("softmax", "_softmax", "log_softmax", "_log_softmax", "cumsum"):
+        return "reduce"
+    return "data"
+
+
+def generic_kind(op: torch._ops.OpOverload) -> str:
+    return GENERIC_OPS[category_of(op)]
+
+
+# --- arguments as attributes ---------------------------------------------------------------------
+#: An argument, encoded: ("t", k) the node's k-th input, ("p", k) its k-th parameter,
+#: ("dtype" | "device" | "layout" | "memory_format", name), ("list", items), ("v", a scalar,
+#: a string or None).
+_ENUMS = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}
+
+
+def encode_args(value: Any, tensors: dict[int, tuple[str, int]]) -> Any:
+    """``value`` (an argument, with tensors already replaced by ``("t", k)``/``("p", k)``
+    markers through ``tensors``, keyed by ``id``) as a frozen attribute."""
+    if id(value) in tensors:
+        return tensors[id(value)]
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(encode_args(v, tensors) for v in value))
+    if isinstance(value, torch.device):
+        return ("device", str(value))
+    for tag, kind in _ENUMS.items():
+        if isinstance(value, kind):
+            return (tag, str(value).removeprefix("torch."))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("v", value)
+    raise TypeError(f"an argument of type {type(value).__name__} cannot be an attribute")
+
+
+def _decode(enc: Any, inputs: Sequence[Any], params: Sequence[Any], device: torch.device,
+            floating: torch.dtype | None) -> Any:
+    tag, value = enc
+    if tag == "t":
+        return inputs[value]
+    if tag == "p":
+        return params[value]
+    if tag == "list":
+        return [_decode(v, inputs, params, device, floating) for v in value]
+    if tag == "device":
+        return device  # wherever the graph was placed
+    if tag == "dtype":
+        dtype: torch.dtype = getattr(torch, value)
+        return floating if floating is not None and dtype.is_floating_point else dtype
+    if tag in _ENUMS:
+        return getattr(torch, value)
+    return value
+
+
+def _placement(graph: Graph, node: Node) -> tuple[torch.device, torch.dtype | None]:
+    """Where the graph runs and its floating precision: a generic node creating a tensor
+    creates it there (a graph placed in float16 computes in float16)."""
+    device = next((p.device for p in graph.params.values()), torch.device("cpu"))
+    types = [node.out, *(graph.types[v] for v in node.inputs)]
+    floating = next((getattr(torch, t.dtype) for t in types if getattr(torch, t.dtype).is_floating_point), None)
+    return device, floating
+
+
+def _bound(graph: Graph, node: Node) -> Kernel:
+    op = overload(node.attrs["target"])
+    params = [graph.params[p] for p in node.params]
+    device, floating = _placement(graph, node)
+    args_enc, kwargs_enc, index = node.attrs["args"], node.attrs["kwargs"], node.attrs.get("index")
+
+    def call(*inputs: torch.Tensor) -> Any:
+        args = [_decode(a, inputs, params, device, floating) for a in args_enc]
+        kwargs = {k: _decode(v, inputs, params, device, floating) for k, v in kwargs_enc}
+        out = op(*args, **kwargs)
+        return out if index is None else out[index]
+    call.__qualname__ = node.attrs["target"]
+    return call
+
+
+def _flops(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType], out: TensorType) -> int:
+    flops: int = attrs.get("flops", 0)
+    return flops
+
+
+# --- ONNX, through the overload's own symbolic ---------------------------------------------------
+class _OneCall(torch.nn.Module):
+    def __init__(self, call: Kernel) -> None:
+        super().__init__()
+        self.call = call
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        return self.call(*tensors)
+
+
+def _example(t: TensorType) -> torch.Tensor:
+    dtype = getattr(torch, t.dtype)
+    return torch.zeros(t.shape, dtype=dtype) if not dtype.is_floating_point else torch.rand(t.shape, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tuple[TensorType, ...],
+              params: tuple[TensorType, ...]) -> onnx.ModelProto:
+    """One call exported by torch.onnx, its parameters as model inputs after its inputs (so the
+    model is the same for every node of this signature, whatever its weights)."""
+    import onnx
+
+    from opsched.ir.ops.onnx_builder import OPSET
+
+    n_in = len(inputs)
+    op = overload(target)
+
+    def call(*tensors: torch.Tensor) -> Any:
+        ins, ps = tensors[:n_in], tensors[n_in:]
+        a = [_decode(x, ins, ps, torch.device("cpu"), None) for x in args]
+        k = {key: _decode(v, ins, ps, torch.device("cpu"), None) for key, v in kwargs}
+        out = op(*a, **k)
+        return out if index is None else out[index]
+
+    examples = tuple(_example(t) for t in (*inputs, *params))
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_OneCall(call), examples, buf,  # type: ignore[arg-type]  # a file object works
+                              dynamo=False, opset_version=OPSET,
+                              input_names=[f"in{i}" for i in range(len(examples))], output_names=["out"])
+    except Exception as e:  # noqa: BLE001 (torch.onnx's refusals come in many types)
+        raise NotExportable(f"{target}: torch.onnx has no export for it ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200]})") from e
+    model = onnx.load_model_from_string(buf.getvalue())
+    for n in model.graph.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            raise NotExportable(f"{target}: its ONNX form has a sub-graph ({n.op_type})")
+    if len(model.graph.output) != 1:
+        raise NotExportable(f"{target}: its ONNX form has {len(model.graph.output)} outputs, expected one")
+    return model
+
+
+def _export(b: OnnxBuilder, node: Node) -> None:
+    """The call's exported nodes, spliced in: its inputs and parameters renamed to the
+    segment's values, its output to the node's, everything else fresh under the step's name."""
+    from onnx import helper, numpy_helper
+
+    g = b.graph
+    model = _exported(node.attrs["target"], node.attrs["args"], node.attrs["kwargs"], node.attrs.get("index"),
+                      tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params))
+    names = {i.name: v for i, v in zip(model.graph.input, node.inputs)}
+    names.update({i.name: b.param(node, k) for k, i in enumerate(model.graph.input[len(node.inputs):])})
+    names[""] = ""  # an optional input left out
+    for init in model.graph.initializer:
+        names[init.name] = b.init(numpy_helper.to_array(init), init.name)
+    out = model.graph.output[0].name
+    computed = {v for n in model.graph.node for v in n.output}
+    if out in computed:
+        names[out] = node.name
+
+    def renamed(v: str) -> str:
+        if v not in names:
+            names[v] = b.fresh(v.rsplit("/", 1)[-1] or "v")
+        return names[v]
+
+    for n in model.graph.node:
+        made = helper.make_node(n.op_type, [renamed(v) for v in n.input], [renamed(v) for v in n.output],
+                                name=b.fresh(n.op_type), domain=n.domain or None)
+        made.attribute.extend(n.attribute)
+        b.nodes.append(made)
+    if out not in computed:  # the call gives back an input or a constant: ONNX needs a node to name it
+        b.add("Identity", [names[out]], node.name)
+
+
+for _category, _kind in GENERIC_OPS.items():
+    register(OpDef(OpSchema(_kind, _category, (0, None), None, _flops, is_view=_category == "view"), _bound,
+                   _export))
