@@ -21,6 +21,7 @@ from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, Profil
 from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
+from opsched.frontends.pytorch import Tracer
 from opsched.ir import Graph, random_inputs
 from opsched.module import OutputStructure, ScheduledModule
 from opsched.progress import Phases, phases
@@ -142,8 +143,8 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
              device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
              graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
              backend: str = "auto", cache_dir: str | None = None, verify: bool = True,
-             leaf_modules: Sequence[type[nn.Module]] = (), progress: bool | Phases | None = None,
-             **options: Any) -> ScheduledModule:
+             leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
+             progress: bool | Phases | None = None, **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that computes what
     ``model.eval()`` computes (the model itself is left in the mode it was in).
 
@@ -162,10 +163,11 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     (``graphs=False``: eagerly on the streams). ``dtype`` (``"float16"``, ``"bfloat16"``, ...)
     and ``channels_last`` place the model's weights: the returned module then behaves like
     ``model.to(device, dtype)`` and takes inputs on that device in that precision (the schedule
-    is specialised to them). ``leaf_modules`` are submodule types to keep whole rather than trace
-    into (:func:`opsched.from_torch`). The module returns outputs nested as the model's (tuples,
-    lists, dicts). ``progress``: a bar per long phase on stderr (``None``: when stderr is a
-    terminal), or a callable ``phases(name) -> progress(done, total, text)``. With ``verify`` the
+    is specialised to them). ``tracer`` (``"auto"``: torch.export, else torch.fx) and
+    ``leaf_modules`` (submodule types to keep whole) are :func:`opsched.from_torch`'s. The
+    module returns outputs nested as the model's (tuples, lists, dicts). ``progress``: a bar per
+    long phase on stderr (``None``: when stderr is a terminal), or a callable
+    ``phases(name) -> progress(done, total, text)``. With ``verify`` the
     result is checked against the model on the example inputs and on fresh random ones.
     """
     if not isinstance(model, nn.Module):
@@ -177,7 +179,7 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     with _eval_mode(model):
         with torch.no_grad():
             structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
-        graph = from_torch(model, inputs, leaf_modules=leaf_modules)
+        graph = from_torch(model, inputs, leaf_modules=leaf_modules, tracer=tracer)
         if structure.tensors != len(graph.outputs):
             raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
                                 f"{len(graph.outputs)} outputs; please report this with the model")
@@ -264,21 +266,30 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
 
 def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequence[torch.Tensor] | torch.Tensor,
          *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
-         graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = ()) -> ScheduledModule:
+         graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
+         tracer: Tracer = "auto") -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
 
     The model is imported again with ``example_inputs`` and placed as given; a schedule made for
     another model, batch size, input shape or precision is refused with
     :class:`~opsched.errors.ScheduleMismatchError`. One made on another device runs (schedules
-    travel), with a warning: it was tuned for that device.
+    travel), with a warning: it was tuned for that device. With ``tracer="auto"``, a schedule
+    saved from a torch.fx import (whose node names torch.export does not always repeat) loads too.
     """
     dev = _device(device)
     inputs = _example_inputs(example_inputs)
+    saved = Schedule.load(path)
     with _eval_mode(model):
         with torch.no_grad():
             structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
-        graph = place(from_torch(model, inputs, leaf_modules=leaf_modules), dev, dtype, channels_last)
-    sched = Schedule.load(path).validate(graph)
+        graph = place(from_torch(model, inputs, leaf_modules=leaf_modules, tracer=tracer), dev, dtype, channels_last)
+        try:
+            sched = saved.validate(graph)
+        except OpschedError:
+            if tracer != "auto" or graph.structural_hash() != saved.graph_hash:
+                raise
+            graph = place(from_torch(model, inputs, leaf_modules=leaf_modules, tracer="fx"), dev, dtype, channels_last)
+            sched = saved.validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
                              outputs=structure)
     here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""

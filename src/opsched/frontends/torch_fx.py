@@ -1,4 +1,5 @@
-"""PyTorch import: torch.fx symbolic trace, a recording run on the example inputs, converters.
+"""PyTorch import by torch.fx (the fallback of :func:`opsched.from_torch`): symbolic trace, a
+recording run on the example inputs, converters.
 
 The recording run gives every fx node its concrete value, so shapes are known and non-tensor
 values (``x.size(0)``, shape tuples) become constants of a graph specialised to the example
@@ -18,36 +19,23 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
-from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
+from opsched.frontends._common import ConversionContext, Unsupported
 from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
-from opsched.transforms import canonicalize
 
-__all__ = ["from_torch"]
+__all__ = ["fx_graph"]
 
 M = TypeVar("M", bound=nn.Module)
 
-def from_torch(module: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
-               name: str | None = None, leaf_modules: Iterable[type[nn.Module]] = (),
-               canonical: bool = True) -> Graph:
-    """Import ``module`` as a :class:`~opsched.ir.Graph` specialised to ``example_inputs``.
 
-    ``leaf_modules`` are submodule types to keep whole (opaque) instead of tracing into them:
-    the fix for a submodule with data-dependent control flow. With ``canonical`` (default),
-    batch norms are folded and activations fused (:func:`opsched.transforms.canonicalize`).
-    """
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    name = name or type(module).__name__
+def fx_graph(module: nn.Module, example_inputs: Sequence[torch.Tensor], name: str,
+             leaf_modules: Iterable[type[nn.Module]] = ()) -> Graph:
+    """``module`` traced by torch.fx, run once on ``example_inputs`` and converted (module
+    docstring); ``leaf_modules`` are submodule types kept whole (opaque)."""
     gm = _trace(module, tuple(leaf_modules))
     values = _record(gm, example_inputs, name)
-    graph = _FxConverter(gm, values, name).run()
-    graph = graph.verify()
-    if canonical:
-        graph = canonicalize(graph)
-    report_opaque(graph, f"from_torch({name})")
-    return graph
+    return _FxConverter(gm, values, name).run()
 
 
 def _in_place_name(name: str) -> bool:

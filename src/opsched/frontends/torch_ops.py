@@ -17,6 +17,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from opsched.frontends import torch_emit as emit
 from opsched.frontends._common import Unsupported
 from opsched.ir.ops.activation import ACTIVATIONS
 
@@ -54,35 +55,23 @@ def _tensor(v: Value) -> str:
 
 
 # --- module converters --------------------------------------------------------------------
+def _weights(c: _FxConverter, n: torch.fx.Node, m: nn.Conv2d | nn.Linear) -> tuple[str, str | None]:
+    weight = c.ctx.param(f"{n.target}.weight", m.weight)
+    return weight, None if m.bias is None else c.ctx.param(f"{n.target}.bias", m.bias)
+
+
 @_register(MODULE_CONVERTERS, nn.Conv2d)
 def _conv2d_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.Conv2d)
     if m.padding_mode != "zeros":
         raise Unsupported
-    if isinstance(m.padding, str):
-        if m.padding == "valid":
-            padding: tuple[int, ...] = (0, 0)
-        else:  # 'same' with stride 1; odd effective kernels only, otherwise torch pads asymmetrically
-            eff = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
-            if any(e % 2 for e in eff):
-                raise Unsupported
-            padding = tuple(e // 2 for e in eff)
-    else:
-        padding = tuple(m.padding)
-    params = [c.ctx.param(f"{n.target}.weight", m.weight)]
-    if m.bias is not None:
-        params.append(c.ctx.param(f"{n.target}.bias", m.bias))
-    return c.ctx.add("conv2d", [_tensor(args[0])], name=n.name, params=params, stride=tuple(m.stride),
-                     padding=padding, dilation=tuple(m.dilation), groups=m.groups, act="none")
+    return emit.conv2d(c.ctx, n.name, _tensor(args[0]), *_weights(c, n, m), m.stride, m.padding, m.dilation,
+                       m.groups)
 
 
 @_register(MODULE_CONVERTERS, nn.Linear)
 def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    m = c.module(n, nn.Linear)
-    params = [c.ctx.param(f"{n.target}.weight", m.weight)]
-    if m.bias is not None:
-        params.append(c.ctx.param(f"{n.target}.bias", m.bias))
-    return c.ctx.add("linear", [_tensor(args[0])], name=n.name, params=params, act="none")
+    return emit.linear(c.ctx, n.name, _tensor(args[0]), *_weights(c, n, c.module(n, nn.Linear)))
 
 
 @_register(MODULE_CONVERTERS, nn.BatchNorm2d)
@@ -95,7 +84,7 @@ def _batch_norm_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwa
     bias = m.bias if m.bias is not None else zeros
     params = [c.ctx.param(f"{n.target}.{k}", t) for k, t in
               (("weight", weight), ("bias", bias), ("running_mean", m.running_mean), ("running_var", m.running_var))]
-    return c.ctx.add("batch_norm", [_tensor(args[0])], name=n.name, params=params, eps=float(m.eps))
+    return emit.batch_norm(c.ctx, n.name, _tensor(args[0]), params, m.eps)
 
 
 def _unary(op: str) -> Converter:
@@ -121,9 +110,7 @@ def _gelu_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[
 
 
 def _gelu(c: _FxConverter, n: torch.fx.Node, x: Value, approximate: str) -> str:
-    if approximate == "none":  # the default is no attribute, so that it can fuse into its producer
-        return c.ctx.add("gelu", [_tensor(x)], name=n.name)
-    return c.ctx.add("gelu", [_tensor(x)], name=n.name, approximate=approximate)
+    return emit.gelu(c.ctx, n.name, _tensor(x), approximate)
 
 
 @_register(MODULE_CONVERTERS, nn.Dropout, nn.Dropout2d, nn.Identity)
@@ -133,18 +120,13 @@ def _passthrough(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: d
     return c.ctx.add("identity", [_tensor(args[0])], name=n.name)
 
 
-def _pool_attrs(kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
-    stride = kernel if stride in (None, ()) else stride
-    return {"kernel": kernel, "stride": stride, "padding": padding}
-
-
 @_register(MODULE_CONVERTERS, nn.MaxPool2d)
 def _max_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.MaxPool2d)
     if m.return_indices:
         raise Unsupported
-    return c.ctx.add("max_pool2d", [_tensor(args[0])], name=n.name, dilation=m.dilation,
-                     ceil_mode=m.ceil_mode, **_pool_attrs(m.kernel_size, m.stride, m.padding))
+    return emit.pool(c.ctx, "max_pool2d", n.name, _tensor(args[0]), m.kernel_size, m.stride, m.padding,
+                     ceil_mode=m.ceil_mode, dilation=m.dilation)
 
 
 @_register(MODULE_CONVERTERS, nn.AvgPool2d)
@@ -152,34 +134,31 @@ def _avg_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwarg
     m = c.module(n, nn.AvgPool2d)
     if m.divisor_override is not None:
         raise Unsupported
-    return c.ctx.add("avg_pool2d", [_tensor(args[0])], name=n.name, ceil_mode=m.ceil_mode,
-                     count_include_pad=m.count_include_pad, **_pool_attrs(m.kernel_size, m.stride, m.padding))
+    return emit.pool(c.ctx, "avg_pool2d", n.name, _tensor(args[0]), m.kernel_size, m.stride, m.padding,
+                     ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
 
 
 @_register(FUNCTION_CONVERTERS, F.max_pool2d)
 def _max_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     if _get(args, kwargs, 6, "return_indices", False):
         raise Unsupported
-    return c.ctx.add("max_pool2d", [_tensor(args[0])], name=n.name,
-                     dilation=_get(args, kwargs, 4, "dilation", 1), ceil_mode=_get(args, kwargs, 5, "ceil_mode", False),
-                     **_pool_attrs(_get(args, kwargs, 1, "kernel_size"), _get(args, kwargs, 2, "stride"),
-                                   _get(args, kwargs, 3, "padding", 0)))
+    return emit.pool(c.ctx, "max_pool2d", n.name, _tensor(args[0]), _get(args, kwargs, 1, "kernel_size"),
+                     _get(args, kwargs, 2, "stride"), _get(args, kwargs, 3, "padding", 0),
+                     ceil_mode=_get(args, kwargs, 5, "ceil_mode", False), dilation=_get(args, kwargs, 4, "dilation", 1))
 
 
 @_register(FUNCTION_CONVERTERS, F.avg_pool2d)
 def _avg_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     if _get(args, kwargs, 6, "divisor_override") is not None:
         raise Unsupported
-    return c.ctx.add("avg_pool2d", [_tensor(args[0])], name=n.name, ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
-                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True),
-                     **_pool_attrs(_get(args, kwargs, 1, "kernel_size"), _get(args, kwargs, 2, "stride"),
-                                   _get(args, kwargs, 3, "padding", 0)))
+    return emit.pool(c.ctx, "avg_pool2d", n.name, _tensor(args[0]), _get(args, kwargs, 1, "kernel_size"),
+                     _get(args, kwargs, 2, "stride"), _get(args, kwargs, 3, "padding", 0),
+                     ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
+                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True))
 
 
 def _adaptive(c: _FxConverter, n: torch.fx.Node, x: Value, size: Any) -> str:
-    if size is None or (isinstance(size, tuple) and None in size):
-        raise Unsupported
-    return c.ctx.add("adaptive_avg_pool2d", [_tensor(x)], name=n.name, output_size=size)
+    return emit.adaptive_avg_pool(c.ctx, n.name, _tensor(x), size)
 
 
 @_register(MODULE_CONVERTERS, nn.AdaptiveAvgPool2d)
@@ -266,23 +245,13 @@ def _mean(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str
 def _pad(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     if _get(args, kwargs, 2, "mode", "constant") != "constant":
         raise Unsupported
-    value = _get(args, kwargs, 3, "value", None)
-    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(_get(args, kwargs, 1, "pad")),
-                     value=float(value or 0.0))
+    return emit.pad(c.ctx, n.name, _tensor(args[0]), _get(args, kwargs, 1, "pad"), _get(args, kwargs, 3, "value"))
 
 
 @_register(MODULE_CONVERTERS, nn.ZeroPad2d, nn.ConstantPad2d)
 def _pad_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.ConstantPad2d)  # ZeroPad2d is one too
-    return c.ctx.add("pad", [_tensor(args[0])], name=n.name, pads=tuple(m.padding), value=float(m.value))
-
-
-def _chunks(c: _FxConverter, n: torch.fx.Node, x: str, sizes: list[int], dim: int) -> tuple[str, ...]:
-    outs, start = [], 0
-    for i, s in enumerate(sizes):
-        outs.append(c.ctx.add("slice", [x], name=f"{n.name}_{i}", axis=dim, start=start, end=start + s))
-        start += s
-    return tuple(outs)
+    return emit.pad(c.ctx, n.name, _tensor(args[0]), m.padding, m.value)
 
 
 @_register(FUNCTION_CONVERTERS, torch.chunk, torch.split)
@@ -290,7 +259,7 @@ def _chunks(c: _FxConverter, n: torch.fx.Node, x: str, sizes: list[int], dim: in
 def _split(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> tuple[str, ...]:
     dim = _get(args, kwargs, 2, "dim", 0)
     sizes = [int(t.shape[dim]) for t in c.values[n]]
-    return _chunks(c, n, _tensor(args[0]), sizes, dim)
+    return emit.slices(c.ctx, n.name, _tensor(args[0]), sizes, dim)
 
 
 @_register(FUNCTION_CONVERTERS, operator.getitem)

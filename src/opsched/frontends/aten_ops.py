@@ -1,0 +1,248 @@
+"""The ATen converter table: per ATen overload, a converter to one of our ops.
+
+A converter gets the conversion (:class:`~opsched.frontends.torch_export.ExportConverter`), the
+exported node, and its arguments with nodes replaced by what they hold: a value name (``str``), a
+known tensor (:class:`~opsched.frontends.torch_export.Const`), a tuple of those, or a Python
+constant. It raises :class:`~opsched.frontends._common.Unsupported` for a configuration our op
+does not model, and the call stays a generic ATen node. The attribute conventions are
+:mod:`opsched.frontends.torch_emit`'s, shared with the torch.fx importer.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from opsched.frontends import torch_emit as emit
+from opsched.frontends._common import Unsupported
+from opsched.ir.ops.activation import ACTIVATIONS
+from opsched.ir.ops.aten import overload
+
+if TYPE_CHECKING:
+    from opsched.frontends.torch_export import ExportConverter
+
+__all__ = ["ATEN_CONVERTERS", "AtenConverter", "getitem"]
+
+AtenConverter = Callable[["ExportConverter", torch.fx.Node, list[Any], dict[str, Any]], Any]
+ATEN_CONVERTERS: dict[torch._ops.OpOverload, AtenConverter] = {}
+getitem = operator.getitem
+aten = torch.ops.aten
+
+
+def _on(*ops: torch._ops.OpOverload) -> Callable[[AtenConverter], AtenConverter]:
+    def deco(fn: AtenConverter) -> AtenConverter:
+        for op in ops:
+            ATEN_CONVERTERS[op] = fn
+        return fn
+    return deco
+
+
+def _get(args: list[Any], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(key, default)
+
+
+def _tensor(v: Any) -> str:
+    if not isinstance(v, str):
+        raise Unsupported
+    return v
+
+
+def _optional(c: ExportConverter, v: Any) -> str | None:
+    return None if v is None else c.param(v)
+
+
+@_on(aten.conv2d.default, aten.conv2d.padding)
+def _conv2d(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    bias = _optional(c, _get(args, kwargs, 2, "bias"))
+    return emit.conv2d(c.ctx, c.name(n), _tensor(args[0]), c.param(args[1]), bias, _get(args, kwargs, 3, "stride", 1),
+                       _get(args, kwargs, 4, "padding", 0), _get(args, kwargs, 5, "dilation", 1),
+                       _get(args, kwargs, 6, "groups", 1))
+
+
+@_on(aten.convolution.default)
+def _convolution(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    x, weight, bias, stride, padding, dilation, transposed, _, groups = args
+    if transposed:
+        raise Unsupported
+    return emit.conv2d(c.ctx, c.name(n), _tensor(x), c.param(weight), _optional(c, bias), stride, padding, dilation,
+                       groups)
+
+
+@_on(aten.linear.default)
+def _linear(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    bias = _optional(c, _get(args, kwargs, 2, "bias"))
+    return emit.linear(c.ctx, c.name(n), _tensor(args[0]), c.param(args[1]), bias)
+
+
+def _batch_norm(c: ExportConverter, n: torch.fx.Node, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
+                eps: float) -> str:
+    from opsched.frontends.torch_export import Const
+
+    if not isinstance(mean, Const) or not isinstance(var, Const):
+        raise Unsupported  # statistics computed from the batch: not a fixed affine map
+    stem = mean.name.rsplit(".", 1)[0]
+    weight = weight if weight is not None else Const(torch.ones_like(mean.tensor), f"{stem}.weight")
+    bias = bias if bias is not None else Const(torch.zeros_like(mean.tensor), f"{stem}.bias")
+    return emit.batch_norm(c.ctx, c.name(n), _tensor(x), [c.param(t) for t in (weight, bias, mean, var)], eps)
+
+
+@_on(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_inference(c: ExportConverter, n: torch.fx.Node, args: list[Any],
+                          kwargs: dict[str, Any]) -> tuple[str | None, ...]:
+    x, weight, bias, mean, var, _, eps = args
+    return (_batch_norm(c, n, x, weight, bias, mean, var, eps), None, None)  # the statistics: generic if read
+
+
+@_on(aten.batch_norm.default)
+def _batch_norm_call(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    x, weight, bias, mean, var, training, _, eps = args[:8]
+    if training:
+        raise Unsupported
+    return _batch_norm(c, n, x, weight, bias, mean, var, eps)
+
+
+def _unary(op: str) -> AtenConverter:
+    def convert(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+        return c.ctx.add(op, [_tensor(args[0])], name=c.name(n))
+    return convert
+
+
+for _act in ACTIVATIONS.values():  # the one table of activations says how ATen spells each
+    _on(*(overload(t) for t in _act.aten))(_unary(_act.name))
+
+
+@_on(aten.hardtanh.default)
+def _hardtanh(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if (_get(args, kwargs, 1, "min_val", -1.0), _get(args, kwargs, 2, "max_val", 1.0)) != (0.0, 6.0):
+        raise Unsupported
+    return c.ctx.add("relu6", [_tensor(args[0])], name=c.name(n))
+
+
+@_on(aten.gelu.default)
+def _gelu(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return emit.gelu(c.ctx, c.name(n), _tensor(args[0]), kwargs.get("approximate", "none"))
+
+
+def _binary(op: str) -> AtenConverter:
+    def convert(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+        if kwargs.get("alpha", 1) != 1 or len(args) != 2:
+            raise Unsupported
+        return c.ctx.add(op, [c.value(args[0]), c.value(args[1])], name=c.name(n))
+    return convert
+
+
+_on(aten.add.Tensor)(_binary("add"))
+_on(aten.mul.Tensor)(_binary("mul"))
+
+
+@_on(aten.cat.default)
+def _cat(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return c.ctx.add("concat", [c.value(t) for t in args[0]], name=c.name(n), axis=_get(args, kwargs, 1, "dim", 0))
+
+
+@_on(aten.max_pool2d.default)
+def _max_pool(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return emit.pool(c.ctx, "max_pool2d", c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "stride"),
+                     _get(args, kwargs, 3, "padding", 0), ceil_mode=_get(args, kwargs, 5, "ceil_mode", False),
+                     dilation=_get(args, kwargs, 4, "dilation", 1))
+
+
+@_on(aten.max_pool2d_with_indices.default)
+def _max_pool_indices(c: ExportConverter, n: torch.fx.Node, args: list[Any],
+                      kwargs: dict[str, Any]) -> tuple[str | None, ...]:
+    return (_max_pool(c, n, args, kwargs), None)  # the indices: generic if read
+
+
+@_on(aten.avg_pool2d.default)
+def _avg_pool(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if _get(args, kwargs, 6, "divisor_override") is not None:
+        raise Unsupported
+    return emit.pool(c.ctx, "avg_pool2d", c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "stride"),
+                     _get(args, kwargs, 3, "padding", 0), ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
+                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True))
+
+
+@_on(aten.adaptive_avg_pool2d.default)
+def _adaptive(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return emit.adaptive_avg_pool(c.ctx, c.name(n), _tensor(args[0]), args[1])
+
+
+@_on(aten.mean.dim)
+def _mean(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    dims = _get(args, kwargs, 1, "dim")
+    if dims is None or _get(args, kwargs, 3, "dtype") is not None:
+        raise Unsupported
+    return c.ctx.add("mean", [_tensor(args[0])], name=c.name(n), dims=tuple(dims),
+                     keepdim=bool(_get(args, kwargs, 2, "keepdim", False)))
+
+
+@_on(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def _reshape(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return c.ctx.add("reshape", [_tensor(args[0])], name=c.name(n), shape=c.out_type(n).shape)
+
+
+@_on(aten.flatten.using_ints)
+def _flatten(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return c.ctx.add("flatten", [_tensor(args[0])], name=c.name(n), start_dim=_get(args, kwargs, 1, "start_dim", 0),
+                     end_dim=_get(args, kwargs, 2, "end_dim", -1))
+
+
+@_on(aten.slice.Tensor)
+def _slice(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    x = _tensor(args[0])
+    dim, start = _get(args, kwargs, 1, "dim", 0), _get(args, kwargs, 2, "start")
+    end, step = _get(args, kwargs, 3, "end"), _get(args, kwargs, 4, "step", 1)
+    if step <= 0:
+        raise Unsupported
+    size = c.ctx.type(x).shape[dim]
+    return c.ctx.add("slice", [x], name=c.name(n), axis=dim, start=start or 0,
+                     end=None if end is None or end >= size else end, step=step)
+
+
+@_on(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+def _split(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    dim = _get(args, kwargs, 2, "dim", 0)
+    sizes = [int(t.shape[dim]) for t in n.meta["val"]]
+    return emit.slices(c.ctx, c.name(n), _tensor(args[0]), sizes, dim)
+
+
+@_on(aten._softmax.default, aten.softmax.int)
+def _softmax(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if n.target is aten._softmax.default and args[2]:
+        raise Unsupported  # half to float
+    if n.target is aten.softmax.int and _get(args, kwargs, 2, "dtype") is not None:
+        raise Unsupported
+    return c.ctx.add("softmax", [_tensor(args[0])], name=c.name(n), axis=args[1])
+
+
+@_on(aten.constant_pad_nd.default)
+def _constant_pad(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    return emit.pad(c.ctx, c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "value", 0.0))
+
+
+@_on(aten.pad.default)
+def _pad(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if _get(args, kwargs, 2, "mode", "constant") != "constant":
+        raise Unsupported
+    return emit.pad(c.ctx, c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 3, "value"))
+
+
+@_on(aten.clone.default, aten.alias.default, aten.detach.default, aten.contiguous.default,
+     aten.lift_fresh_copy.default)
+def _same(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
+        raise Unsupported
+    return c.ctx.add("identity", [_tensor(args[0])], name=c.name(n))
+
+
+@_on(aten.dropout.default)
+def _dropout(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    if _get(args, kwargs, 2, "train", False):
+        raise Unsupported
+    return c.ctx.add("identity", [_tensor(args[0])], name=c.name(n))
