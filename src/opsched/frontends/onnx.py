@@ -11,23 +11,30 @@ exporters emit around reshapes).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
+import onnx.reference
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
 from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
-from opsched.ir import Graph
+from opsched.ir import Graph, tensor_type
+from opsched.ir.ops.onnx_builder import OPSET
+from opsched.ir.ops.onnx_node import ONNX_GENERIC_OPS, encode_proto, one_node_session, onnx_category, ort_errors
+from opsched.ir.types import FrozenAttrs, TensorType
 from opsched.transforms import canonicalize
 
 __all__ = ["from_onnx", "supported_onnx_ops"]
+
+log = logging.getLogger("opsched.frontends")
 
 def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | None = None,
               input_shapes: Mapping[str, Sequence[int]] | None = None, canonical: bool = True) -> Graph:
@@ -55,12 +62,31 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if unknown:
         raise FrontendError(f"{source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
                             f"{', '.join(map(repr, real_inputs))}")
-    _check_supported(model, opset, source)
-    graph = _OnnxConverter(model.graph, opset, name, source, dict(input_shapes or {})).run().verify()
+    model, opset = _at_our_opset(model, opset, source)
+    converter = _OnnxConverter(model, opset, name, source, dict(input_shapes or {}))
+    graph = converter.run().verify()
     if canonical:
         graph = canonicalize(graph)
     report_opaque(graph, f"from_onnx({source})")
     return graph
+
+
+def _at_our_opset(model: onnx.ModelProto, opset: int, source: str) -> tuple[onnx.ModelProto, int]:
+    """The model at the opset segments are exported at (:data:`OPSET`), by ``onnx.version_converter``:
+    older files are upgraded (an upgrade that fails is an error naming why); newer ones are
+    converted down where the converter can, and kept at their opset otherwise (their generic
+    nodes then run in sessions of their own rather than inside a segment's)."""
+    if opset == OPSET:
+        return model, opset
+    try:
+        converted = version_converter.convert_version(model, OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as e:
+        if opset > OPSET:
+            return model, opset
+        raise FrontendError(f"{source}: opset {opset} cannot be upgraded to {OPSET} by onnx.version_converter: "
+                            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
+    return converted, OPSET
 
 
 def _load(path: str) -> onnx.ModelProto:
@@ -80,35 +106,25 @@ def _load(path: str) -> onnx.ModelProto:
     return model
 
 
-def _check_supported(model: onnx.ModelProto, opset: int, source: str) -> None:
-    missing: Counter[str] = Counter()
-    examples: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            key = f"{node.domain}::{node.op_type}"
-        elif converter_for(node.op_type, opset) is None and node.op_type not in FOLDABLE:
-            key = node.op_type
-        else:
-            continue
-        missing[key] += 1
-        examples.setdefault(key, node.name or node.output[0])
-    if missing:
-        listing = "; ".join(f"{op} x{k} (e.g. node {examples[op]!r})" for op, k in sorted(missing.items()))
-        raise UnsupportedOpError(
-            f"{source}: {len(missing)} op type(s) at opset {opset} have no opsched converter: {listing}. "
-            f"Supported: {', '.join(supported_onnx_ops())}", sorted(missing))
-
-
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
+class _Failed:
+    """The value of a node that cannot be imported (reported once, with every other)."""
+
+
+_FAILED = _Failed()
+
+
 class _OnnxConverter:
-    def __init__(self, g: onnx.GraphProto, opset: int, name: str, source: str,
+    def __init__(self, model: onnx.ModelProto, opset: int, name: str, source: str,
                  input_shapes: dict[str, Sequence[int]]) -> None:
-        self.g, self.opset, self.source = g, opset, source
+        self.model, self.g, self.opset, self.source = model, model.graph, opset, source
         self.ctx = ConversionContext(name)
         self.env: dict[str, Value] = {}
         self.input_shapes = input_shapes
+        self.failures: list[tuple[onnx.NodeProto, str]] = []
+        self._opsets = {o.domain or "": o.version for o in model.opset_import}
 
     def value_name(self, onnx_name: str) -> str:
         return _SAFE.sub("_", onnx_name) or "v"
@@ -118,10 +134,15 @@ class _OnnxConverter:
             self.env[init.name] = numpy_helper.to_array(init)
         for inp in self.g.input:
             if inp.name in self.env:
-                continue  # an initializer listed as an input (old exporters)
+                continue  # an initializer listed as an input (old exporters): a constant all the same
             self.env[inp.name] = self.ctx.b.input(self.value_name(inp.name), self._input_shape(inp), _dtype(inp))
+        self.inferred = self._infer_types()
         for node in self.g.node:
             self._convert(node)
+        if self.failures:
+            listing = "; ".join(f"node {n.name or n.output[0]!r} ({_op(n)}): {why}" for n, why in self.failures)
+            raise UnsupportedOpError(f"{self.source}: {len(self.failures)} node(s) cannot be imported: {listing}",
+                                     sorted({_op(n) for n, _ in self.failures}))
         outputs = []
         for out in self.g.output:
             v = self.env[out.name]
@@ -129,6 +150,28 @@ class _OnnxConverter:
                 v = self._const_node(v, out.name)
             outputs.append(v)
         return self.ctx.b.build(outputs)
+
+    def _infer_types(self) -> dict[str, TensorType]:
+        """Every value's type that ONNX shape inference can tell, the inputs at their fixed shapes."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        for inp in model.graph.input:
+            v = self.env.get(inp.name)
+            if isinstance(v, str):
+                del inp.type.tensor_type.shape.dim[:]
+                for d in self.ctx.type(v).shape:
+                    inp.type.tensor_type.shape.dim.add().dim_value = d
+        try:
+            model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        except Exception:  # noqa: BLE001 (types then come from running each generic node once)
+            return {}
+        known = {}
+        for vi in [*model.graph.value_info, *model.graph.output]:
+            t = vi.type.tensor_type
+            dtype = _DTYPES.get(int(t.elem_type))
+            if dtype and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+                known[vi.name] = TensorType(tuple(int(d.dim_value) for d in t.shape.dim), dtype)
+        return known
 
     def _input_shape(self, inp: onnx.ValueInfoProto) -> tuple[int, ...]:
         if inp.name in self.input_shapes:
@@ -144,34 +187,104 @@ class _OnnxConverter:
 
     def _convert(self, node: onnx.NodeProto) -> None:
         ins = [self.env[i] if i else None for i in node.input]
+        if any(i is _FAILED for i in ins):  # downstream of a reported failure
+            self.env.update({o: _FAILED for o in node.output})
+            return
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
         where = f"{self.source}: node {node.name or node.output[0]!r} ({node.op_type})"
-        if node.op_type in FOLDABLE and all(i is None or isinstance(i, np.ndarray) for i in ins):
+        if _foldable(node, ins):
             try:
-                out = FOLDABLE[node.op_type](self, ins, attrs)
+                folded = self._fold(node, ins, attrs)
             except Exception as e:
                 raise FrontendError(f"{where}: constant folding failed: {e}") from e
-            self.env[node.output[0]] = out
+            self.env.update({o: np.asarray(v) for o, v in zip(node.output, folded) if o})
             return
-        if node.op_type == "Shape":
+        if node.op_type == "Shape" and not node.domain:
             x = ins[0]
             shape = np.array(x.shape if isinstance(x, np.ndarray) else self.ctx.type(self.tensor(x)).shape, np.int64)
             start, end = attrs.get("start", 0), attrs.get("end")
             self.env[node.output[0]] = shape[start:end]
             return
-        conv = converter_for(node.op_type, self.opset)
-        if conv is None:  # a foldable op reached with tensor inputs
-            raise UnsupportedOpError(f"{where}: only supported on constant inputs here", [node.op_type])
+        conv = converter_for(node.op_type, self.opset) if not node.domain else None
         self._node = node
+        if conv is not None:
+            try:
+                made = conv(self, node, ins, attrs)
+            except Unsupported as e:  # a form ours does not model: ONNX Runtime runs the node as it is
+                log.debug("%s: %s; imported as a generic ONNX node", where, e)
+            else:
+                outs = made if isinstance(made, list) else [made]
+                self.env.update(zip(node.output, outs))
+                return
+        self._generic(node, ins)
+
+    def _fold(self, node: onnx.NodeProto, ins: list[Value], attrs: dict[str, Any]) -> list[np.ndarray]:
+        """A node whose inputs are all constants, evaluated now: by our NumPy rule where there is
+        one, else by ONNX's reference implementation, else (where that fails) by ONNX Runtime."""
+        if node.op_type in FOLDABLE and not node.domain:
+            return [FOLDABLE[node.op_type](self, ins, attrs)]
+        feeds = {i: np.asarray(v) for i, v in zip(node.input, ins) if i}
+        inputs = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                  for i, v in feeds.items()]
+        one = helper.make_graph([node], "fold", inputs, [onnx.ValueInfoProto(name=o) for o in node.output if o])
+        model = helper.make_model(one, opset_imports=[helper.make_opsetid(d, v) for d, v in self._opsets.items()])
         try:
-            made = conv(self, node, ins, attrs)
-        except Unsupported as e:
-            raise UnsupportedOpError(f"{where}: this form is not supported{': ' + str(e) if str(e) else ''}",
-                                     [node.op_type]) from None
-        outs = made if isinstance(made, list) else [made]
-        for oname, v in zip(node.output, outs):
-            self.env[oname] = v
+            return list(onnx.reference.ReferenceEvaluator(model).run(None, feeds))
+        except Exception:  # noqa: BLE001 (the reference implementation has gaps; ONNX Runtime is the authority)
+            import onnxruntime
+
+            session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            return list(session.run(None, feeds))
+
+    def _generic(self, node: onnx.NodeProto, ins: list[Value]) -> None:
+        """``node`` as a generic ONNX node (:mod:`opsched.ir.ops.onnx_node`), one per output;
+        what ONNX Runtime cannot run is recorded for the error :meth:`run` raises."""
+        inputs: list[str] = []
+        params: list[str] = []
+        slots: list[tuple[Any, ...]] = []
+        for k, v in enumerate(ins):
+            if v is None:
+                slots.append(("-",))
+            elif isinstance(v, str):
+                slots.append(("t", len(inputs)))
+                inputs.append(v)
+            else:
+                slots.append(("p", len(params)))
+                params.append(self.param(np.asarray(v), f"{node.output[0]}_in{k}"))
+        base: dict[str, Any] = {"op_type": node.op_type, "domain": node.domain, "proto": encode_proto(node),
+                                "opset": self._opsets.get("", self.opset), "slots": tuple(slots)}
+        if node.domain:
+            base["domain_version"] = self._opsets.get(node.domain, 1)
+        types = [*(self.ctx.type(v) for v in inputs), *(tensor_type(self.ctx.b.params[p]) for p in params)]
+        try:
+            outs = self._generic_types(node, base, types, [self.ctx.b.params[p].numpy() for p in params])
+        except ort_errors() as e:
+            self.failures.append((node, f"ONNX Runtime cannot run it: {_first_line(e)}"))
+            self.env.update({o: _FAILED for o in node.output})
+            return
+        kind = ONNX_GENERIC_OPS[onnx_category(node.op_type)]
+        for i, (o, t) in enumerate(zip(node.output, outs)):
+            if o and t is not None:
+                self.env[o] = self.ctx.add(kind, inputs, name=self.value_name(o), params=params, out=t,
+                                           **base, index=i)
+
+    def _generic_types(self, node: onnx.NodeProto, base: dict[str, Any], types: list[TensorType],
+                       params: list[np.ndarray]) -> list[TensorType | None]:
+        """Each output's type: from shape inference, else from running the node once (on zeros
+        for its inputs, its parameters' values). ONNX Runtime must be able to run it either way:
+        its sessions are built here."""
+        values = [*(np.zeros(t.shape, t.dtype) for t in types[:len(types) - len(params)]), *params]
+        zeros = {f"in{k}": v for k, v in enumerate(values)}
+        out: list[TensorType | None] = []
+        for i, o in enumerate(node.output):
+            session = one_node_session(FrozenAttrs({**base, "index": i}), types) if o else None
+            if session is None or o in self.inferred:
+                out.append(self.inferred.get(o))
+                continue
+            (r,) = session.run(None, zeros)
+            out.append(TensorType(tuple(int(d) for d in r.shape), str(r.dtype)))
+        return out
 
     # helpers for converters
     def out_name(self, i: int = 0) -> str:
@@ -185,14 +298,14 @@ class _OnnxConverter:
         raise Unsupported("a required input is missing")
 
     def _const_node(self, arr: np.ndarray, hint: str) -> str:
-        t = torch.from_numpy(np.ascontiguousarray(arr).copy())
+        t = torch.from_numpy(np.array(arr, order="C"))
         name = self.value_name(hint)
         return self.ctx.add("constant", [], name=name, params=[self.ctx.param(name, t)])
 
     def param(self, v: Value, hint: str) -> str:
         if not isinstance(v, np.ndarray):
             raise Unsupported(f"{hint} must be a constant (an initializer)")
-        return self.ctx.param(self.value_name(hint), torch.from_numpy(np.ascontiguousarray(v).copy()))
+        return self.ctx.param(self.value_name(hint), torch.from_numpy(np.array(v, order="C")))
 
 
 _DTYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
@@ -203,3 +316,22 @@ _DTYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.F
 def _dtype(inp: onnx.ValueInfoProto) -> str:
     return _DTYPES.get(int(inp.type.tensor_type.elem_type), "float32")
 
+
+
+def _op(node: onnx.NodeProto) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _foldable(node: onnx.NodeProto, ins: list[Value]) -> bool:
+    """Computable now: a constant, or a deterministic node whose every input is a constant."""
+    if node.op_type.startswith("Random"):
+        return False
+    if node.op_type == "Constant":
+        return True
+    return bool(ins) and all(i is None or isinstance(i, np.ndarray) for i in ins) and \
+        any(isinstance(i, np.ndarray) for i in ins)

@@ -338,7 +338,10 @@ onnx_converter("AveragePool")(_pool("avg_pool2d"))
 
 @onnx_converter("GlobalAveragePool")
 def _global_avg(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
-    return c.ctx.add("adaptive_avg_pool2d", [c.tensor(ins[0])], name=c.out_name(), output_size=(1, 1))
+    x = c.tensor(ins[0])
+    if len(c.ctx.type(x).shape) != 4:
+        raise Unsupported("only 2-D global pooling")
+    return c.ctx.add("adaptive_avg_pool2d", [x], name=c.out_name(), output_size=(1, 1))
 
 
 @onnx_converter("Flatten")

@@ -399,8 +399,8 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
         expected = [model(*(t.clone() for t in c)) for c in cases]  # a model may change its inputs
     out: list[Outcome] = []
     for frontend in frontends:
-        try:
-            source: Any = model if frontend == "torch" else _onnx_export(model, x)
+        try:  # a clone: the model may change its input, and torch.onnx runs it
+            source: Any = model if frontend == "torch" else _onnx_export(model, x.clone())
         except Exception as e:  # noqa: BLE001 (torch.onnx's own refusal: not the importer's to pass)
             out += [Outcome(seed, frontend, s, b, "unexportable", cause_of(e)) for s in schedulers for b in backends]
             continue

@@ -75,6 +75,8 @@ def _avg_export(b: OnnxBuilder, n: Node) -> None:
 
 def _adaptive_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
     (x,) = inputs
+    if len(x.shape) != 4:
+        raise fail("adaptive_avg_pool2d", f"expects an NCHW input, got {x}")
     oh, ow = pair(attrs["output_size"])
     return TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)
 
