@@ -19,6 +19,7 @@ import torch.fx
 
 from opsched.frontends import torch_emit as emit
 from opsched.frontends._common import Unsupported
+from opsched.frontends.torch_emit import arg, tensor_arg
 from opsched.ir.ops.activation import ACTIVATIONS
 from opsched.ir.ops.aten import overload
 
@@ -41,16 +42,6 @@ def _on(*ops: torch._ops.OpOverload) -> Callable[[AtenConverter], AtenConverter]
     return deco
 
 
-def _get(args: list[Any], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
-    if len(args) > i:
-        return args[i]
-    return kwargs.get(key, default)
-
-
-def _tensor(v: Any) -> str:
-    if not isinstance(v, str):
-        raise Unsupported
-    return v
 
 
 def _optional(c: ExportConverter, v: Any) -> str | None:
@@ -59,10 +50,10 @@ def _optional(c: ExportConverter, v: Any) -> str | None:
 
 @_on(aten.conv2d.default, aten.conv2d.padding)
 def _conv2d(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    bias = _optional(c, _get(args, kwargs, 2, "bias"))
-    return emit.conv2d(c.ctx, c.name(n), _tensor(args[0]), c.param(args[1]), bias, _get(args, kwargs, 3, "stride", 1),
-                       _get(args, kwargs, 4, "padding", 0), _get(args, kwargs, 5, "dilation", 1),
-                       _get(args, kwargs, 6, "groups", 1))
+    bias = _optional(c, arg(args, kwargs, 2, "bias"))
+    return emit.conv2d(c.ctx, c.name(n), tensor_arg(args[0]), c.param(args[1]), bias, arg(args, kwargs, 3, "stride", 1),
+                       arg(args, kwargs, 4, "padding", 0), arg(args, kwargs, 5, "dilation", 1),
+                       arg(args, kwargs, 6, "groups", 1))
 
 
 @_on(aten.convolution.default)
@@ -70,14 +61,14 @@ def _convolution(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: 
     x, weight, bias, stride, padding, dilation, transposed, _, groups = args
     if transposed:
         raise Unsupported
-    return emit.conv2d(c.ctx, c.name(n), _tensor(x), c.param(weight), _optional(c, bias), stride, padding, dilation,
+    return emit.conv2d(c.ctx, c.name(n), tensor_arg(x), c.param(weight), _optional(c, bias), stride, padding, dilation,
                        groups)
 
 
 @_on(aten.linear.default)
 def _linear(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    bias = _optional(c, _get(args, kwargs, 2, "bias"))
-    return emit.linear(c.ctx, c.name(n), _tensor(args[0]), c.param(args[1]), bias)
+    bias = _optional(c, arg(args, kwargs, 2, "bias"))
+    return emit.linear(c.ctx, c.name(n), tensor_arg(args[0]), c.param(args[1]), bias)
 
 
 def _batch_norm(c: ExportConverter, n: torch.fx.Node, x: Any, weight: Any, bias: Any, mean: Any, var: Any,
@@ -89,7 +80,7 @@ def _batch_norm(c: ExportConverter, n: torch.fx.Node, x: Any, weight: Any, bias:
     stem = mean.name.rsplit(".", 1)[0]
     weight = weight if weight is not None else Const(torch.ones_like(mean.tensor), f"{stem}.weight")
     bias = bias if bias is not None else Const(torch.zeros_like(mean.tensor), f"{stem}.bias")
-    return emit.batch_norm(c.ctx, c.name(n), _tensor(x), [c.param(t) for t in (weight, bias, mean, var)], eps)
+    return emit.batch_norm(c.ctx, c.name(n), tensor_arg(x), [c.param(t) for t in (weight, bias, mean, var)], eps)
 
 
 @_on(aten._native_batch_norm_legit_no_training.default)
@@ -109,7 +100,7 @@ def _batch_norm_call(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwar
 
 def _unary(op: str) -> AtenConverter:
     def convert(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-        return c.ctx.add(op, [_tensor(args[0])], name=c.name(n))
+        return c.ctx.add(op, [tensor_arg(args[0])], name=c.name(n))
     return convert
 
 
@@ -119,14 +110,14 @@ for _act in ACTIVATIONS.values():  # the one table of activations says how ATen 
 
 @_on(aten.hardtanh.default)
 def _hardtanh(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    if (_get(args, kwargs, 1, "min_val", -1.0), _get(args, kwargs, 2, "max_val", 1.0)) != (0.0, 6.0):
+    if (arg(args, kwargs, 1, "min_val", -1.0), arg(args, kwargs, 2, "max_val", 1.0)) != (0.0, 6.0):
         raise Unsupported
-    return c.ctx.add("relu6", [_tensor(args[0])], name=c.name(n))
+    return c.ctx.add("relu6", [tensor_arg(args[0])], name=c.name(n))
 
 
 @_on(aten.gelu.default)
 def _gelu(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return emit.gelu(c.ctx, c.name(n), _tensor(args[0]), kwargs.get("approximate", "none"))
+    return emit.gelu(c.ctx, c.name(n), tensor_arg(args[0]), kwargs.get("approximate", "none"))
 
 
 def _binary(op: str) -> AtenConverter:
@@ -143,14 +134,14 @@ _on(aten.mul.Tensor)(_binary("mul"))
 
 @_on(aten.cat.default)
 def _cat(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return c.ctx.add("concat", [c.value(t) for t in args[0]], name=c.name(n), axis=_get(args, kwargs, 1, "dim", 0))
+    return c.ctx.add("concat", [c.value(t) for t in args[0]], name=c.name(n), axis=arg(args, kwargs, 1, "dim", 0))
 
 
 @_on(aten.max_pool2d.default)
 def _max_pool(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return emit.pool(c.ctx, "max_pool2d", c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "stride"),
-                     _get(args, kwargs, 3, "padding", 0), ceil_mode=_get(args, kwargs, 5, "ceil_mode", False),
-                     dilation=_get(args, kwargs, 4, "dilation", 1))
+    return emit.pool(c.ctx, "max_pool2d", c.name(n), tensor_arg(args[0]), args[1], arg(args, kwargs, 2, "stride"),
+                     arg(args, kwargs, 3, "padding", 0), ceil_mode=arg(args, kwargs, 5, "ceil_mode", False),
+                     dilation=arg(args, kwargs, 4, "dilation", 1))
 
 
 @_on(aten.max_pool2d_with_indices.default)
@@ -161,43 +152,43 @@ def _max_pool_indices(c: ExportConverter, n: torch.fx.Node, args: list[Any],
 
 @_on(aten.avg_pool2d.default)
 def _avg_pool(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    if _get(args, kwargs, 6, "divisor_override") is not None:
+    if arg(args, kwargs, 6, "divisor_override") is not None:
         raise Unsupported
-    return emit.pool(c.ctx, "avg_pool2d", c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "stride"),
-                     _get(args, kwargs, 3, "padding", 0), ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
-                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True))
+    return emit.pool(c.ctx, "avg_pool2d", c.name(n), tensor_arg(args[0]), args[1], arg(args, kwargs, 2, "stride"),
+                     arg(args, kwargs, 3, "padding", 0), ceil_mode=arg(args, kwargs, 4, "ceil_mode", False),
+                     count_include_pad=arg(args, kwargs, 5, "count_include_pad", True))
 
 
 @_on(aten.adaptive_avg_pool2d.default)
 def _adaptive(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return emit.adaptive_avg_pool(c.ctx, c.name(n), _tensor(args[0]), args[1])
+    return emit.adaptive_avg_pool(c.ctx, c.name(n), tensor_arg(args[0]), args[1])
 
 
 @_on(aten.mean.dim)
 def _mean(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    dims = _get(args, kwargs, 1, "dim")
-    if dims is None or _get(args, kwargs, 3, "dtype") is not None:
+    dims = arg(args, kwargs, 1, "dim")
+    if dims is None or arg(args, kwargs, 3, "dtype") is not None:
         raise Unsupported
-    return c.ctx.add("mean", [_tensor(args[0])], name=c.name(n), dims=tuple(dims),
-                     keepdim=bool(_get(args, kwargs, 2, "keepdim", False)))
+    return c.ctx.add("mean", [tensor_arg(args[0])], name=c.name(n), dims=tuple(dims),
+                     keepdim=bool(arg(args, kwargs, 2, "keepdim", False)))
 
 
 @_on(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 def _reshape(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return c.ctx.add("reshape", [_tensor(args[0])], name=c.name(n), shape=c.out_type(n).shape)
+    return c.ctx.add("reshape", [tensor_arg(args[0])], name=c.name(n), shape=c.out_type(n).shape)
 
 
 @_on(aten.flatten.using_ints)
 def _flatten(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return c.ctx.add("flatten", [_tensor(args[0])], name=c.name(n), start_dim=_get(args, kwargs, 1, "start_dim", 0),
-                     end_dim=_get(args, kwargs, 2, "end_dim", -1))
+    return c.ctx.add("flatten", [tensor_arg(args[0])], name=c.name(n), start_dim=arg(args, kwargs, 1, "start_dim", 0),
+                     end_dim=arg(args, kwargs, 2, "end_dim", -1))
 
 
 @_on(aten.slice.Tensor)
 def _slice(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    x = _tensor(args[0])
-    dim, start = _get(args, kwargs, 1, "dim", 0), _get(args, kwargs, 2, "start")
-    end, step = _get(args, kwargs, 3, "end"), _get(args, kwargs, 4, "step", 1)
+    x = tensor_arg(args[0])
+    dim, start = arg(args, kwargs, 1, "dim", 0), arg(args, kwargs, 2, "start")
+    end, step = arg(args, kwargs, 3, "end"), arg(args, kwargs, 4, "step", 1)
     if step <= 0:
         raise Unsupported
     size = c.ctx.type(x).shape[dim]
@@ -207,30 +198,30 @@ def _slice(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[s
 
 @_on(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
 def _split(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> tuple[str, ...]:
-    dim = _get(args, kwargs, 2, "dim", 0)
+    dim = arg(args, kwargs, 2, "dim", 0)
     sizes = [int(t.shape[dim]) for t in n.meta["val"]]
-    return emit.slices(c.ctx, c.name(n), _tensor(args[0]), sizes, dim)
+    return emit.slices(c.ctx, c.name(n), tensor_arg(args[0]), sizes, dim)
 
 
 @_on(aten._softmax.default, aten.softmax.int)
 def _softmax(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
     if n.target is aten._softmax.default and args[2]:
         raise Unsupported  # half to float
-    if n.target is aten.softmax.int and _get(args, kwargs, 2, "dtype") is not None:
+    if n.target is aten.softmax.int and arg(args, kwargs, 2, "dtype") is not None:
         raise Unsupported
-    return c.ctx.add("softmax", [_tensor(args[0])], name=c.name(n), axis=args[1])
+    return c.ctx.add("softmax", [tensor_arg(args[0])], name=c.name(n), axis=args[1])
 
 
 @_on(aten.constant_pad_nd.default)
 def _constant_pad(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return emit.pad(c.ctx, c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 2, "value", 0.0))
+    return emit.pad(c.ctx, c.name(n), tensor_arg(args[0]), args[1], arg(args, kwargs, 2, "value", 0.0))
 
 
 @_on(aten.pad.default)
 def _pad(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    if _get(args, kwargs, 2, "mode", "constant") != "constant":
+    if arg(args, kwargs, 2, "mode", "constant") != "constant":
         raise Unsupported
-    return emit.pad(c.ctx, c.name(n), _tensor(args[0]), args[1], _get(args, kwargs, 3, "value"))
+    return emit.pad(c.ctx, c.name(n), tensor_arg(args[0]), args[1], arg(args, kwargs, 3, "value"))
 
 
 @_on(aten.clone.default, aten.alias.default, aten.detach.default, aten.contiguous.default,
@@ -238,11 +229,11 @@ def _pad(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str
 def _same(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
     if kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
         raise Unsupported
-    return c.ctx.add("identity", [_tensor(args[0])], name=c.name(n))
+    return c.ctx.add("identity", [tensor_arg(args[0])], name=c.name(n))
 
 
 @_on(aten.dropout.default)
 def _dropout(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    if _get(args, kwargs, 2, "train", False):
+    if arg(args, kwargs, 2, "train", False):
         raise Unsupported
-    return c.ctx.add("identity", [_tensor(args[0])], name=c.name(n))
+    return c.ctx.add("identity", [tensor_arg(args[0])], name=c.name(n))

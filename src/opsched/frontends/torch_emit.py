@@ -15,7 +15,21 @@ from typing import Any
 from opsched.frontends._common import ConversionContext, Unsupported
 from opsched.ir.ops._common import pair
 
-__all__ = ["conv2d", "linear", "batch_norm", "pool", "adaptive_avg_pool", "gelu", "slices", "pad"]
+__all__ = ["arg", "tensor_arg", "conv2d", "linear", "batch_norm", "pool", "adaptive_avg_pool", "gelu", "slices", "pad"]
+
+
+def arg(args: Sequence[Any], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
+    """A call's arg ``i`` (named ``key``), positional or keyword, else ``default``."""
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(key, default)
+
+
+def tensor_arg(v: Any) -> str:
+    """``v`` as a graph value; anything else is a form the converter does not handle."""
+    if not isinstance(v, str):
+        raise Unsupported
+    return v
 
 
 def _padding(padding: Any, kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:

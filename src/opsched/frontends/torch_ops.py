@@ -19,6 +19,7 @@ from torch import nn
 
 from opsched.frontends import torch_emit as emit
 from opsched.frontends._common import Unsupported
+from opsched.frontends.torch_emit import arg, tensor_arg
 from opsched.ir.ops.activation import ACTIVATIONS
 
 if TYPE_CHECKING:
@@ -42,16 +43,6 @@ def _register(table: dict[Any, Converter], *keys: Any) -> Callable[[Converter], 
     return deco
 
 
-def _get(args: list[Value], kwargs: dict[str, Value], i: int, key: str, default: Any = None) -> Any:
-    if len(args) > i:
-        return args[i]
-    return kwargs.get(key, default)
-
-
-def _tensor(v: Value) -> str:
-    if not isinstance(v, str):
-        raise Unsupported
-    return v
 
 
 # --- module converters --------------------------------------------------------------------
@@ -65,13 +56,13 @@ def _conv2d_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs:
     m = c.module(n, nn.Conv2d)
     if m.padding_mode != "zeros":
         raise Unsupported
-    return emit.conv2d(c.ctx, n.name, _tensor(args[0]), *_weights(c, n, m), m.stride, m.padding, m.dilation,
+    return emit.conv2d(c.ctx, n.name, tensor_arg(args[0]), *_weights(c, n, m), m.stride, m.padding, m.dilation,
                        m.groups)
 
 
 @_register(MODULE_CONVERTERS, nn.Linear)
 def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return emit.linear(c.ctx, n.name, _tensor(args[0]), *_weights(c, n, c.module(n, nn.Linear)))
+    return emit.linear(c.ctx, n.name, tensor_arg(args[0]), *_weights(c, n, c.module(n, nn.Linear)))
 
 
 @_register(MODULE_CONVERTERS, nn.BatchNorm2d)
@@ -84,12 +75,12 @@ def _batch_norm_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwa
     bias = m.bias if m.bias is not None else zeros
     params = [c.ctx.param(f"{n.target}.{k}", t) for k, t in
               (("weight", weight), ("bias", bias), ("running_mean", m.running_mean), ("running_var", m.running_var))]
-    return emit.batch_norm(c.ctx, n.name, _tensor(args[0]), params, m.eps)
+    return emit.batch_norm(c.ctx, n.name, tensor_arg(args[0]), params, m.eps)
 
 
 def _unary(op: str) -> Converter:
     def convert(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-        return c.ctx.add(op, [_tensor(args[0])], name=n.name)
+        return c.ctx.add(op, [tensor_arg(args[0])], name=n.name)
     return convert
 
 
@@ -110,14 +101,14 @@ def _gelu_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[
 
 
 def _gelu(c: _FxConverter, n: torch.fx.Node, x: Value, approximate: str) -> str:
-    return emit.gelu(c.ctx, n.name, _tensor(x), approximate)
+    return emit.gelu(c.ctx, n.name, tensor_arg(x), approximate)
 
 
 @_register(MODULE_CONVERTERS, nn.Dropout, nn.Dropout2d, nn.Identity)
 @_register(FUNCTION_CONVERTERS, F.dropout)
 @_register(METHOD_CONVERTERS, "contiguous")
 def _passthrough(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return c.ctx.add("identity", [_tensor(args[0])], name=n.name)
+    return c.ctx.add("identity", [tensor_arg(args[0])], name=n.name)
 
 
 @_register(MODULE_CONVERTERS, nn.MaxPool2d)
@@ -125,7 +116,7 @@ def _max_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwarg
     m = c.module(n, nn.MaxPool2d)
     if m.return_indices:
         raise Unsupported
-    return emit.pool(c.ctx, "max_pool2d", n.name, _tensor(args[0]), m.kernel_size, m.stride, m.padding,
+    return emit.pool(c.ctx, "max_pool2d", n.name, tensor_arg(args[0]), m.kernel_size, m.stride, m.padding,
                      ceil_mode=m.ceil_mode, dilation=m.dilation)
 
 
@@ -134,31 +125,31 @@ def _avg_pool_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwarg
     m = c.module(n, nn.AvgPool2d)
     if m.divisor_override is not None:
         raise Unsupported
-    return emit.pool(c.ctx, "avg_pool2d", n.name, _tensor(args[0]), m.kernel_size, m.stride, m.padding,
+    return emit.pool(c.ctx, "avg_pool2d", n.name, tensor_arg(args[0]), m.kernel_size, m.stride, m.padding,
                      ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
 
 
 @_register(FUNCTION_CONVERTERS, F.max_pool2d)
 def _max_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    if _get(args, kwargs, 6, "return_indices", False):
+    if arg(args, kwargs, 6, "return_indices", False):
         raise Unsupported
-    return emit.pool(c.ctx, "max_pool2d", n.name, _tensor(args[0]), _get(args, kwargs, 1, "kernel_size"),
-                     _get(args, kwargs, 2, "stride"), _get(args, kwargs, 3, "padding", 0),
-                     ceil_mode=_get(args, kwargs, 5, "ceil_mode", False), dilation=_get(args, kwargs, 4, "dilation", 1))
+    return emit.pool(c.ctx, "max_pool2d", n.name, tensor_arg(args[0]), arg(args, kwargs, 1, "kernel_size"),
+                     arg(args, kwargs, 2, "stride"), arg(args, kwargs, 3, "padding", 0),
+                     ceil_mode=arg(args, kwargs, 5, "ceil_mode", False), dilation=arg(args, kwargs, 4, "dilation", 1))
 
 
 @_register(FUNCTION_CONVERTERS, F.avg_pool2d)
 def _avg_pool_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    if _get(args, kwargs, 6, "divisor_override") is not None:
+    if arg(args, kwargs, 6, "divisor_override") is not None:
         raise Unsupported
-    return emit.pool(c.ctx, "avg_pool2d", n.name, _tensor(args[0]), _get(args, kwargs, 1, "kernel_size"),
-                     _get(args, kwargs, 2, "stride"), _get(args, kwargs, 3, "padding", 0),
-                     ceil_mode=_get(args, kwargs, 4, "ceil_mode", False),
-                     count_include_pad=_get(args, kwargs, 5, "count_include_pad", True))
+    return emit.pool(c.ctx, "avg_pool2d", n.name, tensor_arg(args[0]), arg(args, kwargs, 1, "kernel_size"),
+                     arg(args, kwargs, 2, "stride"), arg(args, kwargs, 3, "padding", 0),
+                     ceil_mode=arg(args, kwargs, 4, "ceil_mode", False),
+                     count_include_pad=arg(args, kwargs, 5, "count_include_pad", True))
 
 
 def _adaptive(c: _FxConverter, n: torch.fx.Node, x: Value, size: Any) -> str:
-    return emit.adaptive_avg_pool(c.ctx, n.name, _tensor(x), size)
+    return emit.adaptive_avg_pool(c.ctx, n.name, tensor_arg(x), size)
 
 
 @_register(MODULE_CONVERTERS, nn.AdaptiveAvgPool2d)
@@ -168,26 +159,26 @@ def _adaptive_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwarg
 
 @_register(FUNCTION_CONVERTERS, F.adaptive_avg_pool2d)
 def _adaptive_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return _adaptive(c, n, args[0], _get(args, kwargs, 1, "output_size"))
+    return _adaptive(c, n, args[0], arg(args, kwargs, 1, "output_size"))
 
 
 @_register(MODULE_CONVERTERS, nn.Flatten)
 def _flatten_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.Flatten)
-    return c.ctx.add("flatten", [_tensor(args[0])], name=n.name, start_dim=m.start_dim, end_dim=m.end_dim)
+    return c.ctx.add("flatten", [tensor_arg(args[0])], name=n.name, start_dim=m.start_dim, end_dim=m.end_dim)
 
 
 @_register(FUNCTION_CONVERTERS, torch.flatten)
 @_register(METHOD_CONVERTERS, "flatten")
 def _flatten_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return c.ctx.add("flatten", [_tensor(args[0])], name=n.name, start_dim=_get(args, kwargs, 1, "start_dim", 0),
-                     end_dim=_get(args, kwargs, 2, "end_dim", -1))
+    return c.ctx.add("flatten", [tensor_arg(args[0])], name=n.name, start_dim=arg(args, kwargs, 1, "start_dim", 0),
+                     end_dim=arg(args, kwargs, 2, "end_dim", -1))
 
 
 @_register(METHOD_CONVERTERS, "view", "reshape")
 @_register(FUNCTION_CONVERTERS, torch.reshape)
 def _reshape(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    return c.ctx.add("reshape", [_tensor(args[0])], name=n.name, shape=c.out_type(n).shape)
+    return c.ctx.add("reshape", [tensor_arg(args[0])], name=n.name, shape=c.out_type(n).shape)
 
 
 @_register(MODULE_CONVERTERS, nn.Softmax)
@@ -195,16 +186,16 @@ def _softmax_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs
     dim = c.module(n, nn.Softmax).dim
     if dim is None:
         raise Unsupported
-    return c.ctx.add("softmax", [_tensor(args[0])], name=n.name, axis=dim)
+    return c.ctx.add("softmax", [tensor_arg(args[0])], name=n.name, axis=dim)
 
 
 @_register(FUNCTION_CONVERTERS, F.softmax, torch.softmax)
 @_register(METHOD_CONVERTERS, "softmax")
 def _softmax_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    dim = _get(args, kwargs, 1, "dim")
+    dim = arg(args, kwargs, 1, "dim")
     if dim is None:
         raise Unsupported
-    return c.ctx.add("softmax", [_tensor(args[0])], name=n.name, axis=dim)
+    return c.ctx.add("softmax", [tensor_arg(args[0])], name=n.name, axis=dim)
 
 
 @_register(FUNCTION_CONVERTERS, operator.add, torch.add, operator.iadd)
@@ -212,7 +203,7 @@ def _softmax_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: di
 def _add(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     if "alpha" in kwargs or len(args) != 2:
         raise Unsupported
-    return c.ctx.add("add", [_tensor(args[0]), _tensor(args[1])], name=n.name)
+    return c.ctx.add("add", [tensor_arg(args[0]), tensor_arg(args[1])], name=n.name)
 
 
 @_register(FUNCTION_CONVERTERS, operator.mul, torch.mul)
@@ -220,46 +211,46 @@ def _add(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str,
 def _mul(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     if len(args) != 2:
         raise Unsupported
-    return c.ctx.add("mul", [_tensor(args[0]), _tensor(args[1])], name=n.name)
+    return c.ctx.add("mul", [tensor_arg(args[0]), tensor_arg(args[1])], name=n.name)
 
 
 @_register(FUNCTION_CONVERTERS, torch.cat, torch.concat)
 def _cat(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    tensors = _get(args, kwargs, 0, "tensors")
-    dim = _get(args, kwargs, 1, "dim", 0)
-    return c.ctx.add("concat", [_tensor(t) for t in tensors], name=n.name, axis=dim)
+    tensors = arg(args, kwargs, 0, "tensors")
+    dim = arg(args, kwargs, 1, "dim", 0)
+    return c.ctx.add("concat", [tensor_arg(t) for t in tensors], name=n.name, axis=dim)
 
 
 @_register(FUNCTION_CONVERTERS, torch.mean)
 @_register(METHOD_CONVERTERS, "mean")
 def _mean(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    dims = _get(args, kwargs, 1, "dim")
+    dims = arg(args, kwargs, 1, "dim")
     if dims is None or "dtype" in kwargs:
         raise Unsupported
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    return c.ctx.add("mean", [_tensor(args[0])], name=n.name, dims=dims,
-                     keepdim=bool(_get(args, kwargs, 2, "keepdim", False)))
+    return c.ctx.add("mean", [tensor_arg(args[0])], name=n.name, dims=dims,
+                     keepdim=bool(arg(args, kwargs, 2, "keepdim", False)))
 
 
 @_register(FUNCTION_CONVERTERS, F.pad)
 def _pad(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
-    if _get(args, kwargs, 2, "mode", "constant") != "constant":
+    if arg(args, kwargs, 2, "mode", "constant") != "constant":
         raise Unsupported
-    return emit.pad(c.ctx, n.name, _tensor(args[0]), _get(args, kwargs, 1, "pad"), _get(args, kwargs, 3, "value"))
+    return emit.pad(c.ctx, n.name, tensor_arg(args[0]), arg(args, kwargs, 1, "pad"), arg(args, kwargs, 3, "value"))
 
 
 @_register(MODULE_CONVERTERS, nn.ZeroPad2d, nn.ConstantPad2d)
 def _pad_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.ConstantPad2d)  # ZeroPad2d is one too
-    return emit.pad(c.ctx, n.name, _tensor(args[0]), m.padding, m.value)
+    return emit.pad(c.ctx, n.name, tensor_arg(args[0]), m.padding, m.value)
 
 
 @_register(FUNCTION_CONVERTERS, torch.chunk, torch.split)
 @_register(METHOD_CONVERTERS, "chunk", "split")
 def _split(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> tuple[str, ...]:
-    dim = _get(args, kwargs, 2, "dim", 0)
+    dim = arg(args, kwargs, 2, "dim", 0)
     sizes = [int(t.shape[dim]) for t in c.values[n]]
-    return emit.slices(c.ctx, n.name, _tensor(args[0]), sizes, dim)
+    return emit.slices(c.ctx, n.name, tensor_arg(args[0]), sizes, dim)
 
 
 @_register(FUNCTION_CONVERTERS, operator.getitem)
@@ -267,7 +258,7 @@ def _getitem(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[
     obj, idx = args
     if isinstance(obj, tuple):  # an element of a split / chunk
         return obj[idx]
-    x = _tensor(obj)
+    x = tensor_arg(obj)
     index = idx if isinstance(idx, tuple) else (idx,)
     if any(not isinstance(i, slice) for i in index):
         raise Unsupported  # integer or advanced indexing changes the rank: leave it opaque
