@@ -1,0 +1,139 @@
+"""The corpus benchmark: third-party models (:mod:`opsched.testing.corpus`) on this CPU, batch 1.
+
+Per model: what the torch import made of it (operators, generic ATen nodes, opaque nodes) and
+what the ONNX import made of its ``torch.onnx`` export (operators, generic ONNX nodes, which
+exporter); the ONNX Runtime sessions of opsched's sequential plan and of ``optimize()``'s plan;
+then, interleaved in one process in a fresh order each round (:func:`opsched.timing.interleave`,
+50 ms of sleep and one untimed call before five timed ones, their median the round's sample):
+eager PyTorch, ONNX Runtime's own session of the export with its default options, opsched's
+sequential plan on the ONNX Runtime backend (the torch import's graph), and what
+``opsched.optimize`` returns with its defaults but the search budget. Ratios are medians of
+per-round ratios, > 1 where the second contender is faster.
+
+    python benchmarks/corpus.py                       # every corpus model
+    python benchmarks/corpus.py --models bert swin --rounds 21 --budget 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from _report import write  # noqa: E402
+
+import opsched  # noqa: E402
+from opsched.api import measured_cost  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
+from opsched.cost import ProfileStore  # noqa: E402
+from opsched.module import ScheduledModule  # noqa: E402
+from opsched.schedulers import schedule  # noqa: E402
+from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
+from opsched.timing import interleave  # noqa: E402
+
+
+def sessions(module: ScheduledModule) -> int:
+    """ONNX Runtime sessions the module's plan runs (from its report)."""
+    found = re.search(r"(\d+) sessions?", module.report().executor)
+    return int(found.group(1)) if found else 0
+
+
+def generic(graph: opsched.Graph, prefix: str) -> int:
+    return sum(1 for n in graph.nodes if n.op.startswith(prefix))
+
+
+def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[object], dict[str, object]]:
+    model, inputs = corpus()[name].build()
+    t = time.perf_counter()
+    graph = opsched.from_torch(model, inputs)
+    import_s = time.perf_counter() - t
+    proto, exporter = export_onnx(model, inputs)
+    onnx_graph = opsched.from_onnx(proto)
+    own = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: x.numpy() for i, x in zip(own.get_inputs(), inputs)}
+    with ProfileStore(cache_dir) as store:
+        sequential = ScheduledModule(graph, schedule(graph, "sequential", measured_cost(store=store)), backend="ort")
+    t = time.perf_counter()
+    opt = opsched.optimize(model, inputs, cache_dir=cache_dir, budget_s=budget)
+    optimize_s = time.perf_counter() - t
+    contenders = {
+        "eager": lambda: model(*inputs),
+        "ORT own session": lambda: own.run(None, feeds),
+        "opsched sequential": lambda: sequential(*inputs),
+        "optimize()": lambda: opt(*inputs),
+    }
+    with torch.no_grad():
+        times = interleave(contenders, rounds, warmup=1, settle_s=0.05, block=5)
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def ratio(slow: str, fast: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+    ratios = {"seq vs ORT": ratio("ORT own session", "opsched sequential"),
+              "optimize() vs ORT": ratio("ORT own session", "optimize()"),
+              "optimize() vs eager": ratio("eager", "optimize()")}
+    kinds = Counter(n.op for n in graph.nodes)
+    record = {"model": name, "architecture": corpus()[name].architecture, "operators": len(graph.nodes),
+              "generic_aten": generic(graph, "aten."), "opaque": kinds["opaque"], "import_s": import_s,
+              "onnx_exporter": exporter, "onnx_operators": len(onnx_graph.nodes),
+              "generic_onnx": generic(onnx_graph, "onnx."), "sessions_sequential": sessions(sequential),
+              "sessions_optimize": sessions(opt), "optimize_scheduler": opt.schedule.scheduler,
+              "median_ms": med, "ratios": ratios, "optimize_s": optimize_s}
+    row = [name, len(graph.nodes), record["generic_aten"], kinds["opaque"], f"{exporter}: {len(onnx_graph.nodes)}",
+           record["generic_onnx"], f"{sessions(sequential)} / {sessions(opt)}",
+           *(f"{med[k]:.2f}" for k in contenders), *(f"{v:.2f}" for v in ratios.values()), f"{optimize_s:.0f}"]
+    return row, record
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="*", default=list(corpus()))
+    p.add_argument("--budget", type=float, default=10.0, help="seconds of IOS search per model in optimize()")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one)")
+    p.add_argument("--name", default="corpus")
+    args = p.parse_args()
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-corpus-")
+    rows, records = [], []
+    for name in args.models:
+        row, record = run(name, args.budget, args.rounds, cache_dir)
+        rows.append(row)
+        records.append(record)
+        print(" | ".join(map(str, row)), flush=True)
+    headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
+               "ORT sessions seq / opt", "eager ms", "ORT own ms", "opsched seq ms", "optimize() ms",
+               "seq vs ORT", "optimize() vs ORT", "optimize() vs eager", "optimize s"]
+    geo = {key: math.exp(statistics.fmean(math.log(r["ratios"][key]) for r in records))  # type: ignore[index]
+           for key in ("seq vs ORT", "optimize() vs ORT", "optimize() vs eager")}
+    md = "\n".join([
+        "# The corpus: third-party models on this CPU", "",
+        "Hugging Face `transformers` models built from shrunk configs (random weights; "
+        "`opsched.testing.corpus`), batch 1. *ops*: operators of the torch import (torch.export), of which "
+        "*generic ATen* run as their ATen overload and *opaque* as Python calls; *ONNX import*: the "
+        "exporter that produced the file (torch.onnx's default dynamo exporter, else the TorchScript one) "
+        "and the operators opsched imported from it, of which *generic ONNX* run through ONNX Runtime as "
+        "they are. *ORT sessions*: ONNX Runtime sessions of opsched's sequential plan and of optimize()'s "
+        "plan (1: nothing cuts the model). Latency: medians over interleaved rounds in one process; ratios "
+        "are medians of per-round ratios, > 1 where opsched is faster. *ORT own*: ONNX Runtime's session of "
+        "the export with its default options; *opsched seq*: the sequential plan on the ONNX Runtime "
+        "backend; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
+        f"{args.budget:g} s.", "",
+        format_table(headers, rows, markdown=True), "",
+        "Geometric means: " + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items()) + "."])
+    md_path, js_path = write(args.name, md, {"rows": records, "geomean": geo, "budget_s": args.budget})
+    print(format_table(headers, rows))
+    print("geomean:", geo)
+    print(f"wrote {md_path} and {js_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Third-party models (Hugging Face ``transformers``, built from configs; :mod:`opsched.testing.corpus`)
+through both frontends: the torch import leaves nothing opaque and every scheduler x CPU backend
+equals eager; the model's ``torch.onnx`` export imports and runs equal to ONNX Runtime's own session.
+
+CI runs the models not marked slow; ``--runslow`` runs them all."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import opsched
+from opsched.api import host_cpu_model
+from opsched.testing import assert_close
+from opsched.testing.corpus import corpus, corpus_available, export_onnx
+
+pytestmark = pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+
+CORPUS = corpus() if corpus_available() else {}
+CASES = [pytest.param(name, marks=pytest.mark.slow) if entry.slow else name for name, entry in CORPUS.items()]
+SCHEDULERS = ["sequential", "greedy", "ios", "est"]
+CPU = host_cpu_model()
+
+
+@functools.cache
+def _built(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[torch.Tensor]]:
+    model, inputs = CORPUS[name].build()
+    with torch.no_grad():
+        expected = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+    return model, inputs, expected
+
+
+@functools.cache
+def _torch_graph(name: str) -> opsched.Graph:
+    model, inputs, _ = _built(name)
+    return opsched.from_torch(model, inputs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_torch_import_leaves_nothing_opaque(name: str) -> None:
+    graph = _torch_graph(name)
+    assert [n.name for n in graph.nodes if n.op == "opaque"] == []
+    assert not [n for n in graph.nodes if n.op == "constant" and not n.inputs and n.name in graph.outputs]
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("name", CASES)
+def test_every_scheduler_and_backend_equals_eager(name: str, scheduler: str, backend: str) -> None:
+    model, inputs, expected = _built(name)
+    options = {"budget_s": 5.0} if scheduler == "ios" else {}
+    module = opsched.optimize_graph(_torch_graph(name), cost=CPU, scheduler=scheduler, backend=backend, check=False,
+                                    **options)
+    got = module(*inputs)
+    assert_close(list(got) if isinstance(got, (list, tuple)) else [got], expected, f"{name} / {scheduler} / {backend}")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_onnx_export_imports_and_runs_equal_to_onnx_runtime(name: str) -> None:
+    import onnxruntime
+
+    model, inputs, _ = _built(name)
+    proto, exporter = export_onnx(model, inputs)
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+    want = session.run(None, feeds)
+    graph = opsched.from_onnx(proto)
+    assert [n.name for n in graph.nodes if n.op == "opaque"] == []
+    for backend in ("torch", "ort"):
+        for scheduler in ("sequential", "greedy"):
+            module = opsched.optimize_graph(graph, cost=CPU, scheduler=scheduler, backend=backend, check=False)
+            got = module(*inputs)
+            got = list(got) if isinstance(got, (list, tuple)) else [got]
+            assert len(got) == len(want), f"{name} ({exporter}) / {backend}"
+            for a, w in zip(got, want):
+                scale = max(1.0, float(np.abs(w).max()))
+                np.testing.assert_allclose(a.numpy(), w, rtol=0, atol=1e-4 * scale,
+                                           err_msg=f"{name} ({exporter}) / {scheduler} / {backend}")
