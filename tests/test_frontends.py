@@ -47,6 +47,9 @@ def test_untraceable_module_names_the_construct_and_the_fix() -> None:
         from_torch(WithDataDependent(), torch.randn(1, 3, 8, 8))
     msg = str(info.value)
     assert "'odd' (DataDependent)" in msg and "leaf_modules=[DataDependent]" in msg and "from_onnx" in msg
+    # both tracers tried, both reasons given
+    assert "torch.export cannot trace WithDataDependent: GuardOnDataDependentSymNode" in msg
+    assert "torch.fx cannot trace WithDataDependent" in msg
 
 
 def test_leaf_module_runs_opaquely_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
