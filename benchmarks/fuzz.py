@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write  # noqa: E402
 
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.testing.fuzz import BACKENDS, SCHEDULERS, FuzzNet, check_model  # noqa: E402
+from opsched.testing.fuzz import FuzzNet  # noqa: E402
+from opsched.testing.fuzz_check import BACKENDS, SCHEDULERS, check_model  # noqa: E402
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from opsched.testing.fuzz import FuzzNet, check_model
+from opsched.testing.fuzz import FuzzNet
+from opsched.testing.fuzz_check import check_model
 
 
 def _check(seed: int) -> None:

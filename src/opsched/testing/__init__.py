@@ -11,20 +11,32 @@ from opsched.check import TF32_TOLERANCE, TOLERANCES, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
 from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamProgram, Wait
 
-__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "check_stream_program",
-           "fork_join", "random_dag"]
+__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "mismatch",
+           "check_stream_program", "fork_join", "random_dag"]
+
+def mismatch(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[torch.Tensor] | torch.Tensor,
+             what: str = "output") -> str:
+    """How ``actual`` differs from ``expected`` (count, a shape, or ``max|a - e| > tolerance(e)``,
+    a NaN included), or ``""`` where it does not."""
+    acts = [a.detach() for a in ([actual] if isinstance(actual, torch.Tensor) else actual)]
+    exps = [e.detach() for e in ([expected] if isinstance(expected, torch.Tensor) else expected)]
+    if len(acts) != len(exps):
+        return f"{what}: {len(acts)} tensors, expected {len(exps)}"
+    for i, (a, e) in enumerate(zip(acts, exps)):
+        if a.shape != e.shape:
+            return f"{what}[{i}]: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+        tol = tolerance(e)
+        err = float((a.double() - e.double()).abs().max())
+        if not err <= tol:
+            return f"{what}[{i}]: max abs error {err:.3g} exceeds {tol:.3g}"
+    return ""
+
 
 def assert_close(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[torch.Tensor] | torch.Tensor,
                  what: str = "output") -> None:
-    """Assert equal shapes and ``max|a - e| <= tolerance(e)`` for each pair."""
-    acts = [a.detach() for a in ([actual] if isinstance(actual, torch.Tensor) else actual)]
-    exps = [e.detach() for e in ([expected] if isinstance(expected, torch.Tensor) else expected)]
-    assert len(acts) == len(exps), f"{what}: {len(acts)} tensors, expected {len(exps)}"
-    for i, (a, e) in enumerate(zip(acts, exps)):
-        assert a.shape == e.shape, f"{what}[{i}]: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-        tol = tolerance(e)
-        err = float((a.double() - e.double()).abs().max())
-        assert err <= tol, f"{what}[{i}]: max abs error {err:.3g} exceeds {tol:.3g}"
+    """Assert equal shapes and ``max|a - e| <= tolerance(e)`` for each pair (:func:`mismatch`)."""
+    why = mismatch(actual, expected, what)
+    assert not why, why
 
 
 def random_dag(n: int, seed: int, *, edge_prob: float = 0.35, channels: int = 4, size: int = 8) -> Graph:

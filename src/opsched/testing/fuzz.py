@@ -8,32 +8,22 @@ interpolation, padding, permutes, reshapes, linear layers, reductions; one to th
 Shapes are tracked by running each operator on an example tensor as it is chosen, so every
 model is valid by construction.
 
-:func:`check_model` runs one model through the torch.fx frontend and through ``torch.onnx``
-export and :func:`opsched.from_onnx`, each with every scheduler on every CPU backend, and
-compares with eager PyTorch on the example input and on a fresh one. An ONNX import that refuses
-a model with a named error is ``refused``, not a failure. ``benchmarks/fuzz.py`` tallies many.
+:mod:`opsched.testing.fuzz_check` runs such models through every frontend, scheduler and backend.
 """
 
 from __future__ import annotations
 
 import random
-import re
-import tempfile
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 from torch import nn
 
-__all__ = ["FuzzNet", "Outcome", "check_model", "SCHEDULERS", "BACKENDS", "cause_of"]
+__all__ = ["FuzzNet"]
 
-SCHEDULERS = ("sequential", "greedy", "ios", "est", "nimble", "opara")
-BACKENDS = ("torch", "ort")
 
 Apply = Callable[["FuzzNet", list[torch.Tensor]], torch.Tensor]
 
@@ -339,119 +329,3 @@ _MAKERS: dict[str, Maker] = {
 #: Convolutions and activations most often, as in real networks.
 _COMMON = {"conv": 5, "activation": 3, "binary": 2}
 _KINDS = [k for k, n in _COMMON.items() for _ in range(n)] + [k for k in _MAKERS if k not in _COMMON]
-
-
-# --- the runner ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Outcome:
-    """One configuration of one model: ``status`` is ``equal``, ``wrong`` (ran, but differs from
-    eager), ``error`` (an exception where none was expected), ``refused`` (the ONNX importer
-    named what it cannot import) or ``unexportable`` (torch.onnx itself could not export the
-    model); ``cause`` says why, in a form that groups alike failures."""
-
-    seed: int
-    frontend: str
-    scheduler: str
-    backend: str
-    status: str
-    cause: str = ""
-
-
-def cause_of(error: BaseException) -> str:
-    """An exception as a cause to tally: its type and message, with names and numbers blanked."""
-    text = str(error).split("\n")[0]
-    text = re.sub(r"'[^']*'", "'…'", text)
-    text = re.sub(r"\d+(\.\d+)?", "N", text)
-    return f"{type(error).__name__}: {text[:120]}"
-
-
-def _leaves(out: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def _differs(actual: Any, expected: Any) -> str:
-    from opsched.check import tolerance
-
-    acts, exps = _leaves(actual), _leaves(expected)
-    if len(acts) != len(exps):
-        return f"{len(acts)} outputs, expected {len(exps)}"
-    for k, (a, e) in enumerate(zip(acts, exps)):
-        if a.shape != e.shape:
-            return f"output {k}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-        err = float((a.double() - e.double()).abs().max())
-        if not err <= tolerance(e):
-            return f"output {k}: differs by {err:.3g}"
-    return ""
-
-
-def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Sequence[str] = BACKENDS,
-                frontends: Sequence[str] = ("torch", "onnx")) -> list[Outcome]:
-    """Every configuration of the model of ``seed`` against eager PyTorch (module docstring)."""
-    import opsched
-    from opsched.api import host_cpu_model
-    from opsched.check import fresh_inputs
-    from opsched.errors import FrontendError, OpschedError
-
-    model = FuzzNet(seed).eval()
-    x = torch.randn(model.input_shape, generator=torch.Generator().manual_seed(seed + 1))
-    cases = [(x,), fresh_inputs((x,), seed=seed + 2)]
-    with torch.no_grad():
-        expected = [model(*(t.clone() for t in c)) for c in cases]  # a model may change its inputs
-    out: list[Outcome] = []
-    for frontend in frontends:
-        try:  # a clone: the model may change its input, and torch.onnx runs it
-            source: Any = model if frontend == "torch" else _onnx_export(model, x.clone())
-        except Exception as e:  # noqa: BLE001 (torch.onnx's own refusal: not the importer's to pass)
-            out += [Outcome(seed, frontend, s, b, "unexportable", cause_of(e)) for s in schedulers for b in backends]
-            continue
-        try:
-            graph = opsched.from_torch(model, (x,)) if frontend == "torch" else opsched.from_onnx(source)
-        except (FrontendError, OpschedError) as e:
-            status = "refused" if frontend == "onnx" else "error"
-            out += [Outcome(seed, frontend, s, b, status, cause_of(e)) for s in schedulers for b in backends]
-            continue
-        except Exception as e:  # noqa: BLE001 (a raw exception is what the fuzzer is for)
-            out += [Outcome(seed, frontend, s, b, "error", cause_of(e) + " @ " + _where(e))
-                    for s in schedulers for b in backends]
-            continue
-        for scheduler in schedulers:
-            for backend in backends:
-                out.append(_run(seed, frontend, graph, scheduler, backend, cases, expected, host_cpu_model()))
-    return out
-
-
-def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
-    import onnx
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"])
-        return onnx.load(path)
-
-
-def _run(seed: int, frontend: str, graph: Any, scheduler: str, backend: str, cases: list[tuple[torch.Tensor, ...]],
-         expected: list[Any], cost: Any) -> Outcome:
-    import opsched
-    from opsched.module import OutputStructure
-
-    try:
-        # wide random graphs: a bounded search
-        options: dict[str, Any] = {"budget_s": 2.0} if scheduler == "ios" else {}
-        module = opsched.optimize_graph(graph, scheduler=scheduler, backend=backend, cost=cost, check=False,
-                                        progress=False, **options)
-        structure = OutputStructure.of(expected[0])
-        module.outputs = structure if structure.tensors == len(graph.outputs) else module.outputs
-        with torch.no_grad():
-            for case, want in zip(cases, expected):
-                why = _differs(module(*case), want)
-                if why:
-                    return Outcome(seed, frontend, scheduler, backend, "wrong", why)
-    except Exception as e:  # noqa: BLE001 (every failure is counted, by cause)
-        return Outcome(seed, frontend, scheduler, backend, "error", cause_of(e) + " @ " + _where(e))
-    return Outcome(seed, frontend, scheduler, backend, "equal")
-
-
-def _where(error: BaseException) -> str:
-    """The innermost opsched frame of a traceback: where a raw exception escaped."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "opsched" in f.filename]
-    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "outside opsched"
