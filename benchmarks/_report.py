@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def geomean(values: Iterable[float]) -> float:
+    """The geometric mean (NaN for no values): how every benchmark sums up ratios."""
+    logs = [math.log(v) for v in values]
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
 def environment() -> dict[str, str]:

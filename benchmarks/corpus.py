@@ -17,7 +17,6 @@ per-round ratios, > 1 where the second contender is faster.
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import statistics
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import write  # noqa: E402
+from _report import geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
@@ -112,7 +111,7 @@ def main() -> None:
     headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
                "ORT sessions seq / opt", "eager ms", "ORT own ms", "opsched seq ms", "optimize() ms",
                "seq vs ORT", "optimize() vs ORT", "optimize() vs eager", "optimize s"]
-    geo = {key: math.exp(statistics.fmean(math.log(r["ratios"][key]) for r in records))  # type: ignore[index]
+    geo = {key: geomean(r["ratios"][key] for r in records)  # type: ignore[index]
            for key in ("seq vs ORT", "optimize() vs ORT", "optimize() vs eager")}
     md = "\n".join([
         "# The corpus: third-party models on this CPU", "",

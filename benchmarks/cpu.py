@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import write  # noqa: E402
+from _report import geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
@@ -148,7 +147,7 @@ def main() -> None:
     geo = {}
     for col, key in ((9, "IOS vs ORT seq"), (10, "IOS vs eager"), (12, "optimize() vs ORT seq")):
         vals = [float(r[col]) for r in rows]
-        geo[key] = math.exp(sum(map(math.log, vals)) / len(vals))
+        geo[key] = geomean(vals)
     md = "\n".join([
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
         "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "

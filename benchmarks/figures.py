@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import RESULTS  # noqa: E402
+from _report import RESULTS, geomean  # noqa: E402
 
 Results = dict[str, Any]
 FIGURES: dict[str, tuple[tuple[str, ...], Callable[..., None]]] = {}
@@ -51,9 +50,6 @@ def _grouped_bars(ax, labels: Sequence[str], series: dict[str, Sequence[float]],
     ax.grid(axis="y", alpha=0.3)
 
 
-def _gmean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
 
 GPU_CONTENDERS = {"sequential": "#7f7f7f", "ios": "#1f77b4", "est": "#ff7f0e", "optimize": "#2ca02c"}
 
@@ -74,7 +70,7 @@ def draw_gpu(plt, gpu: Results) -> None:  # type: ignore[no-untyped-def]
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.axhline(1.5, color="red", linestyle="--", linewidth=0.8, label="target 1.5x (geomean)")
         ios = [v for v in series.get("ios", []) if v > 0]
-        ax.set_title(f"{dtype}, batch 1: IOS {_gmean(ios):.2f}x the single-stream CUDA graph (geomean)"
+        ax.set_title(f"{dtype}, batch 1: IOS {geomean(ios):.2f}x the single-stream CUDA graph (geomean)"
                      if ios else f"{dtype}, batch 1", fontsize=10)
         ax.set_ylabel("speedup over the\nsingle-stream CUDA graph")
         ax.legend(fontsize=7, ncol=3, loc="upper left")
@@ -99,7 +95,7 @@ def draw_cpu(plt, cpu: Results) -> None:  # type: ignore[no-untyped-def]
     ax.legend(fontsize=7, ncol=4, loc="upper left")
     ax.set_ylim(0, 1.45)
     opt = series.get("opsched optimize()")
-    ax.set_title(f"{cpu['environment']['machine']}, batch 1: optimize() {_gmean(opt):.2f}x ONNX Runtime "
+    ax.set_title(f"{cpu['environment']['machine']}, batch 1: optimize() {geomean(opt):.2f}x ONNX Runtime "
                  f"sequential, {cpu['geomean']['IOS vs eager']:.1f}x eager PyTorch (geomean)" if opt else "",
                  fontsize=10)
 

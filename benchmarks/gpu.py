@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _report import RESULTS, write  # noqa: E402
+from _report import RESULTS, geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
@@ -182,10 +182,6 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
     print(f"  {name} b{batch} {dtype}: " + ", ".join(f"{LABELS[k]} {v:.3f}" for k, v in med.items()), flush=True)
     return record
 
-
-def geomean(values: list[float]) -> float:
-    values = [v for v in values if v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
 def report(records: list[dict[str, Any]], contenders: list[str], device: str) -> tuple[str, dict[str, Any]]:

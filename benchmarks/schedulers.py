@@ -21,7 +21,6 @@ on CUDA streams, each plan captured into one CUDA graph. Interleaved in one proc
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import RESULTS, write  # noqa: E402
+from _report import RESULTS, geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import host_cpu_model, measured_cost  # noqa: E402
@@ -47,9 +46,6 @@ from opsched.schedulers.simulate import simulate  # noqa: E402
 
 SIMULATED = ["sequential", "greedy", "ios", "nimble", "opara", "est"]
 
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
 def timed_once(graph, name: str, cost, **options: Any):  # type: ignore[no-untyped-def]
