@@ -29,11 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import geomean, write  # noqa: E402
+from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
-from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
@@ -113,7 +112,7 @@ def main() -> None:
                "seq vs ORT", "optimize() vs ORT", "optimize() vs eager", "optimize s"]
     geo = {key: geomean(r["ratios"][key] for r in records)  # type: ignore[index]
            for key in ("seq vs ORT", "optimize() vs ORT", "optimize() vs eager")}
-    md = "\n".join([
+    write_table(args.name, [
         "# The corpus: third-party models on this CPU", "",
         "Hugging Face `transformers` models built from shrunk configs (random weights; "
         "`opsched.testing.corpus`), batch 1. *ops*: operators of the torch import (torch.export), of which "
@@ -125,13 +124,8 @@ def main() -> None:
         "are medians of per-round ratios, > 1 where opsched is faster. *ORT own*: ONNX Runtime's session of "
         "the export with its default options; *opsched seq*: the sequential plan on the ONNX Runtime "
         "backend; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
-        f"{args.budget:g} s.", "",
-        format_table(headers, rows, markdown=True), "",
-        "Geometric means: " + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items()) + "."])
-    md_path, js_path = write(args.name, md, {"rows": records, "geomean": geo, "budget_s": args.budget})
-    print(format_table(headers, rows))
-    print("geomean:", geo)
-    print(f"wrote {md_path} and {js_path}")
+        f"{args.budget:g} s.",
+    ], headers, rows, geo, {"rows": records, "budget_s": args.budget})
 
 
 if __name__ == "__main__":

@@ -33,11 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import geomean, write  # noqa: E402
+from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
-from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
@@ -148,7 +147,7 @@ def main() -> None:
     for col, key in ((9, "IOS vs ORT seq"), (10, "IOS vs eager"), (12, "optimize() vs ORT seq")):
         vals = [float(r[col]) for r in rows]
         geo[key] = geomean(vals)
-    md = "\n".join([
+    write_table(args.name, [
         "# CPU: opsched against eager PyTorch and ONNX Runtime", "",
         "Median latency in ms (± interquartile range) over interleaved rounds in one process, in a "
         "fresh order each round; a contender's sample in a round is the median of five calls after 50 ms "
@@ -163,13 +162,8 @@ def main() -> None:
         "ONNX Runtime's profiler). It is an estimate, not a strict bound: inside a long segment ONNX "
         "Runtime fuses across units, which units measured alone cannot show, so a ratio below 1 is "
         "possible. Peak memory: "
-        "live activations of the plan, against the sequential plan.", "",
-        format_table(headers, rows, markdown=True), "",
-        "Geometric means: " + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items()) + "."])
-    md_path, js_path = write(args.name, md, {"rows": records, "geomean": geo, "budget_s": args.budget})
-    print(format_table(headers, rows))
-    print("geomean:", geo)
-    print(f"wrote {md_path} and {js_path}")
+        "live activations of the plan, against the sequential plan.",
+    ], headers, rows, geo, {"rows": records, "budget_s": args.budget})
 
 
 if __name__ == "__main__":
