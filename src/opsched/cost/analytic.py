@@ -116,9 +116,7 @@ class AnalyticCostModel:
         if schema.is_view:
             return OpCost(0.0, 0.0, 0.0)
         ins, params = graph.input_types(node), graph.node_param_types(node)
-        category = schema.category
-        if node.op == "conv2d" and node.attr("groups", 1) > 1:
-            category = "depthwise"
+        category = _category(node)
         channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1]
         # a reduction's threads share out its input, not its (small) output: a global average pool
         # of 4 channels over 64x64 keeps 16,384 threads busy, not 4
@@ -135,6 +133,31 @@ class AnalyticCostModel:
         weights = spec.out_channels * spec.in_channels * spec.kernel[0] * spec.kernel[1] * itemsize
         nbytes = x.nbytes + weights + out_elems * itemsize
         return self._cost(2 * macs, nbytes, out_elems, "conv", spec.out_channels)
+
+    def op_latency(self, graph: Graph, node: Node) -> float:
+        """One operator alone on the device: its execution and its launch (or dispatch)."""
+        c = self.op_cost(graph, node)
+        if c.exec_ms == 0:
+            return 0.0
+        return max(c.launch_ms, c.exec_ms) if self.spec.async_launch else c.launch_ms + c.exec_ms
+
+    def fused_latency(self, graph: Graph, names: Sequence[str]) -> float:
+        """A chain of operators (each reading the one before) run as one fused kernel: each
+        one's compute, their bytes less each intermediate's write and read-back, one launch,
+        and the occupancy of the chain's head."""
+        s = self.spec
+        nodes = [graph.node(v) for v in names]
+        compute = 0.0
+        nbytes = -2 * sum(n.out.nbytes for n in nodes[:-1])
+        for n in nodes:
+            ins, params = graph.input_types(n), graph.node_param_types(n)
+            eff = s.efficiency.get(_category(n), s.efficiency["default"])
+            compute += node_flops(n, ins, params) / (s.peak_gflops * 1e6 * eff)
+            nbytes += node_bytes(n, ins, params)
+        head = self.op_cost(graph, nodes[0])
+        occupancy = head.area_ms / head.exec_ms if head.exec_ms else 1.0
+        exec_ms = max(compute, max(nbytes, 0) / (s.mem_gbps * 1e6)) / occupancy
+        return max(head.launch_ms, exec_ms) if s.async_launch else head.launch_ms + exec_ms
 
     def _demand(self, c: OpCost) -> OpDemand:
         duration = max(c.launch_ms, c.exec_ms) if self.spec.async_launch else c.launch_ms + c.exec_ms
@@ -171,3 +194,10 @@ class AnalyticCostModel:
             issue = sum(c.launch_ms for g in costs for c in g)
             return max(issue, chains, area) + sync
         return max(chains, area) + sync
+
+
+def _category(node: Node) -> str:
+    """The efficiency class of an operator: its category, grouped convolutions apart."""
+    if node.op == "conv2d" and node.attr("groups", 1) > 1:
+        return "depthwise"
+    return op_schema(node.op).category

@@ -20,7 +20,7 @@ from opsched.models.googlenet import GoogLeNet
 from opsched.models.inception import InceptionV3
 from opsched.models.nasnet import NASNetA
 from opsched.models.randwire import RandWire
-from opsched.models.resnet import ResNet50
+from opsched.models.resnet import ResNet18, ResNet50
 from opsched.models.squeezenet import SqueezeNet
 
 __all__ = ["ModelSpec", "MODELS", "get_model", "list_models", "example_inputs", "model_spec"]
@@ -47,6 +47,7 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("nasnet_mobile", NASNetA, 224, "NASNet-A mobile 4@1056"),
     ModelSpec("nasnet_large", lambda: NASNetA(6, 168, 96), 331, "NASNet-A large 6@4032 (IOS benchmark)"),
     ModelSpec("resnet50", ResNet50, 224, "ResNet-50 (reference, little branching)"),
+    ModelSpec("resnet18", ResNet18, 224, "ResNet-18 (reference, PartitionTuner's evaluation)"),
     ModelSpec("googlenet", GoogLeNet, 224, "GoogLeNet / Inception v1 (reference)"),
 )}
 
