@@ -4,12 +4,27 @@
 * ``greedy``: IOS's wavefront, every ready unit at once;
 * ``ios``: the IOS dynamic program over stages, optimal under its cost model;
 * ``est``: list scheduling on lanes without barriers, under a resource model (milliseconds);
-* ``nimble``, ``opara``: the peers' stream assignments.
+* ``nimble``, ``opara``: the peers' stream assignments;
+* placement on the units of a platform (:mod:`.placement`): ``partitiontuner``, ``heft``,
+  ``peft``, and the baselines ``type-based``, ``profiled`` and ``exhaustive``.
 
-The simulator (:mod:`.simulate`) replays any schedule under a resource model.
+The simulator (:mod:`.simulate`) replays any schedule under a resource model; the unit
+simulator (:mod:`.placed_sim`) replays placed schedules under the units' profiles.
 """
 
-from opsched.schedulers import est, greedy, ios, sequential, streams
+from opsched.schedulers import (
+    est,
+    exhaustive,
+    greedy,
+    heft,
+    ios,
+    partitiontuner,
+    peft,
+    profiled,
+    sequential,
+    streams,
+    type_based,
+)
 from opsched.schedulers.ios import SearchStats
 from opsched.schedulers.registry import (
     NoOptions,
@@ -24,6 +39,7 @@ from opsched.schedulers.registry import (
 from opsched.schedulers.units import UnitGraph
 
 __all__ = [
-    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "greedy", "ios", "make_options",
-    "register", "schedule", "scheduler_names", "sequential", "spec", "streams",
+    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "exhaustive", "greedy", "heft", "ios",
+    "make_options", "partitiontuner", "peft", "profiled", "register", "schedule", "scheduler_names", "sequential",
+    "spec", "streams", "type_based",
 ]

@@ -31,7 +31,10 @@ class UnitGraph:
     units: tuple[tuple[str, ...], ...]
 
     @classmethod
-    def build(cls, graph: Graph, contract: bool = True) -> UnitGraph:
+    def build(cls, graph: Graph, contract: bool = True, split_heavy: bool = True) -> UnitGraph:
+        """``contract``: join chains into units (else one node per unit); ``split_heavy``: keep
+        two heavy operators apart (without it, units are the maximal chains between forks and
+        joins: PartitionTuner's branches)."""
         n = len(graph.nodes)
         outputs = set(graph.outputs)
         nxt = [-1] * n  # node index -> the next node of its unit
@@ -44,7 +47,7 @@ class UnitGraph:
                 j = succs[0]
                 if graph.preds[j] != (i,) or len(graph.nodes[j].inputs) != len(set(graph.nodes[j].inputs)):
                     continue
-                if is_heavy(node) and is_heavy(graph.nodes[j]):
+                if split_heavy and is_heavy(node) and is_heavy(graph.nodes[j]):
                     continue
                 nxt[i], has_prev[j] = j, True
         units = []
