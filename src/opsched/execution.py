@@ -17,7 +17,8 @@ class RunOptions:
     the plan into one CUDA graph. ``channels_last``: 4-D values in channels-last layout (GPU).
     ``spin``: let idle CPU threads spin between kernels where the backend can (ONNX Runtime,
     a plan that is one session): faster calls, at the price of a core kept busy for tens of
-    milliseconds after each; plans being measured never spin.
+    milliseconds after each; plans being measured never spin. ``platform``: the platform preset
+    whose units a placed plan's lanes name (:mod:`opsched.cost.units`), for the units backend.
     """
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -25,6 +26,7 @@ class RunOptions:
     graphs: bool = True
     channels_last: bool = False
     spin: bool = False
+    platform: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", torch.device(self.device))

@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from opsched.backends import Backend, Executor, resolve_backend
+from opsched.backends import Backend, Executor, get_backend, resolve_backend
 from opsched.errors import InputMismatchError, OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph
@@ -72,10 +72,13 @@ class ScheduledModule(nn.Module):
         super().__init__()
         self.graph = graph
         self.schedule = schedule
-        self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True)
+        placed = schedule.options.get("platform")
+        self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True, platform=placed)
+        if placed is not None:  # lanes on the units of a platform
+            backend = get_backend("units")
         self.backend: Backend = (resolve_backend(backend, self.run.device) if isinstance(backend, str) else backend)
         self.plan: Plan = lower(graph, schedule)
-        for lane in schedule.lanes:
+        for lane in () if placed is not None else schedule.lanes:
             if lane.backend not in (None, self.backend.name) or lane.device not in (None, str(self.run.device)):
                 raise OpschedError(f"schedule of {graph.name!r} places a lane on {lane.device or 'the module device'}"
                                    f" with backend {lane.backend}: this module runs every lane on "
