@@ -44,9 +44,10 @@ from opsched.timing import interleave  # noqa: E402
 PLACERS = ("type-based", "profiled", "heft", "peft", "partitiontuner")
 
 
-def on_default(graph: Graph, pc: PlatformCost) -> Schedule:
-    """Everything on the default unit, in topological order: the single-unit baseline."""
-    unit = pc.platform.unit(pc.platform.default)
+def on_default(graph: Graph, pc: PlatformCost, name: str | None = None) -> Schedule:
+    """Everything on one unit (the default one unless named), in topological order: a
+    single-unit baseline."""
+    unit = pc.platform.unit(name or pc.platform.default)
     return Schedule(graph.structural_hash(), (Lane(tuple(n.name for n in graph.nodes), unit.name, unit.backend),),
                     graph_name=graph.name, device=pc.platform.name, scheduler="default-unit",
                     options={"platform": pc.platform.name})
@@ -97,7 +98,10 @@ def measured(models: list[str], where: str, rounds: int) -> tuple[list[list[obje
     rows, data, ratios = [], [], {s: [] for s in PLACERS}
     for name in models:
         graph = opsched.from_torch(get_model(name).eval(), example_inputs(name))
-        plans = {"default": on_default(graph, pc), **{s: schedule(graph, s, pc) for s in PLACERS}}
+        costs = UnitCosts(graph, pc)
+        alone = {f"{u}-only": on_default(graph, pc, u) for u in pc.platform.names
+                 if u != pc.platform.default and all(costs.runs(n.name, u) for n in graph.nodes)}
+        plans = {"default": on_default(graph, pc), **alone, **{s: schedule(graph, s, pc) for s in PLACERS}}
         modules = {k: ScheduledModule(graph, s) for k, s in plans.items()}
         x = random_inputs(graph)
         with torch.no_grad():
@@ -105,8 +109,9 @@ def measured(models: list[str], where: str, rounds: int) -> tuple[list[list[obje
         med = {k: statistics.median(v) for k, v in walls.items()}
         for s in PLACERS:
             ratios[s].append(med["default"] / med[s])
-        rows.append([name, f"{med['default']:.2f}",
-                     *(f"{med[s]:.2f} ({med['default'] / med[s]:.2f}x)" for s in PLACERS)])
+        best_alone = min(med[k] for k in ("default", *alone))
+        rows.append([name, f"{med['default']:.2f}", f"{best_alone:.2f}",
+                     *(f"{med[s]:.2f} ({med['default'] / med[s]:.2f}x, {best_alone / med[s]:.2f}x)" for s in PLACERS)])
         data.append({"model": name, "median_ms": med,
                      "estimated_ms": {k: s.estimated_ms for k, s in plans.items()}})
         print(rows[-1], flush=True)
@@ -141,10 +146,11 @@ def main() -> None:
         write_table(f"heterogeneous-{args.measure.replace('+', '-')}", [
             f"# Placement on heterogeneous units (measured, `{args.measure}`)", "",
             "Each scheduler's plan run by the units backend, interleaved in one process with the plan of "
-            "everything on the default unit; medians in ms of "
-            f"{args.rounds} rounds, and the speedup over the default unit. Placements are decided on the units' "
-            "analytic presets.",
-        ], ["model", "default unit", *PLACERS], rows, geo, {"platform": args.measure, "models": data})
+            "everything on the default unit and of everything on each other unit that runs every operator (on "
+            f"`cpu+cuda`, the GPU alone); medians in ms of {args.rounds} rounds, and the speedups over the default "
+            "unit and over the best single unit. Placements are decided on the units' analytic presets.",
+        ], ["model", "default unit", "best single unit", *PLACERS], rows, geo,
+            {"platform": args.measure, "models": data})
 
 
 if __name__ == "__main__":
