@@ -17,7 +17,6 @@ plan's results are exact, its timings are not the unit's.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
@@ -45,12 +44,6 @@ COPY_OP = "copy"
 def _unit_device(p: Platform, unit: str) -> torch.device:
     device = p.unit(unit).device
     return torch.device(device or "cpu")
-
-
-def _on_stream(stream: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    if stream is None:
-        return contextlib.nullcontext
-    return lambda: torch.cuda.stream(stream)
 
 
 class _Builder:
@@ -137,19 +130,23 @@ class _Builder:
 
 
 def _copy(src: int, dst: int, device: torch.device, emulate: bool) -> Callable[[list[Any]], None]:
-    def run(slots: list[Any]) -> None:
-        value = slots[src]
-        slots[dst] = value.clone() if emulate else value.to(device, non_blocking=device.type == "cuda")
+    if emulate:  # a unit that is only a model: its memory is this CPU's, copied all the same
+        def run(slots: list[Any]) -> None:
+            slots[dst] = slots[src].clone()
+    else:
+        non_blocking = device.type == "cuda"
+
+        def run(slots: list[Any]) -> None:
+            slots[dst] = slots[src].to(device, non_blocking=non_blocking)
     return run
 
 
 def _run_on(kernel: Callable[[list[Any]], None], stream: Any, synchronize: bool) -> Callable[[list[Any]], None]:
     if stream is None:
         return kernel
-    enter = _on_stream(stream)
 
     def run(slots: list[Any]) -> None:
-        with enter():
+        with torch.cuda.stream(stream):
             kernel(slots)
         if synchronize:
             stream.synchronize()

@@ -22,7 +22,7 @@ import torch
 
 from opsched.cost.analytic import AnalyticCostModel
 from opsched.cost.base import CostModel, SegmentCut
-from opsched.cost.units import Platform, Unit, platform
+from opsched.cost.units import Platform, Unit, costs_nothing, platform
 from opsched.errors import CostModelError
 from opsched.ir import Graph, op_schema
 from opsched.schedule import Stage
@@ -91,6 +91,7 @@ class UnitCosts:
         for node in graph.nodes:
             for v in dict.fromkeys(node.inputs):
                 self.readers.setdefault(v, []).append(node.name)
+        self._column = {u.name: k for k, u in enumerate(self.units)}
         self._exec = {n.name: tuple(self._price(n.name, u) for u in self.units) for n in graph.nodes}
         self._chains: dict[tuple[tuple[str, ...], str], float] = {}
 
@@ -98,20 +99,16 @@ class UnitCosts:
         node = self.graph.node(name)
         if not unit.runs(self.graph, node):
             return math.inf
-        schema = op_schema(node.op)
-        if schema.is_view or schema.category == "const":
+        if costs_nothing(node):
             return 0.0
         model = self.models[unit.name]
         if isinstance(model, AnalyticCostModel):
             return model.op_latency(self.graph, node)
         return model.stage_latency(self.graph, Stage(((name,),)))
 
-    def index(self, unit: str) -> int:
-        return self.platform.names.index(unit)
-
     def exec_ms(self, name: str, unit: str) -> float:
         """``name`` alone on ``unit`` (infinite where the unit cannot run it)."""
-        return self._exec[name][self.index(unit)]
+        return self._exec[name][self._column[unit]]
 
     def row(self, name: str) -> tuple[float, ...]:
         """``name`` on each unit, in the platform's order."""
@@ -152,16 +149,7 @@ class UnitCosts:
                 self._chains[key] = model.stage_latency(self.graph, Stage((names,)))
         return self._chains[key]
 
-    def value_bytes(self, value: str) -> int:
-        return self.graph.types[value].nbytes
-
     def copy_ms(self, value: str, src: str, dst: str) -> float:
         """Moving ``value`` from unit ``src`` to unit ``dst`` (0 on one unit)."""
         link = self.platform.between(src, dst)
-        return 0.0 if link is None else link.copy_ms(self.value_bytes(value))
-
-    def mean_copy_ms(self, value: str) -> float:
-        """``value``'s copy averaged over ordered pairs of distinct units (HEFT's c-bar)."""
-        names = self.platform.names
-        pairs = [(a, b) for a in names for b in names if a != b]
-        return sum(self.copy_ms(value, a, b) for a, b in pairs) / len(pairs) if pairs else 0.0
+        return 0.0 if link is None else link.copy_ms(self.graph.types[value].nbytes)

@@ -13,10 +13,9 @@ Presets (:func:`platform`):
 
 * ``cpu+npu``: a quad Cortex-A53 beside a VTA-like NPU on one DRAM, modelled on
   PartitionTuner's evaluation board (CPU + ETRI's extended VTA on an FPGA). The NPU runs dense
-  convolutions whose channel counts are multiples of 16, and VTA's ALU work (add, ReLU); it
-  fuses a convolution with the add and ReLU that follow. A switch between units costs the
-  paper's fixed 2 ms beside the copy (cache flushes and the call into the accelerator's
-  runtime). Simulation only;
+  convolutions whose channel counts are multiples of 16 and nothing else (the paper's device
+  config: "supportedNodes: Convolution"). A switch between units costs the paper's fixed 2 ms
+  beside the copy (cache flushes and the call into the accelerator's runtime). Simulation only;
 * ``cpu-pools``: this machine's cores as two equal pools (two identical units), both real: the
   one platform whose plans run here as they are scheduled;
 * ``cpu+cuda``: this machine's CPU beside ``cuda:0`` over PCIe; real where a GPU is present.
@@ -36,7 +35,14 @@ from opsched.cost.devices import DeviceSpec, device_spec, gpu_spec_named_in, hos
 from opsched.errors import CostModelError
 from opsched.ir import Graph, Node, op_schema
 
-__all__ = ["Link", "ConvRule", "Unit", "Platform", "platform", "register_platform", "platform_names"]
+__all__ = ["Link", "ConvRule", "Unit", "Platform", "platform", "register_platform", "platform_names",
+           "costs_nothing"]
+
+
+def costs_nothing(node: Node) -> bool:
+    """Views and constants: no kernel, so every unit runs them, at no cost."""
+    schema = op_schema(node.op)
+    return schema.is_view or schema.category == "const"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +105,9 @@ class Unit:
 
     def runs(self, graph: Graph, node: Node) -> bool:
         """Whether this unit can run ``node``."""
-        schema = op_schema(node.op)
-        if schema.is_view or schema.category == "const":
+        if costs_nothing(node):
             return True
-        names = {node.op, schema.category}
+        names = {node.op, op_schema(node.op).category}
         if self.refuses & names or (self.supports is not None and not self.supports & names):
             return False
         return node.op != "conv2d" or self.conv_rule is None or self.conv_rule.accepts(graph, node)
@@ -155,17 +160,6 @@ class Platform:
         """Whether a value made on ``a`` is readable on ``b`` as it is (two pools of one CPU)."""
         ua, ub = self.unit(a), self.unit(b)
         return a == b or (ua.device is not None and ua.device == ub.device and ua.device == "cpu")
-
-    def runnable(self) -> str | None:
-        """Why the plans of this platform cannot run here (a unit that is only a model, a
-        missing GPU), or None."""
-        for u in self.units:
-            if u.device is None:
-                return f"unit {u.name!r} of platform {self.name!r} exists only in the simulator"
-            if u.device.startswith("cuda") and not torch.cuda.is_available():
-                return f"unit {u.name!r} of platform {self.name!r} is {u.device}, and this machine has no GPU"
-        return None
-
 
 #: An embedded board's quad Cortex-A53 (4 cores x 1.2 GHz x 8 fp32 flops) on LPDDR4, running a
 #: compiler's generic CPU kernels (PartitionTuner's CPU backend is Glow's LLVM one, not a tuned

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from opsched.cost import CostModel
 from opsched.cost.unit_costs import UnitCosts
+from opsched.cost.units import costs_nothing
 from opsched.errors import ScheduleError
-from opsched.ir import Graph, op_schema
+from opsched.ir import Graph
 from opsched.schedule import Lane, Schedule
 from opsched.schedulers.placed_sim import replay
 from opsched.schedulers.placement import PlacementOptions, placed_schedule, unit_costs
@@ -32,17 +33,12 @@ class ExhaustiveOptions(PlacementOptions):
         positive("exhaustive", "max_placements", self.max_placements)
 
 
-def _free(graph: Graph, name: str) -> bool:
-    schema = op_schema(graph.node(name).op)
-    return schema.is_view or schema.category == "const"
-
-
 def exhaustive_placement(graph: Graph, costs: UnitCosts, max_placements: int = 1 << 16,
                          progress: Progress | None = None) -> tuple[dict[str, str], int]:
     """The best placement and how many were tried."""
     platform = costs.platform
     order = [n.name for n in graph.nodes]
-    choices = {v: [u for u in platform.names if costs.runs(v, u)] for v in order if not _free(graph, v)}
+    choices = {v: [u for u in platform.names if costs.runs(v, u)] for v in order if not costs_nothing(graph.node(v))}
     movable = [v for v, us in choices.items() if len(us) > 1]
     total = math.prod(len(choices[v]) for v in movable)
     if total > max_placements:

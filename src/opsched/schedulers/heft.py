@@ -30,8 +30,7 @@ def heft(tasks: TaskGraph) -> TaskSchedule:
     rank = upward_ranks(tasks)
     line = Timeline(tasks)
     for i in sorted(range(tasks.n), key=lambda i: (-rank[i], i)):
-        best = min(range(tasks.processors), key=lambda p: (line.eft(i, p)[1], p))
-        line.place(i, best)
+        line.place_best(i)
     return line.result()
 
 

@@ -9,7 +9,6 @@ look-ahead that HEFT does not have, at the same cost.
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from opsched.cost import CostModel
@@ -27,9 +26,10 @@ def optimistic_costs(tasks: TaskGraph) -> list[list[float]]:
     procs = range(tasks.processors)
     table = [[0.0] * tasks.processors for _ in range(tasks.n)]
     for i in range(tasks.n - 1, -1, -1):
+        succs = [(table[j], tasks.w[j], tasks.mean_comm(d)) for j, d in tasks.succs[i]]
         for p in procs:
-            table[i][p] = max((min(table[j][q] + tasks.w[j][q] + (tasks.mean_comm(d) if q != p else 0.0)
-                                   for q in procs) for j, d in tasks.succs[i]), default=0.0)
+            table[i][p] = max((min(oct_j[q] + w_j[q] + (c if q != p else 0.0) for q in procs)
+                               for oct_j, w_j, c in succs), default=0.0)
     return table
 
 
@@ -42,10 +42,7 @@ def peft(tasks: TaskGraph) -> TaskSchedule:
     while ready:
         i = min(ready, key=lambda i: (-rank[i], i))
         ready.remove(i)
-        best = min(range(tasks.processors), key=lambda p: (line.eft(i, p)[1] + table[i][p], p))
-        if not math.isfinite(line.eft(i, best)[1]):
-            raise AssertionError(f"task {tasks.name(i)} fits no processor")  # TaskGraph checks every row
-        line.place(i, best)
+        line.place_best(i, table[i])
         for k, _ in tasks.succs[i]:
             waiting[k] -= 1
             if waiting[k] == 0:

@@ -20,7 +20,7 @@ from opsched.ir import op_schema
 from opsched.schedule import Schedule
 from opsched.timeline import TraceEvent
 
-__all__ = ["PlacedSimulation", "Transfer", "simulate_placed", "replay", "fused_groups", "lane_unit"]
+__all__ = ["PlacedSimulation", "Transfer", "simulate_placed", "replay", "fused_groups"]
 
 #: The longest chain a unit fuses (PartitionTuner profiles 2- and 3-operator chains).
 MAX_FUSE = 3
@@ -40,18 +40,6 @@ class PlacedSimulation:
     makespan_ms: float
     events: tuple[TraceEvent, ...]      # one per fused group, on its unit's lane
     transfers: tuple[Transfer, ...]     # one per value copied to a unit
-
-    @property
-    def busy_ms(self) -> dict[int, float]:
-        """Per lane, the time its unit computes."""
-        out: dict[int, float] = {}
-        for e in self.events:
-            out[e.lane] = out.get(e.lane, 0.0) + e.end_ms - e.start_ms
-        return out
-
-
-def lane_unit(schedule: Schedule, lane: int, default: str) -> str:
-    return schedule.lanes[lane].device or default
 
 
 def fused_groups(nodes: tuple[str, ...], unit: str, costs: UnitCosts) -> list[tuple[str, ...]]:
@@ -93,7 +81,7 @@ def replay(schedule: Schedule, costs: UnitCosts, fuse: bool = True) -> PlacedSim
     graph, platform = costs.graph, costs.platform
     if schedule.merges or schedule.barriers:
         raise InvalidScheduleError("a placed schedule has no merges or barriers; the unit simulator models neither")
-    units = [lane_unit(schedule, k, platform.default) for k in range(len(schedule.lanes))]
+    units = [lane.device or platform.default for lane in schedule.lanes]
     for u in units:
         platform.unit(u)  # a unit of this platform
     if len(set(units)) != len(units):

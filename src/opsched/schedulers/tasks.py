@@ -131,8 +131,12 @@ class Timeline:
             t = max(t, b)
         return t, t + w
 
-    def place(self, i: int, p: int) -> None:
-        s, f = self.eft(i, p)
+    def place_best(self, i: int, lookahead: Sequence[float] | None = None) -> None:
+        """Place task ``i`` where it finishes earliest (plus ``lookahead[p]``, PEFT's optimistic
+        cost, where given), in the earliest gap there; ties go to the lower-numbered processor."""
+        options = [self.eft(i, p) for p in range(self.tasks.processors)]
+        p = min(range(len(options)), key=lambda p: (options[p][1] + (lookahead[p] if lookahead else 0.0), p))
+        s, f = options[p]
         self.proc[i], self.start[i], self.finish[i] = p, s, f
         if f > s:  # a zero-time task holds no interval
             bisect.insort(self.busy[p], (s, f))
@@ -154,7 +158,8 @@ class GraphTasks:
 def graph_tasks(graph: Graph, costs: UnitCosts) -> GraphTasks:
     """The task graph of ``graph`` under ``costs``: one task per node, one zero-time task per
     model input (its source) and one sink reading every output, both pinned to the default unit;
-    an edge per value a node reads, its data the value's name (copies priced per link)."""
+    an edge per value a node reads, whose data is the value's number (``comm`` prices that
+    value's copy over the link between the two units)."""
     platform = costs.platform
     home = platform.names.index(platform.default)
     pinned = tuple(0.0 if p == home else math.inf for p in range(len(platform.units)))
