@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
-from opsched.ir import Graph, GraphBuilder, TensorType
+from opsched.errors import FrontendError
+from opsched.ir import Graph, GraphBuilder, TensorType, tensor_type
+from opsched.ir.types import DTYPE_BYTES
 
-__all__ = ["Unsupported", "ConversionContext", "report_opaque"]
+__all__ = ["Unsupported", "ConversionContext", "held_type", "report_opaque"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -45,6 +47,17 @@ class ConversionContext:
 
     def type(self, value: str) -> TensorType:
         return self.b.type(value)
+
+
+def held_type(value: Any, what: str) -> TensorType:
+    """The type of a traced ``value`` that ``what`` (a model, node and op) gives, or a
+    :class:`FrontendError` where opsched cannot hold it: not a tensor, or of a dtype it has no
+    type for (complex numbers, say)."""
+    dtype = str(getattr(value, "dtype", type(value).__name__)).removeprefix("torch.")
+    if not isinstance(value, torch.Tensor) or dtype not in DTYPE_BYTES:
+        raise FrontendError(f"{what} gives {getattr(value, 'dtype', type(value).__name__)}, which opsched does not "
+                            f"hold (it holds tensors of {', '.join(DTYPE_BYTES)})")
+    return tensor_type(value)
 
 
 def report_opaque(graph: Graph, source: str) -> None:

@@ -30,10 +30,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError
-from opsched.frontends._common import ConversionContext, Unsupported
+from opsched.frontends._common import ConversionContext, Unsupported, held_type
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
-from opsched.ir.types import DTYPE_BYTES
 
 __all__ = ["export_graph", "Const", "ExportConverter"]
 
@@ -226,16 +225,14 @@ class ExportConverter:
             if isinstance(m, _Marker):
                 markers[id(m)] = m.code
         val = n.meta["val"] if index is None else n.meta["val"][index]
-        if not isinstance(val, torch.Tensor) or str(val.dtype).removeprefix("torch.") not in DTYPE_BYTES:
-            raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)}) gives "
-                                f"{getattr(val, 'dtype', type(val).__name__)}, which opsched does not hold")
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)})")
         attrs = {"target": target_of(op), "args": encode_args(tuple(args), markers)[1],
                  "kwargs": tuple((k, encode_args(v, markers)) for k, v in kwargs.items()),
                  "flops": _flops(n, index)}
         if index is not None:
             attrs["index"] = index
         return self.ctx.add(generic_kind(op), inputs, name=self.name(n) if index is None else f"{n.name}_{index}",
-                            params=params, out=tensor_type(val), **attrs)
+                            params=params, out=out, **attrs)
 
     # --- helpers for converters ---------------------------------------------------------------
     def name(self, n: torch.fx.Node) -> str:

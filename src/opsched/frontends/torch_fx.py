@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
-from opsched.frontends._common import ConversionContext, Unsupported
+from opsched.frontends._common import ConversionContext, Unsupported, held_type
 from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
@@ -269,7 +269,8 @@ class _FxConverter:
         inputs = [self.env[a] for a in tensor_nodes]
         if isinstance(value, torch.Tensor):
             call.__qualname__ = target
-            return self.ctx.add("opaque", inputs, name=n.name, out=tensor_type(value), fn=call, target=target)
+            out = held_type(value, f"{self.ctx.b.name}: node {n.name!r} ({target})")
+            return self.ctx.add("opaque", inputs, name=n.name, out=out, fn=call, target=target)
         leaves, spec = pytree.tree_flatten(value)
         names: list[Any] = []
         for i, leaf in enumerate(leaves):
@@ -281,7 +282,8 @@ class _FxConverter:
                 out: torch.Tensor = pytree.tree_leaves(call(*tensors))[i]
                 return out
             element.__qualname__ = f"{target}[{i}]"
-            names.append(self.ctx.add("opaque", inputs, name=f"{n.name}_{i}", out=tensor_type(leaf), fn=element,
+            out = held_type(leaf, f"{self.ctx.b.name}: node {n.name!r} ({target}, output {i})")
+            names.append(self.ctx.add("opaque", inputs, name=f"{n.name}_{i}", out=out, fn=element,
                                       target=f"{target}[{i}]"))
         return pytree.tree_unflatten(names, spec)
 

@@ -1,0 +1,291 @@
+"""``torch.compile(model, backend="opsched")``: opsched as a backend of TorchDynamo.
+
+The backend is registered through PyTorch's ``torch_dynamo_backends`` entry point (see
+``pyproject.toml``), so after ``pip install opsched`` the name works with no import. Dynamo hands
+over each graph it captures (a model with graph breaks hands over several); each becomes an
+:class:`OpschedGraph`, which imports the graph, schedules it with :func:`opsched.optimize` and
+runs the scheduled module in its place.
+
+What Dynamo hands over and how it is met:
+
+- **Weights arrive as graph inputs** (Dynamo lifts the parameters and buffers of the modules it
+  inlines). They are frozen into the scheduled graph as constants, as inference compilers do, so
+  that batch norms fold and convolutions merge. Dynamo does not guard on them, so every call
+  checks that they are the very tensors, unchanged (``Tensor._version``), that the schedule was
+  made with; another instance of the same class, or weights loaded in place, get a schedule of
+  their own (counted as a recompile, with that reason).
+- **Shapes.** A schedule is specialised to its input shapes. A graph that Dynamo made dynamic
+  (after it saw a second shape) is scheduled once per concrete shape it is called with: a bucket
+  per batch size. :func:`compiled_graphs` lists every graph, its buckets and its recompiles.
+- **Options** are :func:`opsched.optimize`'s keyword arguments, given as
+  ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
+  the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
+  ``cache_dir``). ``mode`` ``"max-autotune"`` races more schedulers (:data:`MODES`).
+- **What cannot be scheduled** (a graph opsched cannot import, a graph with nothing to compute)
+  runs as Dynamo captured it, eagerly, with a warning that says why; ``options={"fallback": False}``
+  raises instead.
+
+The backend is for inference: call the compiled model under ``torch.no_grad()`` or
+``torch.inference_mode()`` (a scheduled module computes no gradients, and says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from opsched._text import count
+from opsched.errors import OpschedError
+from opsched.module import ScheduledModule
+from opsched.report import ScheduleSummary
+
+__all__ = ["backend", "OpschedGraph", "Bucket", "CompiledGraphInfo", "compiled_graphs", "report", "reset", "MODES",
+           "OPTIONS"]
+
+log = logging.getLogger(__name__)
+
+#: What ``torch.compile``'s ``mode`` adds to the options (the user's own options win).
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"graphs": True},            # CUDA graphs, opsched's default on a GPU anyway
+    "max-autotune": {"scheduler": ("ios", "est")},  # race the dynamic program's plan and the list scheduler's
+    "max-autotune-no-cudagraphs": {"scheduler": ("ios", "est"), "graphs": False},
+}
+
+#: :func:`opsched.optimize`'s keyword arguments that the backend passes on (any scheduler option
+#: too). The device is the inputs'; the precision and layout are the model's own (a compiled
+#: model takes the inputs its original takes).
+OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs")
+#: The backend's own options.
+OWN_OPTIONS = ("fallback",)
+_REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
+            "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
+            "leaf_modules": "Dynamo traces the model, not opsched's importer"}
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One specialisation of a graph: its inputs' shapes (and integer arguments), how long it took
+    to make, the schedule it runs (None where it runs eagerly, and ``fallback`` then says why)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    ints: tuple[int, ...]
+    seconds: float
+    schedule: ScheduleSummary | None
+    backend: str | None
+    fallback: str | None = None
+    reason: str = "first call"
+
+    def __str__(self) -> str:
+        shapes = ", ".join("x".join(map(str, s)) for s in self.shapes) or "no tensors"
+        ints = f" ints {list(self.ints)}" if self.ints else ""
+        how = (f"eager ({self.fallback})" if self.schedule is None
+               else f"{self.schedule.scheduler} on {self.backend}: {self.schedule}")
+        return f"[{shapes}]{ints} ({self.reason}, {self.seconds:.1f} s): {how}"
+
+
+@dataclass(frozen=True)
+class CompiledGraphInfo:
+    """A graph Dynamo handed over: its number in this process, its operators, its buckets."""
+
+    index: int
+    operators: int
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def recompiles(self) -> int:
+        """Buckets made after the first (a new shape, new weights)."""
+        return max(0, len(self.buckets) - 1)
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')}, "
+                 f"{count(self.recompiles, 'recompile')}"]
+        lines += [f"  {b}" for b in self.buckets]
+        return "\n".join(lines)
+
+
+_GRAPHS: list[OpschedGraph] = []
+_LOCK = threading.Lock()
+
+
+def compiled_graphs() -> tuple[CompiledGraphInfo, ...]:
+    """Every graph the backend was handed in this process (since :func:`reset`), in order."""
+    with _LOCK:
+        return tuple(g.info() for g in _GRAPHS)
+
+
+def report() -> str:
+    """:func:`compiled_graphs` as text: per graph its buckets, schedules and recompiles."""
+    graphs = compiled_graphs()
+    if not graphs:
+        return "opsched backend: no graph compiled"
+    total = sum(g.recompiles for g in graphs)
+    head = f"opsched backend: {count(len(graphs), 'graph')}, {count(total, 'recompile')}"
+    return "\n".join([head, *map(str, graphs)])
+
+
+def reset() -> None:
+    """Forget the graphs compiled so far (``torch._dynamo.reset()`` forgets Dynamo's side)."""
+    with _LOCK:
+        _GRAPHS.clear()
+
+
+def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+            options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """The ``torch.compile`` backend: ``gm`` as an :class:`OpschedGraph`. Options are checked now,
+    so a misspelt one fails at compile time, naming what is accepted."""
+    settings = _settings(mode, dict(options or {}))
+    graph = OpschedGraph(gm, example_inputs, settings)
+    with _LOCK:
+        graph.index = len(_GRAPHS)
+        _GRAPHS.append(graph)
+    return graph
+
+
+def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    from opsched.api import check_request
+
+    mode = mode or "default"
+    if mode not in MODES:
+        raise OpschedError(f"torch.compile mode {mode!r} is not one of the opsched backend's: {', '.join(MODES)}")
+    refused = sorted(k for k in options if k in _REFUSED)
+    if refused:
+        raise OpschedError("; ".join(f"option {k!r} is not taken by the opsched backend: {_REFUSED[k]}"
+                                     for k in refused))
+    settings = {**MODES[mode], **options}
+    checked = {k: v for k, v in settings.items() if k in ("scheduler", "backend") or k not in (*OPTIONS, *OWN_OPTIONS)}
+    try:
+        check_request(**checked)  # unknown schedulers, backends and options fail here, before any work
+    except OpschedError as e:
+        raise OpschedError(f"torch.compile(backend='opsched', options=...): {e} (the backend also takes "
+                           f"{', '.join((*OPTIONS, *OWN_OPTIONS))})") from e
+    return settings
+
+
+def _static(value: Any) -> bool:
+    """Whether Dynamo passes ``value`` as a weight: a parameter or buffer it lifted."""
+    return isinstance(value, nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
+
+
+def _frozen(gm: fx.GraphModule, args: Sequence[Any], tensors: Sequence[int], name: str) -> fx.GraphModule:
+    """The captured graph as a module of its dynamic tensors alone, which :func:`opsched.optimize`
+    imports like any model: each weight a buffer (read by ``get_attr``), each integer argument
+    the value it has in ``args``."""
+    root = nn.Module()
+    for target in {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}:
+        atoms = str(target).split(".")
+        owner = root
+        for atom in atoms[:-1]:
+            if not hasattr(owner, atom):
+                owner.add_module(atom, nn.Module())
+            owner = getattr(owner, atom)
+        value = gm.get_submodule(str(target)) if "." not in str(target) and isinstance(
+            getattr(gm, str(target), None), nn.Module) else _attr(gm, str(target))
+        if isinstance(value, nn.Module):
+            owner.add_module(atoms[-1], value)
+        elif isinstance(value, torch.Tensor):
+            owner.register_buffer(atoms[-1], value)
+        else:
+            setattr(owner, atoms[-1], value)
+    graph = fx.Graph()
+    mapped: dict[fx.Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        if i in tensors:
+            mapped[node] = graph.placeholder(node.name)
+        elif isinstance(args[i], torch.Tensor):
+            root.register_buffer(f"_weight{i}", args[i].detach())
+            mapped[node] = graph.get_attr(f"_weight{i}")
+        else:
+            mapped[node] = args[i]
+    graph.output(graph.graph_copy(gm.graph, mapped))
+    return fx.GraphModule(root, graph, class_name=name)
+
+
+def _attr(module: nn.Module, target: str) -> Any:
+    for atom in target.split("."):
+        module = getattr(module, atom)
+    return module
+
+
+class OpschedGraph:
+    """One captured graph, run by scheduled modules, one per bucket (see the module docstring)."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Mapping[str, Any]) -> None:
+        self.gm = gm
+        self.settings = dict(settings)
+        self.index = -1
+        self.operators = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+        self.weights = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor) and _static(a))
+        self.tensors = tuple(i for i, a in enumerate(example_inputs)
+                             if isinstance(a, torch.Tensor) and i not in self.weights)
+        self.ints = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, (int, torch.SymInt))
+                          and not isinstance(a, bool))
+        self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
+        self._weights_seen: tuple[tuple[int, int], ...] | None = None
+        self._lock = threading.Lock()
+
+    def info(self) -> CompiledGraphInfo:
+        return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()))
+
+    def __call__(self, *args: Any) -> Any:
+        weights = tuple((id(args[i]), args[i]._version) for i in self.weights)
+        key = (weights, tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
+               tuple(int(args[i]) for i in self.ints))
+        found = self._buckets.get(key)
+        if found is None:
+            with self._lock:
+                found = self._buckets.get(key) or self._specialize(args, key)
+        run, _ = found
+        return run(*(args[i] for i in self.tensors))
+
+    def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket]:
+        reason = "first call" if not self._buckets else (
+            "new weights" if key[0] != self._weights_seen else "new input shapes")
+        self._weights_seen = key[0]
+        start = time.perf_counter()
+        module = _frozen(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
+                         f"CompiledGraph{self.index}")
+        inputs = tuple(args[i] for i in self.tensors)
+        shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
+        why = self._unschedulable(inputs)
+        if why is None:
+            try:
+                scheduled = self._optimize(module, inputs)
+            except OpschedError as e:
+                if not self.settings.get("fallback", True):
+                    raise
+                why = str(e)
+            else:
+                bucket = Bucket(shapes, ints, time.perf_counter() - start, scheduled.report().schedule,
+                                scheduled.backend.name, reason=reason)
+                self._buckets[key] = (scheduled, bucket)
+                return self._buckets[key]
+        log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
+        bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
+        self._buckets[key] = (module, bucket)
+        return self._buckets[key]
+
+    def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        if not inputs:
+            return "the graph reads no input tensor: it computes from its weights alone"
+        if self.operators == 0:
+            return "the graph computes nothing"
+        devices = {t.device.type for t in inputs}
+        if len(devices) > 1:
+            return f"its inputs are on several devices ({', '.join(sorted(devices))})"
+        return None
+
+    def _optimize(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> ScheduledModule:
+        from opsched.api import optimize
+
+        options = {k: v for k, v in self.settings.items() if k not in OWN_OPTIONS}
+        return optimize(module, inputs, device=inputs[0].device, **options)
+

@@ -1,0 +1,179 @@
+"""``torch.compile(model, backend="opsched")``: equal to eager on the zoo and on third-party models,
+through graph breaks, new shapes and new weights; options checked; what cannot be scheduled runs
+eagerly with the reason recorded (or raises, when asked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+import opsched.dynamo as od
+from opsched.errors import OpschedError
+from opsched.models import example_inputs, get_model, list_models
+from opsched.testing import assert_close
+from opsched.testing.corpus import corpus, corpus_available
+
+FAST = {"cost": "analytic", "verify": False}
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+    od.reset()
+
+
+def _compiled(model: nn.Module, **options: object) -> nn.Module:
+    return torch.compile(model, backend="opsched", options={**FAST, **options})  # type: ignore[return-value]
+
+
+def _leaves(out: object) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class Branchy(nn.Module):
+    """Two parallel convolutions, a graph break, two more: two graphs for Dynamo."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+        self.c, self.d = nn.Conv2d(16, 4, 3, padding=1), nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cat([self.a(x).relu(), self.b(x).sigmoid()], 1)
+        torch._dynamo.graph_break()
+        return self.c(y) + self.d(y), y.mean((2, 3))
+
+
+def test_the_backend_is_found_through_its_entry_point_with_no_import() -> None:
+    code = textwrap.dedent("""
+        import sys, torch
+        m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+        f = torch.compile(m, backend="opsched", options={"cost": "analytic"})
+        x = torch.randn(1, 3, 8, 8)
+        with torch.no_grad():
+            assert torch.allclose(f(x), m(x), atol=1e-5)
+        assert "opsched.dynamo" in sys.modules
+        print(len(__import__("opsched.dynamo").dynamo.compiled_graphs()))
+    """)
+    assert "opsched" in torch._dynamo.list_backends(exclude_tags=())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_zoo_model_compiles_equal_to_eager(name: str) -> None:
+    model, inputs = get_model(name), example_inputs(name)
+    compiled = _compiled(model, scheduler="greedy")
+    with torch.no_grad():
+        assert_close(_leaves(compiled(*inputs)), _leaves(model(*inputs)), name)
+    (graph,) = od.compiled_graphs()
+    (bucket,) = graph.buckets
+    assert bucket.schedule is not None and bucket.fallback is None, bucket
+    assert bucket.shapes == (tuple(inputs[0].shape),)
+
+
+def test_graph_breaks_and_new_shapes_each_get_a_schedule() -> None:
+    model = Branchy().eval()
+    compiled = _compiled(model, scheduler="ios")
+    with torch.no_grad():
+        for batch in (1, 2, 3, 2):
+            x = torch.randn(batch, 3, 16, 16)
+            assert_close(_leaves(compiled(x)), _leaves(model(x)), f"batch {batch}")
+    graphs = od.compiled_graphs()
+    # Dynamo: two graphs at batch 1, then both again with a dynamic batch; opsched: a bucket per batch
+    assert len(graphs) == 4
+    assert [len(g.buckets) for g in graphs] == [1, 1, 2, 2]
+    assert [b.shapes[0][0] for b in graphs[2].buckets] == [2, 3]
+    assert graphs[2].buckets[1].reason == "new input shapes"
+    assert all(b.schedule is not None for g in graphs for b in g.buckets)
+    assert sum(g.recompiles for g in graphs) == 2
+    text = od.report()
+    assert "4 graphs, 2 recompiles" in text and "new input shapes" in text
+
+
+def test_new_weights_and_another_instance_are_never_served_stale_results() -> None:
+    first, second = Branchy().eval(), Branchy().eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        compiled = _compiled(first)
+        assert_close(_leaves(compiled(x)), _leaves(first(x)), "first")
+        first.a.weight.mul_(2)  # in place: the same tensor, a new version
+        assert_close(_leaves(compiled(x)), _leaves(first(x)), "weights changed in place")
+        other = _compiled(second)  # the same code: Dynamo reuses its graphs, with second's weights as inputs
+        assert_close(_leaves(other(x)), _leaves(second(x)), "another instance")
+    reasons = [[b.reason for b in g.buckets] for g in od.compiled_graphs()]
+    # self.a is read before the graph break: its change renews the first graph's schedule alone
+    assert reasons == [["first call", "new weights", "new weights"], ["first call", "new weights"]]
+
+
+def test_a_graph_opsched_cannot_hold_runs_eagerly_with_the_reason_or_raises_when_asked() -> None:
+    class Spectral(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.fft.irfft(torch.fft.rfft(x, dim=-1) * 2, n=x.shape[-1], dim=-1) + 1
+
+    model, x = Spectral(), torch.randn(2, 8)
+    with torch.no_grad():
+        assert_close(_compiled(model)(x), model(x), "fallback")
+        (graph,) = od.compiled_graphs()
+        assert graph.buckets[0].schedule is None
+        assert "complex64, which opsched does not hold" in str(graph.buckets[0].fallback)
+        torch._dynamo.reset()
+        with pytest.raises(OpschedError, match="node 'fft_rfft'.*complex64"):
+            _compiled(model, fallback=False)(x)
+
+
+def test_a_graph_of_weights_alone_runs_eagerly() -> None:
+    class Constant(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w * 2
+
+    model = Constant()
+    with torch.no_grad():
+        assert_close(_compiled(model)(torch.randn(3)), model(torch.randn(3)), "constant")
+    assert "reads no input tensor" in str(od.compiled_graphs()[0].buckets[0].fallback)
+
+
+@pytest.mark.parametrize("options, mode, message", [
+    ({"schedular": "ios"}, None, "no scheduler of \\['ios'\\] has option 'schedular'"),
+    ({"scheduler": "iso"}, None, "iso"),
+    ({"dtype": "float16"}, None, "option 'dtype' is not taken by the opsched backend"),
+    ({}, "turbo", "mode 'turbo' is not one of"),
+])
+def test_bad_options_fail_at_compile_time_naming_what_is_accepted(options: dict[str, object], mode: str | None,
+                                                                  message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        od.backend(torch.fx.symbolic_trace(nn.ReLU()), [torch.randn(2)], mode=mode, options=options)
+
+
+def test_max_autotune_races_two_schedulers() -> None:
+    model = Branchy().eval()
+    # torch.compile takes a mode or options, never both: the backend is called as torch would with the mode
+    compiled = torch.compile(model, backend=lambda gm, xs: od.backend(gm, xs, mode="max-autotune", options=FAST))
+    with torch.no_grad():
+        x = torch.randn(1, 3, 16, 16)
+        assert_close(_leaves(compiled(x)), _leaves(model(x)), "max-autotune")
+    assert all(b.schedule is not None and b.schedule.scheduler in ("ios", "est")
+               for g in od.compiled_graphs() for b in g.buckets)
+
+
+CORPUS = ["bert", "convnext", "resnet"]
+
+
+@pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+@pytest.mark.parametrize("name", CORPUS)
+def test_third_party_models_compile_equal_to_eager(name: str) -> None:
+    model, inputs = corpus()[name].build()
+    compiled = _compiled(model, scheduler="greedy")
+    with torch.no_grad():
+        assert_close(_leaves(compiled(*inputs)), _leaves(model(*inputs)), name)
+    assert all(b.schedule is not None for g in od.compiled_graphs() for b in g.buckets), od.report()
