@@ -118,7 +118,7 @@ def test_every_op_runs_on_every_backend_or_says_why_not(name: str) -> None:
 
 
 @pytest.mark.usefixtures("serial")
-@pytest.mark.parametrize("name", ["torch", "ort", "serial"])
+@pytest.mark.parametrize("name", ["torch", "ort", "inductor", "serial"])
 def test_executors_follow_the_protocol(name: str) -> None:
     g = random_dag(8, 4)
     plan = lower(g, schedule(g, "greedy", host_cpu_model(), max_lanes=2))
@@ -126,7 +126,8 @@ def test_executors_follow_the_protocol(name: str) -> None:
     assert isinstance(executor, Executor)
     x = [torch.randn(g.inputs[0].type.shape)]
     assert_close(executor(x), opsched.run_graph(g, x))
-    assert executor.describe().startswith({"torch": "torch", "ort": "onnxruntime", "serial": "serial"}[name])
+    assert executor.describe().startswith({"torch": "torch", "ort": "onnxruntime", "inductor": "inductor",
+                                                "serial": "serial"}[name])
     assert executor.trace(x)
     executor.close()
 

@@ -33,6 +33,7 @@ from opsched.backends.base import CpuBackend, Executor, register_backend
 from opsched.backends.lanes import Item, LaneExecutor, Program, step_category
 from opsched.backends.ort_export import export_segment, exportable
 from opsched.backends.ort_profile import KernelTimes, kernel_events, kernel_times, ort_category, owner
+from opsched.backends.segments import Segment, SegmentBuilder
 from opsched.cost import SegmentCut, StageTiming, TimingPolicy
 from opsched.cost.measured import Calibrations
 from opsched.execution import RunOptions
@@ -83,76 +84,25 @@ def _to_torch(v: Any) -> torch.Tensor:
     return torch.from_numpy(np.asarray(v))
 
 
-class _ProgramBuilder:
-    """Cuts each lane of each phase into segments of exportable steps, one session each; the
-    other steps become torch items between them."""
+class _OrtSegments(SegmentBuilder):
+    """Each segment of exportable steps one ORT session; the other steps torch items between them,
+    values held as NumPy arrays."""
+
+    encode = staticmethod(_to_numpy)
+    decode = staticmethod(_to_torch)
 
     def __init__(self, graph: Graph, plan: Plan, cores: int, profile_dir: str | None, spin: bool) -> None:
-        self.graph, self.plan, self.cores, self.profile_dir = graph, plan, cores, profile_dir
-        steps = plan.steps
-        self.readers: dict[int, set[int]] = {}
-        for s, step in enumerate(steps):
-            for slot in step.inputs:
-                self.readers.setdefault(slot, set()).add(s)
-        self.waited = {w for step in steps for w in step.waits}
-        self.exportable = [all(exportable(graph, graph.node(v)) for v in step.nodes) for step in steps]
+        super().__init__(graph, plan, cores)
+        self.profile_dir = profile_dir
+        self.exportable = [all(exportable(graph, graph.node(v)) for v in step.nodes) for step in plan.steps]
         lanes = [lane for phase in plan.phases for lane in phase.lanes]
         # a plan that is one session lets its threads spin, as ORT's own sessions do
         self.spin = spin and len(lanes) == 1 and all(self.exportable[s] for s in lanes[0])
-        self.items: list[Item] = []
-        self.members: list[list[int]] = []   # per item, the steps it runs
-        self.sessions: list[Any] = []        # per item, its session (None: a torch step)
-        self.item_of: dict[int, int] = {}
 
-    def build(self) -> Program:
-        phases = []
-        for phase in self.plan.phases:
-            threads = max(1, self.cores // len(phase.lanes))
-            phases.append([self._lane(lane, threads) for lane in phase.lanes])
-        steps = self.plan.steps
+    def fits(self, s: int) -> bool:
+        return self.exportable[s]
 
-        def with_waits(i: int) -> Item:
-            item = self.items[i]
-            waits = {self.item_of[w] for m in self.members[i] for w in steps[m].waits} - {item.id}
-            return dataclasses.replace(item, waits=tuple(sorted(waits)))
-
-        program_phases = tuple(tuple(tuple(with_waits(i) for i in lane) for lane in lanes) for lanes in phases)
-        return Program(program_phases, tuple(p.frees for p in self.plan.phases), len(self.items),
-                       len(self.plan.slot_names), self.plan.input_slots, self.plan.output_slots, encode=_to_numpy,
-                       decode=_to_torch, sessions=tuple(self.sessions))
-
-    def _lane(self, lane: Sequence[int], threads: int) -> list[int]:
-        built: list[int] = []
-        segment: list[int] = []
-
-        def close() -> None:
-            if segment:
-                item, session = self._session_item(segment, threads)
-                built.append(self._emit(item, list(segment), session))
-                segment.clear()
-
-        for s in lane:
-            if self.plan.steps[s].waits:
-                close()  # a step that waits on another lane starts a new segment
-            if self.exportable[s]:
-                segment.append(s)
-                if s in self.waited:
-                    close()  # another lane waits for this step: end its segment here
-            else:
-                close()
-                built.append(self._emit(self._torch_item(s), [s], None))
-        close()
-        return built
-
-    def _emit(self, item: Item, members: list[int], session: Any) -> int:
-        self.items.append(item)
-        self.members.append(members)
-        self.sessions.append(session)
-        for m in members:
-            self.item_of[m] = item.id
-        return item.id
-
-    def _torch_item(self, s: int) -> Item:
+    def step_item(self, s: int) -> Item:
         step = self.plan.steps[s]
         kernel, ins, outs, frees = step_kernel(self.graph, step), step.inputs, step.outputs, step.frees
 
@@ -165,27 +115,14 @@ class _ProgramBuilder:
                 slots[f] = None
         return Item(len(self.items), step.label, step.op, run, (), step_category(step))
 
-    def _session_item(self, segment: list[int], threads: int) -> tuple[Item, Any]:
+    def segment_item(self, segment: Segment, threads: int) -> tuple[Item, Any]:
         steps, names = self.plan.steps, self.plan.slot_names
-        inside = set(segment)
-        produced: set[int] = set()
-        ins: list[int] = []
-        for s in segment:
-            for slot in steps[s].inputs:
-                if slot not in produced and slot not in ins:
-                    ins.append(slot)
-            produced.update(steps[s].outputs)
-        outputs = set(self.plan.output_slots)
-        outs = [slot for s in segment for slot in steps[s].outputs
-                if slot in outputs or self.readers.get(slot, set()) - inside]
-        if not outs:  # a segment nothing reads (a graph built with dead nodes): ORT needs one output
-            outs = [steps[segment[-1]].outputs[0]]
-        model = export_segment(self.graph, [steps[s].nodes for s in segment], [names[i] for i in ins],
+        ins, outs, frees = segment.inputs, segment.outputs, segment.frees
+        model = export_segment(self.graph, [steps[s].nodes for s in segment.steps], [names[i] for i in ins],
                                [names[o] for o in outs])
         prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")
         session = _session(model.SerializeToString(), threads, prefix, self.spin)
         in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
-        frees = [f for s in segment for f in steps[s].frees]
 
         def run(slots: list[Any]) -> None:
             feeds = {n: np.ascontiguousarray(slots[i]) for n, i in zip(in_names, ins)}
@@ -193,9 +130,8 @@ class _ProgramBuilder:
                 slots[slot] = value
             for f in frees:
                 slots[f] = None
-        first, last = steps[segment[0]].label, steps[segment[-1]].label
-        label = first if len(segment) == 1 else f"{first}..{last}"
-        return Item(len(self.items), label, f"onnxruntime[{len(segment)} steps]", run, (), "segment"), session
+        return (Item(len(self.items), segment.label, f"onnxruntime[{len(segment.steps)} steps]", run, (), "segment"),
+                session)
 
 
 def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = None, spin: bool = False) -> Program:
@@ -210,7 +146,7 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
     spinning threads keep a core busy for tens of milliseconds, so plans of several sessions or
     lanes never spin (they would take the cores their other sessions need); nor do stages being
     measured."""
-    return _ProgramBuilder(graph, plan, cores, profile_dir, spin).build()
+    return _OrtSegments(graph, plan, cores, profile_dir, spin).build()
 
 
 class OrtExecutor(LaneExecutor):
