@@ -15,11 +15,22 @@ sequential, search time and measurements.
 
     python benchmarks/cpu.py                               # every zoo model, batch 1
     python benchmarks/cpu.py --models inception_v3 --batch 1 8 --budget 120
+
+With ``--compile`` it races torch.compile instead (-> docs/results/cpu-compile.md): eager PyTorch;
+``torch.compile`` in its default mode (``compile``), ``max-autotune`` (``compile-max``) and
+``reduce-overhead`` (``compile-ro``; on a CPU it has no CUDA graphs to add); what
+``opsched.optimize`` returns (ONNX Runtime kernels), the same through
+``torch.compile(backend="opsched")``, and ``opsched-compile``: optimize()'s schedule with its lane
+segments compiled by Inductor (the ``inductor`` backend), beside the sequential schedule on Inductor.
+Each contender's compile time (its first call, or the segments' compile) is reported beside its latency.
+
+    python benchmarks/cpu.py --compile --models squeezenet1_1 googlenet resnet18
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import statistics
@@ -123,6 +134,82 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
         str(opt.outcome.measurements or "")], record
 
 
+#: torch.compile's modes raced by ``--compile``, by contender name.
+COMPILE_MODES = {"compile": "default", "compile-max": "max-autotune", "compile-ro": "reduce-overhead"}
+
+
+def run_compile(name: str, batch: int, budget: float, rounds: int,
+                cache_dir: str) -> tuple[list[object], dict[str, object]]:
+    """The ``--compile`` race of one model (module docstring)."""
+    model, inputs = get_model(name), example_inputs(name, batch)
+    contenders: dict[str, object] = {"eager": model}
+    compile_s: dict[str, float] = {}
+    with torch.no_grad():
+        for label, mode in COMPILE_MODES.items():
+            torch._dynamo.reset()
+            t = time.perf_counter()
+            compiled = torch.compile(model, mode=mode)
+            compiled(*inputs)
+            compile_s[label] = time.perf_counter() - t
+            contenders[label] = compiled
+        t = time.perf_counter()
+        opt = opsched.optimize(model, inputs, cache_dir=cache_dir, budget_s=budget)
+        compile_s["opsched"] = time.perf_counter() - t
+        contenders["opsched"] = opt
+        t = time.perf_counter()
+        via_dynamo = torch.compile(model, backend="opsched", options={"cache_dir": cache_dir, "budget_s": budget})
+        via_dynamo(*inputs)
+        compile_s["backend=opsched"] = time.perf_counter() - t
+        contenders["backend=opsched"] = via_dynamo
+        for label, sched in (("opsched-compile", opt.schedule),
+                             ("opsched-compile seq", schedule(opt.graph, "sequential", opsched.api.host_cpu_model()))):
+            t = time.perf_counter()
+            contenders[label] = ScheduledModule(opt.graph, sched, backend="inductor")
+            compile_s[label] = time.perf_counter() - t
+        calls = {k: functools.partial(m, *inputs) for k, m in contenders.items()}
+        times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=5)
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def ratio(slow: str, fast: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+    best_compile = min(COMPILE_MODES, key=lambda k: med[k])
+    ratios = {"opsched-compile vs best compile": ratio(best_compile, "opsched-compile"),
+              "opsched-compile vs eager": ratio("eager", "opsched-compile"),
+              "opsched vs best compile": ratio(best_compile, "opsched")}
+    record = {"model": name, "batch": batch, "median_ms": med, "compile_s": compile_s, "ratios": ratios,
+              "best_compile": best_compile, "opsched_report": str(opt.report()),
+              "opsched_compile": contenders["opsched-compile"]._executor.describe()}  # type: ignore[attr-defined]
+    row = [name, batch, *(f"{med[k]:.2f} ({compile_s.get(k, 0.0):.0f} s)" if k in compile_s else f"{med[k]:.2f}"
+                          for k in calls), best_compile, *(f"{v:.2f}" for v in ratios.values())]
+    return row, record
+
+
+def main_compile(args: argparse.Namespace, cache_dir: str) -> None:
+    rows, records = [], []
+    for batch in args.batch:
+        for name in args.models:
+            row, record = run_compile(name, batch, args.budget, args.rounds, cache_dir)
+            rows.append(row)
+            records.append(record)
+            print(" | ".join(map(str, row)), flush=True)
+    headers = ["model", "batch", "eager", "compile", "compile-max", "compile-ro", "opsched (ORT)",
+               "backend=opsched", "opsched-compile", "opsched-compile seq", "best compile mode",
+               "opsched-compile vs best compile", "opsched-compile vs eager", "opsched (ORT) vs best compile"]
+    geo = {h: geomean(float(r[k]) for r in rows) for k, h in enumerate(headers) if k >= len(headers) - 3}
+    write_table(args.name if args.name != "cpu" else "cpu-compile", [
+        "# CPU: opsched against torch.compile", "",
+        "Median latency in ms over interleaved rounds in one process (a contender's sample: the median of "
+        "five calls after 50 ms of sleep and one untimed call), compile time in parentheses (the first "
+        "call for torch.compile's modes and the opsched backend; import, search and check for "
+        "optimize(); the Inductor compile of the segments for opsched-compile). *opsched (ORT)*: what "
+        "`opsched.optimize` returns; *backend=opsched*: the same through `torch.compile(model, "
+        "backend=\"opsched\")`; *opsched-compile*: optimize()'s schedule with each lane segment compiled "
+        "by Inductor (the `inductor` backend); *opsched-compile seq*: the sequential schedule on it (one "
+        "segment: Inductor on opsched's imported graph). Ratios are medians of per-round ratios, > 1 where "
+        "the opsched contender is faster.",
+    ], headers, rows, geo, {"rows": records, "budget_s": args.budget})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=list_models())
@@ -131,8 +218,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one, so search times are honest)")
     p.add_argument("--name", default="cpu")
+    p.add_argument("--compile", action="store_true", help="race torch.compile's modes and the Inductor backend")
     args = p.parse_args()
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-bench-")
+    if args.compile:
+        main_compile(args, cache_dir)
+        return
     rows, records = [], []
     for batch in args.batch:
         for name in args.models:
