@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from opsched._text import mib
 from opsched.backends import Backend, resolve_backend
 from opsched.check import verify_against
 from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
@@ -144,7 +145,8 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
              graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
              backend: str = "auto", cache_dir: str | None = None, verify: bool = True,
              leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
-             progress: bool | Phases | None = None, **options: Any) -> ScheduledModule:
+             progress: bool | Phases | None = None, memory_budget: int | None = None,
+             **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that computes what
     ``model.eval()`` computes (the model itself is left in the mode it was in).
 
@@ -169,6 +171,11 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     long phase on stderr (``None``: when stderr is a terminal), or a callable
     ``phases(name) -> progress(done, total, text)``. With ``verify`` the
     result is checked against the model on the example inputs and on fresh random ones.
+
+    ``memory_budget`` (bytes of live activations) keeps only plans whose peak fits: concurrency
+    keeps more values alive at once (up to 4x the single-stream peak on an H100), so the
+    sequential plan joins the race as the frugal contender, plans over the budget are left out
+    (the report names them, with their peaks), and where none fits the error gives every peak.
     """
     if not isinstance(model, nn.Module):
         raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
@@ -184,7 +191,7 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
             raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
                                 f"{len(graph.outputs)} outputs; please report this with the model")
         module = _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
-                           outputs=structure, progress=phases(progress))
+                           outputs=structure, progress=phases(progress), memory_budget=memory_budget)
         module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)
         if verify:
             verify_against(module, module.graph, module.device, model, inputs, phases(progress)("checking"))
@@ -195,23 +202,28 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
                    channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
                    cost: str | CostModel = "measured", backend: str = "auto", cache_dir: str | None = None,
                    check: bool = True, race_with: Sequence[str] = (), rounds: int = 7,
-                   progress: bool | Phases | None = None, **options: Any) -> ScheduledModule:
+                   progress: bool | Phases | None = None, memory_budget: int | None = None,
+                   **options: Any) -> ScheduledModule:
     """:func:`optimize` for an imported graph (from :func:`opsched.from_onnx`, say).
 
     With ``check`` and a measured cost model, the plan also races the sequential one (stage
     prices were taken in isolation) and the faster is kept; with several schedulers, their
     plans race whatever the cost model. ``race_with`` adds schedulers whose plans only race (the
     command line's baselines); ``rounds`` is the race's. ``module.report()`` gives every
-    contender's median and which was kept."""
+    contender's median and which was kept; ``memory_budget`` is :func:`optimize`'s."""
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
     extra = _scheduler_names(race_with) if race_with else ()
     return _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
-                     check=check, race_with=extra, rounds=rounds, progress=phases(progress))
+                     check=check, race_with=extra, rounds=rounds, progress=phases(progress),
+                     memory_budget=memory_budget)
 
 
 def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bool, cost: str | CostModel,
               cache_dir: str | None, progress: Phases, check: bool = True, race_with: Sequence[str] = (),
-              rounds: int = 7, outputs: OutputStructure | None = None) -> ScheduledModule:
+              rounds: int = 7, outputs: OutputStructure | None = None,
+              memory_budget: int | None = None) -> ScheduledModule:
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
+        raise ScheduleError(f"memory_budget: a positive number of bytes, got {memory_budget!r}")
     start = time.perf_counter()
     dev, be = request.device, request.backend
     graph = place(graph, dev, request.dtype, channels_last)
@@ -220,24 +232,34 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         cost_model = _cost_model(cost, be, run, cache_dir, stack)
         made = {name: schedule(graph, name, cost_model, request.options[name], progress=progress(f"searching {name}"))
                 for name in request.schedulers}
-        extra = [*race_with, *(["sequential"] if check and isinstance(cost_model, MeasuredCostModel) else [])]
+        frugal = (check and isinstance(cost_model, MeasuredCostModel)) or memory_budget is not None
+        extra = [*race_with, *(["sequential"] if frugal else [])]
         for name in extra:
             if name not in made:
                 made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
                                          outputs=outputs) for name, s in made.items()}
+        peaks = {name: m.peak_bytes for name, m in modules.items()}
+        over = {}
+        if memory_budget is not None:
+            over = {name: peak for name, peak in peaks.items() if peak > memory_budget}
+            if len(over) == len(modules):
+                listing = ", ".join(f"{name}'s at {mib(peak)}" for name, peak in over.items())
+                raise ScheduleError(f"no plan of {graph.name!r} fits memory_budget={memory_budget} bytes "
+                                    f"({mib(memory_budget)}): their activations peak {listing}")
+            modules = {name: m for name, m in modules.items() if name not in over}
         race = None
-        kept = request.schedulers[0]
+        kept = next(name for name in (*request.schedulers, *modules) if name in modules)
         if len(modules) > 1:
             inputs = tuple(random_inputs(graph, dev))
             kept, times = fastest({name: functools.partial(m, *inputs) for name, m in modules.items()},
                                   clock=be.clock(run), rounds=rounds, progress=progress("racing plans"))
-            race = RaceResult(times, kept)
+            race = RaceResult(times, kept, {name: peaks[name] for name in times})
         module = modules[kept]
         searched = tuple(ScheduleSummary.of(m.schedule, m.plan) for name, m in modules.items()
                          if name != kept and name in request.schedulers and m.schedule.stats)
         counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
-        module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start)
+        module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start, memory_budget, over)
     return module
 
 

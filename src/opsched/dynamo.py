@@ -32,6 +32,7 @@ The backend is for inference: call the compiled model under ``torch.no_grad()`` 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,7 +63,7 @@ MODES: dict[str, dict[str, Any]] = {
 #: :func:`opsched.optimize`'s keyword arguments that the backend passes on (any scheduler option
 #: too). The device is the inputs'; the precision and layout are the model's own (a compiled
 #: model takes the inputs its original takes).
-OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs")
+OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs", "memory_budget")
 #: The backend's own options.
 OWN_OPTIONS = ("fallback",)
 _REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
@@ -169,6 +170,9 @@ def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 def _static(value: Any) -> bool:
     """Whether Dynamo passes ``value`` as a weight: a parameter or buffer it lifted."""
     return isinstance(value, nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
@@ -229,15 +233,17 @@ class OpschedGraph:
         self.ints = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, (int, torch.SymInt))
                           and not isinstance(a, bool))
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
-        self._weights_seen: tuple[tuple[int, int], ...] | None = None
+        self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
 
     def info(self) -> CompiledGraphInfo:
         return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()))
 
     def __call__(self, *args: Any) -> Any:
-        weights = tuple((id(args[i]), args[i]._version) for i in self.weights)
-        key = (weights, tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
+        # every weight's identity and version, in C loops: a model of a thousand weights pays tens of µs
+        weights = [args[i] for i in self.weights]
+        key = ((tuple(map(id, weights)), tuple(map(_VERSION, weights))),
+               tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
                tuple(int(args[i]) for i in self.ints))
         found = self._buckets.get(key)
         if found is None:

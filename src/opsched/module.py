@@ -114,7 +114,15 @@ class ScheduledModule(nn.Module):
     def report(self) -> OptimizeReport:
         s = self.schedule
         return OptimizeReport(self.graph.name, len(self.graph.nodes), s.batch, s.device, self.backend.name,
-                              self._executor.describe(), ScheduleSummary.of(s, self.plan), self.outcome)
+                              self._executor.describe(), ScheduleSummary.of(s, self.plan), self.outcome,
+                              self.peak_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The plan's peak of live activations (inputs, outputs, intermediates) in bytes; an
+        upper bound where lanes run at once (:meth:`opsched.runtime.Plan.peak_bytes`)."""
+        types = self.graph.types
+        return self.plan.peak_bytes([types[name].nbytes for name in self.plan.slot_names])
 
     def __del__(self) -> None:
         executor = getattr(self, "_executor", None)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsched._text import count
+from opsched._text import count, mib
 from opsched.cost.measured import MeasurementCounts
 from opsched.runtime import Plan
 from opsched.schedule import Schedule
@@ -52,13 +52,17 @@ class ScheduleSummary:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """Contenders' median ms in one interleaved race, and which was kept (the fastest)."""
+    """Contenders' median ms in one interleaved race, which was kept (the fastest that fits the
+    memory budget), and each contender's peak of live activations in bytes, where known."""
 
     times_ms: Mapping[str, float]
     kept: str
+    peak_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        return ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.times_ms.items()) + f": kept {self.kept}"
+        def one(name: str, ms: float) -> str:
+            return f"{name} {ms:.2f} ms" + (f" at {mib(self.peak_bytes[name])}" if name in self.peak_bytes else "")
+        return ", ".join(one(name, ms) for name, ms in self.times_ms.items()) + f": kept {self.kept}"
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class OptimizeOutcome:
     searched: tuple[ScheduleSummary, ...] = ()
     measurements: MeasurementCounts | None = None
     seconds: float | None = None
+    memory_budget: int | None = None
+    over_budget: Mapping[str, int] = field(default_factory=dict)  # plans left out of the race: their peaks
 
 
 @dataclass(frozen=True)
@@ -84,17 +90,24 @@ class OptimizeReport:
     executor: str
     schedule: ScheduleSummary
     outcome: OptimizeOutcome = OptimizeOutcome()
+    peak_bytes: int | None = None
 
     def __str__(self) -> str:
         s = self.schedule
         lines = [f"{self.model}: {self.operators} operators, scheduled by {s.scheduler} for batch {self.batch} on "
                  f"{self.device}, running on the {self.backend} backend",
                  f"  {s}", f"  {self.executor}"]
+        if self.peak_bytes is not None:
+            budget = self.outcome.memory_budget
+            lines.append(f"  peak activations: {mib(self.peak_bytes)}"
+                         + (f" (budget {mib(budget)})" if budget is not None else ""))
         if s.search:
             lines.append(f"  {s.search}")
         o = self.outcome
         if o.race is not None:
             lines.append(f"  end-to-end check: {o.race}")
+        for name, peak in o.over_budget.items():
+            lines.append(f"  {name}'s plan was left out: its activations peak at {mib(peak)}, over the budget")
         for other in o.searched:
             lines.append(f"  searched schedule ({other.scheduler}, lost the race): {other}"
                          + (f"; {other.search}" if other.search else ""))

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from opsched._text import mib
 from opsched.cli.main import Handler, positive_int, subcommand
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
@@ -46,6 +47,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--no-compare", action="store_true",
                    help="race only the searched plans (and sequential); no greedy, no eager PyTorch")
     p.add_argument("--cache-dir", help="profile store directory")
+    p.add_argument("--memory-budget", type=float, metavar="MIB",
+                   help="keep only plans whose live activations peak within this many MiB")
     p.add_argument("--out", default="opsched-out", help="directory for schedule.json, timeline.png, trace.json")
     add_scheduler_flags(p)
 
@@ -65,13 +68,16 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
                                 channels_last=args.channels_last, scheduler=names, cost=args.cost,
                                 backend=args.backend, cache_dir=args.cache_dir, rounds=args.rounds,
-                                race_with=() if args.no_compare else BASELINES, progress=progress, **options)
+                                race_with=() if args.no_compare else BASELINES, progress=progress,
+                                memory_budget=None if args.memory_budget is None else int(args.memory_budget * 2**20),
+                                **options)
         print(module.report())
         inputs = placed_inputs(module.graph, loaded.inputs, module.device)
         race_ = module.outcome.race
         if race_ is not None:
-            rows = [[name, f"{ms:.2f}", "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
-            print(format_table(["schedule", "median ms", ""], rows))
+            rows = [[name, f"{ms:.2f}", mib(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
+                     "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
+            print(format_table(["schedule", "median ms", "peak activations", ""], rows))
         if loaded.module is not None and not args.no_compare:
             moved = inputs[0] is not loaded.inputs[0]
             eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if moved else loaded.module

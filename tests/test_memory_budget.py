@@ -1,0 +1,74 @@
+"""A peak-memory budget: plans whose live activations peak over it never win the race, the frugal
+sequential plan always runs in it, the report gives every contender's peak, and a budget nothing
+fits is refused with every peak named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import opsched
+from opsched.errors import ScheduleError
+from opsched.ir import Graph
+from opsched.runtime import lower
+from opsched.schedule import Schedule
+from opsched.schedulers.sequential import sequential_stages
+from opsched.testing import assert_close
+
+
+class Wide(nn.Module):
+    """Four branches, each a wide convolution narrowed again: run one after another, only one
+    branch's wide value is alive at a time; run at once, all four are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.ModuleList(nn.Conv2d(4, 64, 3, padding=1) for _ in range(4))
+        self.narrow = nn.ModuleList(nn.Conv2d(64, 2, 1) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([n(w(x).relu()) for w, n in zip(self.wide, self.narrow)], 1)
+
+
+X = torch.randn(1, 4, 32, 32)
+INPUT, WIDE, NARROW = 4 * 32 * 32 * 4, 64 * 32 * 32 * 4, 2 * 32 * 32 * 4  # bytes of float32 values
+
+
+def _sequential_peak(graph: Graph) -> int:
+    plan = lower(graph, Schedule.from_stages(graph.structural_hash(), sequential_stages(graph)))
+    return plan.peak_bytes([graph.types[name].nbytes for name in plan.slot_names])
+
+
+def _optimize(**kwargs: object) -> opsched.ScheduledModule:
+    return opsched.optimize(Wide().eval(), X, cost="analytic", scheduler="greedy", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_plan_over_the_budget_is_left_out_and_the_sequential_plan_runs_within_it() -> None:
+    free = _optimize(memory_budget=2**30)
+    seq_peak = _sequential_peak(free.graph)
+    assert free.outcome.race is not None
+    peaks = free.outcome.race.peak_bytes
+    # one branch after another: the input, one wide value, three narrow ones already made
+    assert peaks["sequential"] == seq_peak == INPUT + WIDE + 3 * NARROW
+    assert peaks["greedy"] == INPUT + 4 * WIDE  # the four branches' wide values alive at once
+    module = _optimize(memory_budget=seq_peak)
+    assert module.schedule.scheduler == "sequential" and module.peak_bytes == seq_peak
+    assert module.outcome.over_budget == {"greedy": peaks["greedy"]}
+    text = str(module.report())
+    assert "greedy's plan was left out" in text and "budget" in text
+    model = Wide().eval()
+    kept = opsched.optimize(model, X, cost="analytic", scheduler="greedy", memory_budget=seq_peak)
+    with torch.no_grad():
+        assert_close([kept(X)], [model(X)], "kept within budget")
+
+
+def test_a_budget_no_plan_fits_names_every_peak() -> None:
+    with pytest.raises(ScheduleError, match=r"no plan of 'Wide' fits memory_budget=1000 bytes.*greedy's at .* MiB.*"
+                                            r"sequential's at .* MiB"):
+        _optimize(memory_budget=1000)
+
+
+@pytest.mark.parametrize("budget", [0, -5, 1.5, "1GB"])
+def test_a_budget_must_be_a_positive_number_of_bytes(budget: object) -> None:
+    with pytest.raises(ScheduleError, match="memory_budget: a positive number of bytes"):
+        _optimize(memory_budget=budget)
