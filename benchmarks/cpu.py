@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -184,14 +185,21 @@ def run_compile(name: str, batch: int, budget: float, rounds: int,
     return row, record
 
 
-def main_compile(args: argparse.Namespace, cache_dir: str) -> None:
+def every_model(race: Callable[[str, int, float, int, str], tuple[list[object], dict[str, object]]],
+                args: argparse.Namespace, cache_dir: str) -> tuple[list[list[object]], list[dict[str, object]]]:
+    """``race`` run for every model at every batch size, each row echoed as it comes."""
     rows, records = [], []
     for batch in args.batch:
         for name in args.models:
-            row, record = run_compile(name, batch, args.budget, args.rounds, cache_dir)
+            row, record = race(name, batch, args.budget, args.rounds, cache_dir)
             rows.append(row)
             records.append(record)
             print(" | ".join(map(str, row)), flush=True)
+    return rows, records
+
+
+def main_compile(args: argparse.Namespace, cache_dir: str) -> None:
+    rows, records = every_model(run_compile, args, cache_dir)
     headers = ["model", "batch", "eager", "compile", "compile-max", "compile-ro", "opsched (ORT)",
                "backend=opsched", "opsched-compile", "opsched-compile seq", "best compile mode",
                "opsched-compile vs best compile", "opsched-compile vs eager", "opsched (ORT) vs best compile"]
@@ -224,13 +232,7 @@ def main() -> None:
     if args.compile:
         main_compile(args, cache_dir)
         return
-    rows, records = [], []
-    for batch in args.batch:
-        for name in args.models:
-            row, record = run(name, batch, args.budget, args.rounds, cache_dir)
-            rows.append(row)
-            records.append(record)
-            print(" | ".join(map(str, row)), flush=True)
+    rows, records = every_model(run, args, cache_dir)
     headers = ["model", "batch", "eager", "ORT seq", "ORT par", "opsched seq", "opsched greedy", "opsched IOS",
                "optimize()", "IOS vs ORT seq", "IOS vs eager", "IOS vs own seq", "optimize() vs ORT seq",
                "unit bound", "IOS / unit bound", "IOS peak mem vs seq", "optimize s", "measurements"]
