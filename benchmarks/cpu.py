@@ -179,7 +179,7 @@ def run_compile(name: str, batch: int, budget: float, rounds: int,
               "opsched vs best compile": ratio(best_compile, "opsched")}
     record = {"model": name, "batch": batch, "median_ms": med, "compile_s": compile_s, "ratios": ratios,
               "best_compile": best_compile, "opsched_report": str(opt.report()),
-              "opsched_compile": contenders["opsched-compile"]._executor.describe()}  # type: ignore[attr-defined]
+              "opsched_compile": contenders["opsched-compile"].report().executor}  # type: ignore[attr-defined]
     row = [name, batch, *(f"{med[k]:.2f} ({compile_s.get(k, 0.0):.0f} s)" if k in compile_s else f"{med[k]:.2f}"
                           for k in calls), best_compile, *(f"{v:.2f}" for v in ratios.values())]
     return row, record

@@ -183,21 +183,20 @@ def _frozen(gm: fx.GraphModule, args: Sequence[Any], tensors: Sequence[int], nam
     imports like any model: each weight a buffer (read by ``get_attr``), each integer argument
     the value it has in ``args``."""
     root = nn.Module()
-    for target in {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}:
-        atoms = str(target).split(".")
+    for target in {str(n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}:
+        *path, leaf = target.split(".")
         owner = root
-        for atom in atoms[:-1]:
+        for atom in path:
             if not hasattr(owner, atom):
                 owner.add_module(atom, nn.Module())
             owner = getattr(owner, atom)
-        value = gm.get_submodule(str(target)) if "." not in str(target) and isinstance(
-            getattr(gm, str(target), None), nn.Module) else _attr(gm, str(target))
+        value = _attr(gm, target)
         if isinstance(value, nn.Module):
-            owner.add_module(atoms[-1], value)
+            owner.add_module(leaf, value)
         elif isinstance(value, torch.Tensor):
-            owner.register_buffer(atoms[-1], value)
+            owner.register_buffer(leaf, value)
         else:
-            setattr(owner, atoms[-1], value)
+            setattr(owner, leaf, value)
     graph = fx.Graph()
     mapped: dict[fx.Node, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -19,6 +19,7 @@ profile store keeps them, so a model is measured once per machine.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -44,8 +45,6 @@ INDUCTOR_OPTIONS: dict[str, Any] = {"freezing": True}
 
 def inductor_available() -> str | None:
     """Why Inductor cannot compile for this CPU here (no C++ compiler), or None."""
-    import shutil
-
     if not any(shutil.which(cc) for cc in ("g++", "clang++", "c++")):
         return "Inductor's CPU code generation needs a C++ compiler (g++ or clang++) on the PATH"
     return None
@@ -56,7 +55,6 @@ class _InductorSegments(SegmentBuilder):
 
     def __init__(self, graph: Graph, plan: Plan, cores: int) -> None:
         super().__init__(graph, plan, cores)
-        self.types = {**{i.name: i.type for i in graph.inputs}, **{n.name: n.out for n in graph.nodes}}
         self.compile_seconds = 0.0
 
     def fits(self, s: int) -> bool:
@@ -80,9 +78,8 @@ class _InductorSegments(SegmentBuilder):
                     env.update(zip(writes, result))
             return tuple(env[o] for o in outs)
 
-        names = self.plan.slot_names
-        example = [torch.zeros(self.types[names[i]].shape, dtype=getattr(torch, self.types[names[i]].dtype))
-                   for i in ins]
+        types = [self.graph.types[self.plan.slot_names[i]] for i in ins]
+        example = [torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for t in types]
         start = time.perf_counter()
         threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)
