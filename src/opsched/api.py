@@ -28,7 +28,7 @@ from opsched.module import OutputStructure, ScheduledModule
 from opsched.progress import Phases, phases
 from opsched.race import fastest
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
-from opsched.schedule import Schedule
+from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import make_options, schedule, spec
 from opsched.schedulers.registry import RENAMED
 from opsched.transforms.place import dtype_name, place
@@ -176,6 +176,10 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     keeps more values alive at once (up to 4x the single-stream peak on an H100), so the
     sequential plan joins the race as the frugal contender, plans over the budget are left out
     (the report names them, with their peaks), and where none fits the error gives every peak.
+
+    At a batch larger than 1, with the measured cost model (whose plans race end to end),
+    the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's cache, run
+    depth-first) races the others too, and is kept only where it runs faster.
     """
     if not isinstance(model, nn.Module):
         raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
@@ -232,11 +236,16 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         cost_model = _cost_model(cost, be, run, cache_dir, stack)
         made = {name: schedule(graph, name, cost_model, request.options[name], progress=progress(f"searching {name}"))
                 for name in request.schedulers}
-        frugal = (check and isinstance(cost_model, MeasuredCostModel)) or memory_budget is not None
-        extra = [*race_with, *(["sequential"] if frugal else [])]
+        checked = check and isinstance(cost_model, MeasuredCostModel)
+        extra = [*race_with, *(["sequential"] if checked or memory_budget is not None else [])]
         for name in extra:
             if name not in made:
                 made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
+        if checked and graph_batch(graph) > 1 and "graphturbo" not in made:
+            # at a batch, the cache-fitting split plan races too: kept only where it runs faster
+            split = schedule(graph, "graphturbo", cost_model, scheduler_options(["graphturbo"], dev.type, {})["graphturbo"])
+            if split.splits:
+                made["graphturbo"] = split
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
                                          outputs=outputs) for name, s in made.items()}
         peaks = {name: m.peak_bytes for name, m in modules.items()}

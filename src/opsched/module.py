@@ -60,7 +60,8 @@ class OutputStructure:
 class ScheduledModule(nn.Module):
     """Returns exactly what the original model returns, computed by the schedule's plan.
 
-    ``schedule`` is the schedule it runs, ``plan`` its lowering, ``backend`` the backend whose
+    ``schedule`` is the schedule it runs, ``plan`` its lowering, ``graph`` what the plan computes
+    (for a schedule with splits, the graph with its instances), ``backend`` the backend whose
     kernels run it; ``report()`` says what it is and how it was found; ``save(path)`` writes the
     schedule as JSON, to be reapplied with :func:`opsched.load`. Inputs must match the example
     inputs' shapes and dtypes (the schedule is specialised to them).
@@ -70,6 +71,8 @@ class ScheduledModule(nn.Module):
                  device: str | torch.device = "cpu", graphs: bool = True, channels_last: bool = False,
                  outputs: OutputStructure | None = None, outcome: OptimizeOutcome | None = None) -> None:
         super().__init__()
+        self.plan: Plan = lower(graph, schedule)
+        graph = schedule.instance_graph(graph)  # what the plan's steps compute
         self.graph = graph
         self.schedule = schedule
         placed = schedule.options.get("platform")
@@ -77,7 +80,6 @@ class ScheduledModule(nn.Module):
         if placed is not None:  # lanes on the units of a platform
             backend = get_backend("units")
         self.backend: Backend = (resolve_backend(backend, self.run.device) if isinstance(backend, str) else backend)
-        self.plan: Plan = lower(graph, schedule)
         for lane in () if placed is not None else schedule.lanes:
             if lane.backend not in (None, self.backend.name) or lane.device not in (None, str(self.run.device)):
                 raise OpschedError(f"schedule of {graph.name!r} places a lane on {lane.device or 'the module device'}"

@@ -136,9 +136,11 @@ def cut_segments(plan: Plan, positions: Sequence[int]) -> Plan:
 
 
 def lower(graph: Graph, schedule: Schedule) -> Plan:
-    """Lower ``schedule`` (validated against ``graph`` first) to a plan."""
+    """Lower ``schedule`` (validated against ``graph`` first) to a plan. A schedule with splits
+    lowers to a plan over its instance graph (:meth:`Schedule.instance_graph`), which is what
+    an executor of the plan is prepared with."""
     schedule.validate(graph)
-    return _Lowering(graph, schedule).plan()
+    return _Lowering(schedule.instance_graph(graph), schedule).plan()
 
 
 def lower_stage(graph: Graph, stage: Stage) -> tuple[Graph, Plan]:

@@ -11,7 +11,11 @@ A :class:`Schedule` is one form for every scheduler:
   of a merge stand next to each other, in order, in one lane;
 * ``barriers``: points where every lane waits for every other. Barrier ``k`` is a tuple with one
   entry per lane, the number of that lane's nodes before it; everything before a barrier
-  finishes before anything after it starts.
+  finishes before anything after it starts;
+* ``splits``: groups of nodes computed as instances, each on its slice of the batch
+  (:mod:`opsched.transforms.split_instances`). The lanes then name the nodes of the graph so
+  rewritten (:meth:`Schedule.instance_graph`): ``conv@0``, ``conv@1``, ...; ``graph_hash`` stays
+  the model's own.
 
 IOS's stages are a schedule with a barrier after each stage (:meth:`Schedule.from_stages`):
 group ``i`` of every stage on lane ``i``, a merge stage on lane 0. Such a schedule prints in
@@ -36,6 +40,7 @@ from typing import Any, Literal
 from opsched.errors import InvalidScheduleError
 from opsched.ir import Graph
 from opsched.schedule.validate import check_schedule
+from opsched.transforms.split_instances import Split, split_instances
 
 __all__ = ["Stage", "Lane", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
 
@@ -123,9 +128,11 @@ class Schedule:
     options: Mapping[str, Any] = field(default_factory=dict)
     estimated_ms: float | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
+    splits: tuple[Split, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lanes", tuple(_lane(lane) for lane in self.lanes))
+        object.__setattr__(self, "splits", tuple(self.splits))
         object.__setattr__(self, "waits", tuple((str(a), str(b)) for a, b in self.waits))
         object.__setattr__(self, "merges", tuple(tuple(m) for m in self.merges))
         object.__setattr__(self, "barriers", tuple(tuple(int(p) for p in b) for b in self.barriers))
@@ -181,6 +188,11 @@ class Schedule:
                 out.append(Stage(groups))
         return tuple(out)
 
+    def instance_graph(self, graph: Graph) -> Graph:
+        """The graph this schedule's lanes name: ``graph`` with the splits applied (``graph``
+        itself where there are none)."""
+        return split_instances(graph, self.splits)
+
     def lane_items(self, lane: Lane | Sequence[str]) -> list[str]:
         """A lane's entries with each merge shown once, as ``merge(a,b,...)``."""
         first = {m[0]: m for m in self.merges}
@@ -224,6 +236,7 @@ class Schedule:
             "waits": [list(w) for w in self.waits],
             "merges": [list(m) for m in self.merges],
             "barriers": [list(b) for b in self.barriers],
+            **({"splits": [s.to_dict() for s in self.splits]} if self.splits else {}),
         }
 
     @classmethod
@@ -246,7 +259,9 @@ class Schedule:
             return cls(data["graph_hash"], tuple(_lane_from(ln) for ln in data["lanes"]),
                        waits=tuple((a, b) for a, b in data.get("waits") or ()),
                        merges=tuple(tuple(m) for m in data.get("merges") or ()),
-                       barriers=tuple(tuple(b) for b in data.get("barriers") or ()), **meta)
+                       barriers=tuple(tuple(b) for b in data.get("barriers") or ()),
+                       splits=tuple(Split(tuple(s["nodes"]), int(s["factor"])) for s in data.get("splits") or ()),
+                       **meta)
         except (KeyError, TypeError, ValueError, InvalidScheduleError) as e:
             raise InvalidScheduleError(f"{source}: malformed schedule: {type(e).__name__}: {e}") from None
 
@@ -284,6 +299,7 @@ class Schedule:
             lines.append(f"  Lane {i}{f' ({where})' if where else ''}: [" + ", ".join(self.lane_items(lane)) + "]")
         lines += [f"  {a} waits for {b}" for a, b in self.waits]
         lines += [f"  barrier after {list(b)} nodes of each lane" for b in self.barriers]
+        lines += [f"  split {s.factor} ways along the batch: {', '.join(s.nodes)}" for s in self.splits]
         return "\n".join([head + f": {len(self.lanes)} lanes", *lines])
 
 

@@ -32,6 +32,7 @@ def check_schedule(schedule: Schedule, graph: Graph) -> None:
             f"{schedule.graph_hash[:12]}), not for {graph.name!r} ({ghash[:12]}): re-run the scheduler "
             f"for this model, batch size, input shape and precision (or, for the same model at another "
             f"batch size, Schedule.retarget(graph) runs it untuned)")
+    graph = schedule.instance_graph(graph)
     _check_cover(schedule, graph)
     where = _check_barriers(schedule)
     _check_merges(schedule, graph, where)

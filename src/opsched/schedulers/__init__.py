@@ -5,6 +5,8 @@
 * ``ios``: the IOS dynamic program over stages, optimal under its cost model;
 * ``est``: list scheduling on lanes without barriers, under a resource model (milliseconds);
 * ``nimble``, ``opara``: the peers' stream assignments;
+* ``graphturbo``: sub-graph instances split to fit the cache, depth-first, bound to cores
+  (:mod:`.memory`, one module per algorithm);
 * placement on the units of a platform (:mod:`.placement`): ``partitiontuner``, ``heft``,
   ``peft``, and the baselines ``type-based``, ``profiled`` and ``exhaustive``.
 
@@ -15,6 +17,7 @@ simulator (:mod:`.placed_sim`) replays placed schedules under the units' profile
 from opsched.schedulers import (
     est,
     exhaustive,
+    graphturbo,
     greedy,
     heft,
     ios,
@@ -39,7 +42,7 @@ from opsched.schedulers.registry import (
 from opsched.schedulers.units import UnitGraph
 
 __all__ = [
-    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "exhaustive", "greedy", "heft", "ios",
+    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "exhaustive", "graphturbo", "greedy", "heft", "ios",
     "make_options", "partitiontuner", "peft", "profiled", "register", "schedule", "scheduler_names", "sequential",
     "spec", "streams", "type_based",
 ]

@@ -27,6 +27,7 @@ from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.progress import Progress
 from opsched.schedule import Lane, Schedule, Stage, graph_batch
+from opsched.transforms import Split
 
 __all__ = ["SchedulerSpec", "Progress", "NoOptions", "register", "spec", "scheduler_names", "make_options",
            "schedule", "staged", "laned", "option", "positive", "RENAMED"]
@@ -180,11 +181,12 @@ def staged(graph: Graph, cost: CostModel, stages: list[Stage], name: str, option
 
 def laned(graph: Graph, cost: CostModel, lanes: list[list[str]] | tuple[tuple[str, ...], ...], name: str,
           options: Any, waits: tuple[tuple[str, str], ...] = (), merges: tuple[tuple[str, ...], ...] = (),
-          estimated_ms: float | None = None, stats: Mapping[str, Any] | None = None) -> Schedule:
-    """A schedule of free-running lanes."""
+          estimated_ms: float | None = None, stats: Mapping[str, Any] | None = None,
+          splits: tuple[Split, ...] = ()) -> Schedule:
+    """A schedule of free-running lanes (over the instance graph of ``splits``, where given)."""
     return Schedule(graph.structural_hash(), tuple(Lane(tuple(lane)) for lane in lanes), waits=waits, merges=merges,
                     **_meta(graph, cost, name, options), estimated_ms=estimated_ms,
-                    stats=dict(stats or {"lanes": len(lanes)}))
+                    stats=dict(stats or {"lanes": len(lanes)}), splits=splits)
 
 
 def option(default: Any, help: str) -> Any:  # noqa: A002 (the dataclass metadata key)

@@ -11,10 +11,11 @@ from opsched.transforms.flatten_sums import flatten_sums
 from opsched.transforms.fold_batch_norm import fold_batch_norm
 from opsched.transforms.fuse_activation import fuse_activation
 from opsched.transforms.reshape_as_flatten import reshape_as_flatten
+from opsched.transforms.split_instances import Split, split_instances
 
 __all__ = [
     "CANONICAL_PIPELINE", "canonicalize", "eliminate_dead", "eliminate_identity", "flatten_sums", "fold_batch_norm",
-    "fuse_activation", "reshape_as_flatten",
+    "fuse_activation", "reshape_as_flatten", "Split", "split_instances",
 ]
 
 Pass = Callable[[Graph], Graph]

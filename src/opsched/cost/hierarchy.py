@@ -1,0 +1,211 @@
+"""Memory hierarchies: the levels a device keeps data in (per-core caches or shared memory, a
+shared last-level cache, DRAM or HBM), their capacities and bandwidths.
+
+What the memory-aware scheduler (:mod:`opsched.schedulers.memory`) splits sub-graphs to fit and
+what its traffic simulator charges bytes to. The CPU preset reads this machine's caches from
+``/sys/devices/system/cpu/cpu0/cache`` (sizes and which cores share each); bandwidths are
+typical figures for a server core, not measured. GPU presets are vendor figures (shared memory
+per SM, L2, HBM). A GPU runs an instance's kernels on all of its SMs, so its instances fit L2
+and run one after another on one lane; a CPU runs an instance on one core, so its instances fit
+a core's L2 and run on several lanes at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsched.cost.devices import DEVICES, DeviceSpec, gpu_spec_named_in, host_cpu_spec
+from opsched.errors import CostModelError
+
+__all__ = ["MemoryLevel", "Hierarchy", "register_hierarchy", "hierarchy", "hierarchy_names", "hierarchy_for",
+           "host_hierarchy", "read_cpu_caches"]
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLevel:
+    """One level: ``capacity`` bytes per instance of it (``None``: unbounded, the DRAM), each
+    instance shared by ``shared_by`` cores and moving ``bandwidth_gbps`` GB/s. ``persists``:
+    data stays in it from one kernel to the next (a cache does; a GPU's shared memory, which a
+    kernel fills and leaves, does not, so the traffic simulator passes over it)."""
+
+    name: str
+    capacity: int | None
+    bandwidth_gbps: float
+    shared_by: int = 1
+    persists: bool = True
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and self.capacity <= 0:
+            raise CostModelError(f"memory level {self.name!r}: capacity must be positive, got {self.capacity}")
+        if self.bandwidth_gbps <= 0 or self.shared_by < 1:
+            raise CostModelError(f"memory level {self.name!r}: bandwidth and sharing must be positive")
+
+    def __str__(self) -> str:
+        size = "unbounded" if self.capacity is None else _size(self.capacity)
+        share = "per core" if self.shared_by == 1 else f"shared by {self.shared_by}"
+        return f"{self.name} {size} {share}, {self.bandwidth_gbps:g} GB/s"
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A device's levels, fastest first, the last unbounded; ``fit`` names the level an
+    instance's live activations must fit (a core's L2 on a CPU, the L2 on a GPU); ``cores``
+    are the units instances are bound to (CPU cores; 1 on a GPU, whose instances use every SM);
+    ``device`` the analytic preset that prices an instance's compute."""
+
+    name: str
+    cores: int
+    levels: tuple[MemoryLevel, ...]
+    fit: str
+    device: DeviceSpec
+
+    def __post_init__(self) -> None:
+        names = [lv.name for lv in self.levels]
+        if not self.levels or self.levels[-1].capacity is not None:
+            raise CostModelError(f"hierarchy {self.name!r}: the last level must be unbounded (the DRAM), got {names}")
+        if any(lv.capacity is None for lv in self.levels[:-1]):
+            raise CostModelError(f"hierarchy {self.name!r}: only the last level is unbounded, got {names}")
+        if self.fit not in names[:-1]:
+            raise CostModelError(f"hierarchy {self.name!r}: instances must fit a bounded level, one of "
+                                 f"{names[:-1]}; got {self.fit!r}")
+        if self.cores < 1:
+            raise CostModelError(f"hierarchy {self.name!r}: cores must be at least 1, got {self.cores}")
+
+    def level(self, name: str) -> MemoryLevel:
+        for lv in self.levels:
+            if lv.name == name:
+                return lv
+        raise CostModelError(f"hierarchy {self.name!r} has no level {name!r}; it has "
+                             f"{[lv.name for lv in self.levels]}")
+
+    @property
+    def fit_level(self) -> MemoryLevel:
+        return self.level(self.fit)
+
+    @property
+    def fit_bytes(self) -> int:
+        """The capacity an instance's live activations must fit."""
+        capacity = self.fit_level.capacity
+        assert capacity is not None  # checked in __post_init__
+        return capacity
+
+    @property
+    def dram(self) -> MemoryLevel:
+        return self.levels[-1]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cores} cores; fit {self.fit}): " + "; ".join(str(lv) for lv in self.levels)
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:g} MiB" if n >= MIB else f"{n / KIB:g} KiB"
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": KIB, "M": MIB, "G": 1024 * MIB}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def _cpu_count(cpu_list: str) -> int:
+    count = 0
+    for part in cpu_list.strip().split(","):
+        a, _, b = part.partition("-")
+        count += int(b) - int(a) + 1 if b else 1
+    return count
+
+
+def read_cpu_caches(root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> list[tuple[int, int, int]]:
+    """This machine's data caches as ``(level, bytes, cores sharing it)``, fastest first, read
+    from sysfs; empty where it cannot be read."""
+    out = []
+    for d in sorted(Path(root).glob("index*")):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            out.append((int((d / "level").read_text()), _parse_size((d / "size").read_text()),
+                        _cpu_count((d / "shared_cpu_list").read_text())))
+        except (OSError, ValueError):
+            continue
+    return sorted(out)
+
+
+#: Per-core bandwidths of a server core (GB/s) by cache level, and of DRAM per socket: typical
+#: figures (a Sapphire Rapids core reads ~150 GB/s from L1, ~60 from L2, ~20 from L3).
+_CPU_GBPS = {1: 150.0, 2: 60.0, 3: 20.0}
+_DRAM_GBPS = 20.0
+#: Where sysfs says nothing: a common server core.
+_DEFAULT_CACHES = [(1, 48 * KIB, 1), (2, 2 * MIB, 1), (3, 32 * MIB, 0)]
+
+
+def host_hierarchy(root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> Hierarchy:
+    """This CPU: its caches from sysfs (a common server core's where unreadable), DRAM below."""
+    cores = os.cpu_count() or 1
+    caches = read_cpu_caches(root) or _DEFAULT_CACHES
+    levels = []
+    for level, size, shared in caches:
+        shared = shared or cores
+        per_core = _CPU_GBPS.get(level, _DRAM_GBPS)
+        levels.append(MemoryLevel(f"L{level}", size, per_core * shared, shared))
+    levels.append(MemoryLevel("DRAM", None, _DRAM_GBPS, cores))
+    fit = "L2" if any(lv.name == "L2" for lv in levels) else levels[0].name
+    return Hierarchy(f"cpu{cores}", cores, tuple(levels), fit, host_cpu_spec())
+
+
+def _gpu(name: str, sms: int, smem_kib: int, l2_mib: int, l2_gbps: float, hbm_gbps: float) -> Callable[[], Hierarchy]:
+    def make() -> Hierarchy:
+        levels = (MemoryLevel("SMEM", smem_kib * KIB, 128.0 * 1.5, 1, persists=False),  # ~128 B/clk/SM, ~1.5 GHz
+                  MemoryLevel("L2", l2_mib * MIB, l2_gbps, sms),
+                  MemoryLevel("HBM", None, hbm_gbps, sms))
+        return Hierarchy(name, 1, levels, "L2", DEVICES[name])
+    return make
+
+
+_PRESETS: dict[str, Callable[[], Hierarchy]] = {
+    "cpu": host_hierarchy,
+    # shared memory per SM, L2, L2 and HBM bandwidths: vendor whitepapers
+    "H100": _gpu("H100", 132, 228, 50, 12_000, 3_350),
+    "H200": _gpu("H200", 132, 228, 50, 12_000, 4_800),
+    "A100": _gpu("A100", 108, 164, 40, 7_000, 1_555),
+    "V100": _gpu("V100", 80, 96, 6, 2_500, 900),
+}
+
+
+def register_hierarchy(name: str, make: Callable[[], Hierarchy]) -> None:
+    """Add a preset (``make`` is called when it is asked for, so it may read the machine)."""
+    if name in _PRESETS:
+        raise CostModelError(f"memory hierarchy {name!r} is registered twice")
+    _PRESETS[name] = make
+
+
+def hierarchy_names() -> list[str]:
+    return list(_PRESETS)
+
+
+def hierarchy(name: str) -> Hierarchy:
+    """The preset ``name`` (case-insensitive): ``cpu`` (this machine), ``H100``, ``H200``, ``A100``,
+    ``V100``, or one registered."""
+    for key, make in _PRESETS.items():
+        if key.lower() == name.lower():
+            return make()
+    raise CostModelError(f"no memory hierarchy {name!r}; presets: {', '.join(_PRESETS)}")
+
+
+def hierarchy_for(device: str, cores: int | None = None) -> Hierarchy:
+    """The hierarchy of a cost model's device string: the GPU preset named in it ("NVIDIA H100
+    80GB HBM3" -> H100, an unknown GPU's "cuda..." -> H100), else this CPU, with ``cores`` where
+    given."""
+    spec = gpu_spec_named_in(device)
+    if spec is not None and spec.name in _PRESETS:
+        return hierarchy(spec.name)
+    if "cuda" in device.lower() or spec is not None:
+        return hierarchy("H100")
+    made = host_hierarchy()
+    return made if cores is None else dataclasses.replace(made, cores=cores)

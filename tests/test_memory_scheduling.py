@@ -1,0 +1,290 @@
+"""Memory-hierarchy-aware scheduling (GraphTurbo): the hierarchy presets, each algorithm on its
+own (SplitInfo, grouping, the instance order of the paper's Fig. 7, binding), the traffic
+simulator, and split plans executed equal to eager on every CPU backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import opsched
+from opsched import from_torch
+from opsched.cost import AnalyticCostModel, host_cpu_spec
+from opsched.cost.hierarchy import Hierarchy, MemoryLevel, hierarchy, hierarchy_for, host_hierarchy, read_cpu_caches
+from opsched.errors import CostModelError, InvalidScheduleError, ScheduleMismatchError
+from opsched.ir import GraphBuilder
+from opsched.models import example_inputs, get_model
+from opsched.module import ScheduledModule
+from opsched.schedule import Schedule
+from opsched.schedulers import schedule
+from opsched.schedulers.memory import (
+    ALL,
+    Group,
+    bind,
+    breadth_first,
+    depth_first,
+    group_nodes,
+    instance_dag,
+    instance_peak,
+    simulate,
+    singletons,
+    split_info,
+)
+from opsched.transforms import Split, split_instances
+
+CPU = AnalyticCostModel(host_cpu_spec())
+ATOL = 1e-4  # float32, kernels on batch slices against the whole batch
+
+
+def _zoo_graph(name: str, batch: int):  # type: ignore[no-untyped-def]
+    model = get_model(name).eval()
+    inputs = example_inputs(name, batch)
+    return model, inputs, from_torch(model, inputs)
+
+
+def _small_cpu(fit_kib: int, cores: int = 2) -> Hierarchy:
+    """A CPU whose per-core cache is ``fit_kib`` KiB, so that small test graphs must split."""
+    h = host_hierarchy()
+    levels = (MemoryLevel("L1", 8 * 1024, 150.0), MemoryLevel("L2", fit_kib * 1024, 60.0),
+              MemoryLevel("L3", 4 * fit_kib * 1024, 40.0, cores), MemoryLevel("DRAM", None, 20.0, cores))
+    return dataclasses.replace(h, cores=cores, levels=levels, fit="L2")
+
+
+# --- the hierarchy --------------------------------------------------------------------------
+def test_cpu_preset_reads_sysfs(tmp_path):
+    for k, (level, kind, size, shared) in enumerate([(1, "Data", "48K", "0"), (1, "Instruction", "64K", "0"),
+                                                     (2, "Unified", "2048K", "0"), (3, "Unified", "32M", "0-3")]):
+        d = tmp_path / f"index{k}"
+        d.mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (d / f).write_text(f"{v}\n")
+    assert read_cpu_caches(tmp_path) == [(1, 48 * 1024, 1), (2, 2 * 2**20, 1), (3, 32 * 2**20, 4)]
+    h = host_hierarchy(tmp_path)
+    assert [lv.name for lv in h.levels] == ["L1", "L2", "L3", "DRAM"]
+    assert h.fit == "L2" and h.fit_bytes == 2 * 2**20 and h.level("L3").shared_by == 4
+    assert host_hierarchy(tmp_path / "missing").fit_bytes == 2 * 2**20  # the common server core
+
+
+def test_gpu_presets_and_lookup():
+    for name, l2 in (("H100", 50), ("H200", 50), ("A100", 40), ("V100", 6)):
+        h = hierarchy(name)
+        assert h.fit == "L2" and h.fit_bytes == l2 * 2**20 and h.cores == 1
+        assert [lv.name for lv in h.levels] == ["SMEM", "L2", "HBM"] and not h.levels[0].persists
+    assert hierarchy_for("NVIDIA H200 141GB").name == "H200"
+    assert hierarchy_for("cuda:0 (unknown)").name == "H100"
+    assert hierarchy_for("CPU2", cores=3).cores == 3
+    with pytest.raises(CostModelError, match="no memory hierarchy 'TPU'"):
+        hierarchy("TPU")
+    with pytest.raises(CostModelError, match="last level must be unbounded"):
+        Hierarchy("bad", 1, (MemoryLevel("L1", 1024, 1.0),), "L1", host_cpu_spec())
+
+
+# --- Algorithm 1 ----------------------------------------------------------------------------
+def _chain(batch: int = 8, width: int = 16, size: int = 16):  # type: ignore[no-untyped-def]
+    b = GraphBuilder("chain")
+    x = b.input("x", (batch, width, size, size))
+    w = b.param("w", torch.randn(width, width, 3, 3) * 0.1)
+    a = b.add("conv2d", [x], params=[w], name="a", padding=(1, 1))
+    r = b.add("relu", [a], name="r")
+    c = b.add("conv2d", [r], params=[w], name="c", padding=(1, 1))
+    return b.build([c])
+
+
+def test_instance_peak_walks_the_live_values():
+    g = _chain()
+    one = 8 * 16 * 16 * 16 * 4  # a whole activation
+    # running a, r, c: x and a live (a read by r), then r (x dead after a, a dead after r), then c
+    assert instance_peak(g, ["a", "r", "c"]) == 2 * one
+    assert instance_peak(g, ["a", "r", "c"], 4) == 2 * one // 4
+    assert instance_peak(g, ["a"]) == 2 * one  # x in, a out
+
+
+def test_split_info_takes_the_smallest_factor_that_fits():
+    g = _chain()
+    one = 8 * 16 * 16 * 16 * 4
+    info = split_info(g, ["a", "r", "c"], capacity=2 * one // 3)
+    assert (info.factor, info.fits) == (4, True)  # 2 would leave one instance at 2*one/2 > 2*one/3
+    assert split_info(g, ["a", "r", "c"], capacity=10**9).factor == 1
+    none = split_info(g, ["a", "r", "c"], capacity=100)
+    assert (none.factor, none.fits) == (8, False)
+    assert split_info(g, ["a"], capacity=2 * one // 3, max_factor=2) == split_info(g, ["a"], 2 * one // 3, 2)
+
+
+# --- Algorithm 3: the paper's Fig. 7 --------------------------------------------------------
+def _fig7() -> tuple[list[str], list[list[int]]]:
+    """Sub-graphs a, b, c, d of 8, 4, 2 and 1 instances: b_j reads a_2j-1, a_2j and so on."""
+    names, index = [], {}
+    for g, n in (("a", 8), ("b", 4), ("c", 2), ("d", 1)):
+        for i in range(1, n + 1):
+            index[(g, i)] = len(names)
+            names.append(f"{g}{i}")
+    preds: list[list[int]] = [[] for _ in names]
+    for prev, g, n in (("a", "b", 4), ("b", "c", 2), ("c", "d", 1)):
+        for j in range(1, n + 1):
+            preds[index[(g, j)]] = [index[(prev, 2 * j - 1)], index[(prev, 2 * j)]]
+    return names, preds
+
+
+def test_depth_first_order_reproduces_fig7():
+    names, preds = _fig7()
+    assert " ".join(names[u] for u in depth_first(preds)) == "a8 a7 b4 a6 a5 b3 c2 a4 a3 b2 a2 a1 b1 c1 d1"
+    assert " ".join(names[u] for u in breadth_first(preds)) == "a1 a2 a3 a4 a5 a6 a7 a8 b1 b2 b3 b4 c1 c2 d1"
+
+
+def test_orders_refuse_a_cycle():
+    with pytest.raises(ValueError, match="cycle"):
+        depth_first([[1], [0]])
+
+
+# --- the split graph ------------------------------------------------------------------------
+def test_split_graph_structure_between_factors():
+    g = _chain()
+    split = split_instances(g, [Split(("a", "r"), 4), Split(("c",), 2)])
+    names = [n.name for n in split.nodes]
+    assert names[:8] == ["a@0", "r@0", "a@1", "r@1", "a@2", "r@2", "a@3", "r@3"] or set(names) >= {
+        "a@0", "a@3", "r@3", "c@0", "c@1"}
+    # c's instance 0 reads samples 0-3 of r: r@0 and r@1 (2 samples each) joined, nothing else
+    piece = split.node(split.node("c@0").inputs[0])
+    assert piece.op == "concat" and piece.inputs == ("r@0", "r@1")
+    # x is sliced per a-instance (a view), and c is joined under its own name for the output
+    assert split.node(split.node("a@2").inputs[0]).attrs["start"] == 4
+    assert split.node("c").op == "concat" and split.outputs == ("c",)
+    assert split.node("a@0").out.shape == (2, 16, 16, 16)
+
+
+def test_split_refuses_what_cannot_split():
+    g = _chain()
+    with pytest.raises(InvalidScheduleError, match="factor 3 does not divide the batch of 8"):
+        split_instances(g, [Split(("a",), 3)])
+    with pytest.raises(InvalidScheduleError, match="'a' is in splits 0 and 1"):
+        split_instances(g, [Split(("a",), 2), Split(("a", "r"), 4)])
+    with pytest.raises(InvalidScheduleError, match="'zz', which is not a node"):
+        split_instances(g, [Split(("zz",), 2)])
+    with pytest.raises(InvalidScheduleError, match="factor is an int of at least 2"):
+        Split(("a",), 1)
+    b = GraphBuilder("softmaxes")
+    x = b.input("x", (4, 8))
+    m = b.add("softmax", [x], name="m", axis=0)
+    with pytest.raises(InvalidScheduleError, match="node 'm' \\(softmax\\).*works along the batch axis"):
+        split_instances(b.build([m]), [Split(("m",), 2)])
+
+
+# --- Algorithm 2 ----------------------------------------------------------------------------
+def test_grouping_merges_a_residual_block_and_inception_branches():
+    _, _, g = _zoo_graph("resnet18", 2)
+    groups = group_nodes(g, host_hierarchy(), pays=lambda parts, merged: True)
+    assert sorted(v for nodes, _ in groups for v in nodes) == sorted(n.name for n in g.nodes)
+    assert len(groups) < len(g.nodes) // 4  # layers became blocks and stages
+    assert all(info.fits for _, info in groups if len(_) > 1)  # a merge is kept only if it still fits
+    forced = group_nodes(g, _small_cpu(1), pays=lambda parts, merged: True)
+    assert all(len(nodes) == 1 for nodes, info in forced if not info.fits)
+
+
+def test_grouping_without_rounds_is_layer_by_layer():
+    _, _, g = _zoo_graph("squeezenet1_1", 2)
+    assert [nodes for nodes, _ in group_nodes(g, host_hierarchy(), max_rounds=0)] == [
+        grp.nodes for grp in singletons(g)]
+
+
+# --- Algorithm 4 and the simulator ----------------------------------------------------------
+def test_binding_keeps_slices_on_their_core_and_demotes_crossing_values():
+    g = _chain()
+    dag = instance_dag(g, [Group(("a", "r"), 4), Group(("c",), 2)])
+    order = depth_first(dag.preds)
+    b = bind(dag, order, 2)
+    core = {dag.units[u].nodes[0]: b.cores[u] for u in range(len(dag.units))}
+    assert [core[f"a@{i}"] for i in range(4)] == [0, 0, 1, 1]
+    assert [core[f"c@{i}"] for i in range(2)] == [0, 1]
+    assert core["c"] == ALL  # the join of c's instances for the graph output runs on every core
+    # no value read on another core keeps its core-local scope
+    for u, ps in enumerate(dag.preds):
+        for p in ps:
+            if b.cores[p] != b.cores[u] or b.cores[u] == ALL:
+                assert p in b.shared
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "nasnet_mobile",
+                                  "randwire_small", "resnet50"])
+def test_depth_first_never_moves_more_dram_bytes_than_breadth_first(name):
+    _, _, g = _zoo_graph(name, 8)
+    h = _small_cpu(512)  # caches small enough that order matters at this size
+    found = group_nodes(g, h)
+    dag = instance_dag(g, [Group(nodes, info.factor if info.fits else 1) for nodes, info in found])
+    runs = {}
+    for label, order in (("dfs", depth_first(dag.preds)), ("bfs", breadth_first(dag.preds))):
+        runs[label] = simulate(dag, order, bind(dag, order, h.cores), h)
+    assert runs["dfs"].bytes["DRAM"] <= runs["bfs"].bytes["DRAM"]
+    assert sum(runs["dfs"].bytes.values()) > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(width=st.sampled_from([4, 8, 16]), size=st.sampled_from([8, 16, 32]), fit_kib=st.integers(16, 512),
+       batch=st.sampled_from([2, 4, 8, 16]))
+def test_every_instance_peak_fits_its_level(width, size, fit_kib, batch):
+    g = _chain(batch, width, size)
+    h = _small_cpu(fit_kib)
+    for nodes, info in group_nodes(g, h):
+        if info.fits:
+            dag = instance_dag(g, [Group(nodes, info.factor)] + [Group((v,)) for v in g.index if v not in nodes])
+            for unit in dag.units:
+                if unit.group == 0 and info.factor > 1:
+                    assert instance_peak(dag.graph, unit.nodes) <= h.fit_bytes
+            assert info.peak <= h.fit_bytes
+
+
+# --- the scheduler, executed ----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "randwire_small"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_split_plans_equal_eager(name, backend):
+    model, inputs, g = _zoo_graph(name, 4)
+    s = schedule(g, "graphturbo", CPU, hierarchy="cpu", max_lanes=2)
+    assert s.splits and len(s.lanes) == 2
+    module = ScheduledModule(g, s, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
+        fresh = torch.randn_like(inputs[0])
+        torch.testing.assert_close(module(fresh), model(fresh), atol=ATOL, rtol=ATOL)
+
+
+def test_split_plan_on_inductor_segments_equals_eager():
+    model, inputs, g = _zoo_graph("squeezenet1_1", 4)
+    s = schedule(g, "graphturbo", CPU, max_lanes=2)
+    module = ScheduledModule(g, s, backend="inductor")
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
+
+
+def test_batch_one_splits_nothing():
+    _, _, g = _zoo_graph("googlenet", 1)
+    s = schedule(g, "graphturbo", CPU)
+    assert not s.splits and s.stats["split groups"] == 0
+
+
+def test_split_schedule_travels_as_json_and_refuses_another_graph(tmp_path):
+    model, inputs, g = _zoo_graph("resnet18", 4)
+    s = schedule(g, "graphturbo", CPU, max_lanes=2)
+    path = tmp_path / "s.json"
+    s.save(path)
+    assert json.loads(path.read_text())["splits"][0]["factor"] in (2, 4)
+    loaded = Schedule.load(path)
+    assert loaded.splits == s.splits and "split" in str(loaded)
+    module = opsched.load(model, path, inputs, backend="torch")
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
+    with pytest.raises(ScheduleMismatchError):
+        loaded.validate(_zoo_graph("resnet18", 2)[2])
+
+
+def test_optimize_races_the_split_plan_at_a_batch(tmp_path):
+    model, inputs, _ = _zoo_graph("squeezenet1_1", 4)
+    module = opsched.optimize(model, inputs, cache_dir=str(tmp_path), budget_s=5)
+    race = module.outcome.race
+    assert race is not None and "graphturbo" in race.times_ms and "sequential" in race.times_ms
+    assert module.schedule.scheduler == race.kept
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
