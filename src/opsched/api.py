@@ -243,7 +243,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
                 made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
         if checked and graph_batch(graph) > 1 and "graphturbo" not in made:
             # at a batch, the cache-fitting split plan races too: kept only where it runs faster
-            split = schedule(graph, "graphturbo", cost_model, scheduler_options(["graphturbo"], dev.type, {})["graphturbo"])
+            defaults = scheduler_options(["graphturbo"], dev.type, {})["graphturbo"]
+            split = schedule(graph, "graphturbo", cost_model, defaults)
             if split.splits:
                 made["graphturbo"] = split
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,

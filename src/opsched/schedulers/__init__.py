@@ -42,7 +42,8 @@ from opsched.schedulers.registry import (
 from opsched.schedulers.units import UnitGraph
 
 __all__ = [
-    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "exhaustive", "graphturbo", "greedy", "heft", "ios",
+    "NoOptions", "Progress", "SchedulerSpec", "SearchStats", "UnitGraph", "est", "exhaustive", "graphturbo", "greedy",
+    "heft", "ios",
     "make_options", "partitiontuner", "peft", "profiled", "register", "schedule", "scheduler_names", "sequential",
     "spec", "streams", "type_based",
 ]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from opsched.errors import InvalidScheduleError, ShapeMismatchError
 from opsched.ir import Graph, Node, TensorType
 from opsched.ir.schema import infer_type
+from opsched.ir.types import FrozenAttrs
 
 __all__ = ["Split", "split_instances", "split_refusal", "instance_name", "BATCH_SEPARABLE"]
 
@@ -170,7 +171,8 @@ class _Splitter:
         if node.op == "reshape":
             attrs["shape"] = (size, *tuple(attrs["shape"])[1:])
         out = TensorType((size, *node.out.shape[1:]), node.out.dtype)
-        made = Node(self._fresh(instance_name(node.name, i)), node.op, tuple(inputs), out, attrs, node.params)
+        made = Node(self._fresh(instance_name(node.name, i)), node.op, tuple(inputs), out, FrozenAttrs(attrs),
+                    node.params)
         try:
             inferred = infer_type(made.op, [self.types[v] for v in made.inputs], made.attrs,
                                   [self.g.param_types[p] for p in made.params])
@@ -216,6 +218,7 @@ class _Splitter:
     def _add(self, op: str, inputs: Iterable[str], name: str, whole: TensorType, samples: tuple[int, int],
              attrs: dict[str, object]) -> str:
         out = TensorType((samples[1] - samples[0], *whole.shape[1:]), whole.dtype)
-        self.nodes.append(Node(self._fresh(name) if name not in self.g.index else name, op, tuple(inputs), out, attrs))
+        self.nodes.append(Node(self._fresh(name) if name not in self.g.index else name, op, tuple(inputs), out,
+                               FrozenAttrs(attrs)))
         self.types[name] = out
         return name

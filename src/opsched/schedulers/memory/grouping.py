@@ -107,9 +107,8 @@ def group_nodes(graph: Graph, hierarchy: Hierarchy, *, max_factor: int | None = 
     return [(tuple(g), info(g)) for g in out]
 
 
-def _round(graph: Graph, groups: list[list[str]], info: Callable[[Iterable[str]], SplitInfo],
-           pays: Callable[[Sequence[Sequence[str]], Sequence[str]], bool]) -> list[list[str]] | None:
-    """One round of merges; ``None`` where nothing merged."""
+def _edges(graph: Graph, groups: list[list[str]]) -> tuple[list[set[int]], list[set[int]]]:
+    """Per group, the groups it reads and the groups that read it."""
     group_of = {v: k for k, g in enumerate(groups) for v in g}
     preds: list[set[int]] = [set() for _ in groups]
     succs: list[set[int]] = [set() for _ in groups]
@@ -120,33 +119,39 @@ def _round(graph: Graph, groups: list[list[str]], info: Callable[[Iterable[str]]
                 if p is not None and p != k:
                     preds[k].add(p)
                     succs[p].add(k)
+    return preds, succs
+
+
+def _candidates(preds: list[set[int]], succs: list[set[int]]) -> list[set[int]]:
+    """The round's straight, diamond and branch merges, in that order, each by the graph's order."""
+    out = [{k, *succs[k]} for k in range(len(preds)) if len(succs[k]) == 1]  # k and the one group reading it
+    for j in range(len(preds)):  # a fork, branches read only by j, and the join j
+        for fork in sorted({next(iter(preds[b])) for b in preds[j] if len(preds[b]) == 1}):
+            branches = preds[j] - {fork}
+            if branches and all(preds[b] == {fork} and succs[b] == {j} for b in branches) \
+                    and succs[fork] <= branches | {j}:
+                out.append({fork, j, *branches})
+    siblings: dict[frozenset[int], set[int]] = {}
+    for k in range(len(preds)):  # groups that read exactly the same groups
+        if preds[k]:
+            siblings.setdefault(frozenset(preds[k]), set()).add(k)
+    return out + [m for m in siblings.values() if len(m) > 1]
+
+
+def _round(graph: Graph, groups: list[list[str]], info: Callable[[Iterable[str]], SplitInfo],
+           pays: Callable[[Sequence[Sequence[str]], Sequence[str]], bool]) -> list[list[str]] | None:
+    """One round of merges; ``None`` where nothing merged."""
+    preds, succs = _edges(graph, groups)
     taken: set[int] = set()
     merges: list[set[int]] = []
-
-    def attempt(members: set[int]) -> None:
-        if len(members) < 2 or members & taken:
-            return
+    for members in _candidates(preds, succs):
+        if members & taken:
+            continue
         parts = [groups[k] for k in sorted(members)]
         union = [v for p in parts for v in p]
         if info(union).fits and pays(parts, union):
             merges.append(members)
             taken.update(members)
-
-    for k in range(len(groups)):  # straight: k and the one group that reads it
-        if len(succs[k]) == 1:
-            attempt({k, *succs[k]})
-    for j in range(len(groups)):  # diamond: a fork, branches read only by j, and the join j
-        for fork in {next(iter(preds[b])) for b in preds[j] if len(preds[b]) == 1}:
-            branches = preds[j] - {fork}
-            if branches and all(preds[b] == {fork} and succs[b] == {j} for b in branches) \
-                    and succs[fork] <= branches | {j}:
-                attempt({fork, j, *branches})
-    siblings: dict[frozenset[int], set[int]] = {}
-    for k in range(len(groups)):  # branch: groups that read exactly the same groups
-        if preds[k]:
-            siblings.setdefault(frozenset(preds[k]), set()).add(k)
-    for members in siblings.values():
-        attempt(members)
     if not merges:
         return None
     contracted = _contract(groups, merges, preds)

@@ -27,7 +27,7 @@ from opsched.cost.hierarchy import Hierarchy, MemoryLevel
 from opsched.ir import Graph, Node
 from opsched.ir.schema import node_flops, op_schema
 from opsched.schedulers.memory.binding import ALL, Binding
-from opsched.schedulers.memory.instances import PIECE, InstanceDag
+from opsched.schedulers.memory.instances import InstanceDag
 
 __all__ = ["Traffic", "simulate"]
 
@@ -101,53 +101,58 @@ class _Simulation:
         self.efficiency = spec.efficiency
         self.readers: dict[str, int] = {}
         self.keep: set[str] = set()
+        self.source: dict[str, str] = {}  # a view -> the value whose memory it reads
 
     def run(self, order: Sequence[int]) -> Traffic:
-        g = self.g
-        source: dict[str, str] = {}  # a view -> the value whose memory it reads
-        for n in g.nodes:
-            if op_schema(n.op).is_view:
-                source[n.name] = source.get(n.inputs[0], n.inputs[0])
-        readers = self.readers
-        for u in order:
-            for v in self.dag.units[u].nodes:
-                if v not in source:
-                    for x in g.node(v).inputs:
-                        readers[source.get(x, x)] = readers.get(source.get(x, x), 0) + 1
-        keep = self.keep = {source.get(v, v) for v in g.outputs}
+        self._count_readers(order)
         free = [0.0] * self.h.cores
         done = [0.0] * len(self.dag.units)
         for u in order:
             core = self.binding.cores[u]
-            ready = max((done[p] for p in self.dag.preds[u]), default=0.0)
-            start = max(ready, *(free if core == ALL else [free[core]]))
-            t = start
+            on = range(self.h.cores) if core == ALL else (core,)
+            t = max([done[p] for p in self.dag.preds[u]] + [free[c] for c in on])
             group = self.by_group.setdefault(self.dag.units[u].group, {lv.name: 0 for lv in self.h.levels})
             for v in self.dag.units[u].nodes:
-                node = g.node(v)
-                if v in source:  # a view: its readers read its source
+                if v in self.source:  # a view: its readers read its source
                     continue
-                moved = {lv.name: 0 for lv in self.h.levels}
-                caches = self.caches[max(core, 0)]
-                for x in node.inputs:
-                    key = source.get(x, x)
-                    self._read(caches, key, g.types[x].nbytes, moved)
-                    readers[key] -= 1
-                    if readers[key] == 0 and key not in keep:
-                        for cs in self.caches:
-                            for c in cs:
-                                c.drop(key)
-                for p in node.params:
-                    self._read(caches, f"param:{p}", g.param_types[p].nbytes, moved)
-                self._write(caches, node.name, node.out.nbytes, moved, self._live(node.name))
-                t += self._seconds(node, moved, core)
+                moved = self._node(self.g.node(v), self.caches[max(core, 0)])
+                t += self._seconds(self.g.node(v), moved, core)
                 for k, b in moved.items():
                     self.bytes[k] += b
                     group[k] += b
             done[u] = t
-            for c in (range(self.h.cores) if core == ALL else (core,)):
+            for c in on:
                 free[c] = t
         return Traffic(dict(self.bytes), {k: dict(v) for k, v in self.by_group.items()}, max(done, default=0.0) * 1e3)
+
+    def _count_readers(self, order: Sequence[int]) -> None:
+        """Views resolved to their sources; how many reads each value will have; what stays."""
+        for n in self.g.nodes:
+            if op_schema(n.op).is_view:
+                self.source[n.name] = self.source.get(n.inputs[0], n.inputs[0])
+        for u in order:
+            for v in self.dag.units[u].nodes:
+                if v not in self.source:
+                    for x in self.g.node(v).inputs:
+                        key = self.source.get(x, x)
+                        self.readers[key] = self.readers.get(key, 0) + 1
+        self.keep = {self.source.get(v, v) for v in self.g.outputs}
+
+    def _node(self, node: Node, caches: list[_Lru]) -> dict[str, int]:
+        """One node's reads and write through ``caches``: the bytes it moved per level."""
+        moved = {lv.name: 0 for lv in self.h.levels}
+        for x in node.inputs:
+            key = self.source.get(x, x)
+            self._read(caches, key, self.g.types[x].nbytes, moved)
+            self.readers[key] -= 1
+            if not self._live(key):
+                for cs in self.caches:
+                    for c in cs:
+                        c.drop(key)
+        for p in node.params:
+            self._read(caches, f"param:{p}", self.g.param_types[p].nbytes, moved)
+        self._write(caches, node.name, node.out.nbytes, moved, self._live(node.name))
+        return moved
 
     def _live(self, key: str) -> bool:
         return not key.startswith("param:") and (self.readers.get(key, 0) > 0 or key in self.keep)
