@@ -3,8 +3,8 @@ to cores, and the scope of each instance's output.
 
 Visiting instances consumers first (the reverse of the run order), an unbound instance takes its
 group's default tiling (instance ``i`` of ``f`` on core ``i * cores // f``: contiguous slices of
-the batch per core); an instance of a group of one (unsplit) runs on every core (:data:`ALL`) and
-binds nobody. Each producer of a bound instance that is still unbound takes the same core, so
+the batch per core); a group of one instance (unsplit) runs on every core (:data:`ALL`), binds
+nobody and is bound by nobody. Each producer of a bound instance that is still unbound takes the same core, so
 the slices it writes are read where they were made; a producer already bound elsewhere (or read
 by an instance on every core) keeps its core, and its output's scope is demoted from the core's
 own cache to the shared levels (``shared``): it crosses cores.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opsched.schedulers.memory.instances import InstanceDag
+from opsched.schedulers.memory.instances import PIECE, InstanceDag
 
 __all__ = ["Binding", "bind", "ALL"]
 
@@ -42,13 +42,14 @@ def bind(dag: InstanceDag, order: Sequence[int], cores: int) -> Binding:
     """Algorithm 4 over the units of ``dag`` run in ``order`` on ``cores`` cores."""
     core: list[int | None] = [None] * len(dag.units)
     shared: set[int] = set()
+    whole = [cores == 1 or (unit.group != PIECE and dag.factor(u) == 1) for u, unit in enumerate(dag.units)]
     for u in reversed(order):
-        f = dag.factor(u)
-        if core[u] is None:
-            unit = dag.units[u]
-            core[u] = ALL if f == 1 or cores == 1 else (unit.index * cores) // f
+        if whole[u]:
+            core[u] = ALL
+        elif core[u] is None:
+            core[u] = ALL if dag.factor(u) == 1 else (dag.units[u].index * cores) // dag.factor(u)
         for p in dag.preds[u]:
-            if core[p] is None and core[u] != ALL:
+            if core[p] is None and core[u] != ALL and not whole[p]:
                 core[p] = core[u]
             elif core[p] != core[u] or core[u] == ALL:
                 shared.add(p)
