@@ -101,7 +101,8 @@ def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], d
     def ratio(slow: str, fast: str) -> float:
         return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
     best_split = min(("opsched split", "opsched split 1 lane"), key=med.__getitem__)
-    ratios = {"split vs ORT": ratio("ORT session", best_split), "split vs unsplit": ratio("opsched unsplit", best_split)}
+    ratios = {"split vs ORT": ratio("ORT session", best_split),
+              "split vs unsplit": ratio("opsched unsplit", best_split)}
     activations = sum(n.out.nbytes for n in graph.nodes)
     llc = host_hierarchy().levels[-2].capacity or 0
     steps = ablation(graph, cores)
@@ -112,7 +113,8 @@ def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], d
               "profile_split_ms": profile, "ablation": steps}
     row = [name, batch, *(f"{med[k]:.1f}" for k in calls), *(f"{v:.2f}" for v in ratios.values()),
            f"{activations / MIB:.0f}{' > LLC' if activations > llc else ''}",
-           f"{split.stats['split groups']}/{split.stats['groups']} ({', '.join(map(str, split.stats['factors'])) or '-'})",
+           f"{split.stats['split groups']}/{split.stats['groups']} "
+           f"({', '.join(map(str, split.stats['factors'])) or '-'})",
            f"{steps['layer by layer']['dram_mib']:.0f} / {steps['+ instance order']['dram_mib']:.0f}",
            f"{steps['layer by layer']['ms']:.0f} / {steps['+ instance order']['ms']:.0f}",
            ", ".join(f"{k} {v:.0f}" for k, v in list(profile.items())[:3])]
