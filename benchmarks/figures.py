@@ -8,6 +8,8 @@ redrawn after any rerun; a figure whose results are not there is skipped with a 
 * ``cpu.png``: speedup over ONNX Runtime's sequential session on this repository's CPU, batch 1;
 * ``schedules.png``: the simulated IOS table (each schedule against sequential) beside IOS's
   measured V100 figures;
+* ``memory.png``: GraphTurbo's ablation (layer by layer, + grouping, + split, + instance order)
+  under the traffic simulator: bytes from the shared cache and latency per zoo model;
 * ``stage-counts.png``: the stages a search prices, log scale: the original optimizer's count,
   what its rule would price on our graph, the DP's, and the floors under any monotone-bound proof.
 
@@ -98,6 +100,24 @@ def draw_cpu(plt, cpu: Results) -> None:  # type: ignore[no-untyped-def]
     ax.set_title(f"{cpu['environment']['machine']}, batch 1: optimize() {geomean(opt):.2f}x ONNX Runtime "
                  f"sequential, {cpu['geomean']['IOS vs eager']:.1f}x eager PyTorch (geomean)" if opt else "",
                  fontsize=10)
+
+
+ABLATION = {"layer by layer": "#7f7f7f", "+ grouping": "#9467bd", "+ split": "#ff7f0e",
+            "+ instance order": "#1f77b4"}
+
+
+@figure("memory", "memory")
+def draw_memory(plt, memory: Results) -> None:  # type: ignore[no-untyped-def]
+    batch = max(r["batch"] for r in memory["results"])
+    rows = [r for r in memory["results"] if r["batch"] == batch]
+    models = [r["model"] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6))
+    for ax, key, label in ((top, "l3_mib", "simulated L3 MiB"), (bottom, "ms", "simulated ms")):
+        _grouped_bars(ax, models, {k: [r["ablation"][k][key] for r in rows] for k in ABLATION}, ABLATION)
+        ax.set_ylabel(label)
+    top.legend(fontsize=7, ncol=4, loc="upper left")
+    top.set_title(f"GraphTurbo's ablation under the traffic simulator, batch {batch}, "
+                  f"{memory['environment']['machine']}", fontsize=10)
 
 
 SCHEDULES = {"Sequential": "#7f7f7f", "Greedy": "#9467bd", "IOS-Merge": "#17becf", "IOS-Parallel": "#ff7f0e",

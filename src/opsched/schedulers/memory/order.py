@@ -19,45 +19,34 @@ from collections.abc import Sequence
 __all__ = ["depth_first", "breadth_first"]
 
 
-def _consumers(preds: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+def _order(preds: Sequence[Sequence[int]], last_in_first_out: bool) -> list[int]:
+    """Kahn's algorithm over ``preds``, taking the newest ready unit or the oldest."""
     succs: list[list[int]] = [[] for _ in preds]
     indegree = [0] * len(preds)
     for u, ps in enumerate(preds):
         for p in dict.fromkeys(ps):
             succs[p].append(u)
             indegree[u] += 1
-    return succs, indegree
+    ready = deque(u for u in range(len(preds)) if indegree[u] == 0)
+    take = ready.pop if last_in_first_out else ready.popleft
+    order = []
+    while ready:
+        u = take()
+        order.append(u)
+        for s in succs[u]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                ready.append(s)
+    if len(order) != len(preds):
+        raise ValueError(f"the instance graph has a cycle: {len(preds) - len(order)} units never become ready")
+    return order
 
 
 def depth_first(preds: Sequence[Sequence[int]]) -> list[int]:
     """Algorithm 3: repeatedly run the most recently readied unit."""
-    succs, indegree = _consumers(preds)
-    ready = [u for u in range(len(preds)) if indegree[u] == 0]
-    order = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for s in succs[u]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    if len(order) != len(preds):
-        raise ValueError(f"the instance graph has a cycle: {len(preds) - len(order)} units never become ready")
-    return order
+    return _order(preds, last_in_first_out=True)
 
 
 def breadth_first(preds: Sequence[Sequence[int]]) -> list[int]:
     """The layer-by-layer order: the unit readied first runs first."""
-    succs, indegree = _consumers(preds)
-    ready = deque(u for u in range(len(preds)) if indegree[u] == 0)
-    order = []
-    while ready:
-        u = ready.popleft()
-        order.append(u)
-        for s in succs[u]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    if len(order) != len(preds):
-        raise ValueError(f"the instance graph has a cycle: {len(preds) - len(order)} units never become ready")
-    return order
+    return _order(preds, last_in_first_out=False)
