@@ -16,7 +16,7 @@ from opsched.errors import InputMismatchError, OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph
 from opsched.report import OptimizeOutcome, OptimizeReport, ScheduleSummary
-from opsched.runtime import Plan, check_inputs, lower
+from opsched.runtime import Plan, check_inputs, lower_instances
 from opsched.schedule import Schedule
 from opsched.timeline import TraceEvent
 
@@ -71,8 +71,9 @@ class ScheduledModule(nn.Module):
                  device: str | torch.device = "cpu", graphs: bool = True, channels_last: bool = False,
                  outputs: OutputStructure | None = None, outcome: OptimizeOutcome | None = None) -> None:
         super().__init__()
-        self.plan: Plan = lower(graph, schedule)
-        graph = schedule.instance_graph(graph)  # what the plan's steps compute
+        plan: Plan
+        graph, plan = lower_instances(graph, schedule)  # graph: what the plan's steps compute
+        self.plan = plan
         self.graph = graph
         self.schedule = schedule
         placed = schedule.options.get("platform")

@@ -31,8 +31,10 @@ from typing import Any
 from opsched._toposort import topological_order
 from opsched.ir import Graph
 from opsched.schedule import Schedule, Stage
+from opsched.schedule.validate import check_schedule
 
-__all__ = ["Step", "Phase", "Plan", "lower", "lower_stage", "cut_segments", "step_label", "MERGED_OP"]
+__all__ = ["Step", "Phase", "Plan", "lower", "lower_instances", "lower_stage",
+           "cut_segments", "step_label", "MERGED_OP"]
 
 #: The op of a step that runs a merged convolution.
 MERGED_OP = "conv2d(merged)"
@@ -136,11 +138,16 @@ def cut_segments(plan: Plan, positions: Sequence[int]) -> Plan:
 
 
 def lower(graph: Graph, schedule: Schedule) -> Plan:
-    """Lower ``schedule`` (validated against ``graph`` first) to a plan. A schedule with splits
-    lowers to a plan over its instance graph (:meth:`Schedule.instance_graph`), which is what
-    an executor of the plan is prepared with."""
-    schedule.validate(graph)
-    return _Lowering(schedule.instance_graph(graph), schedule).plan()
+    """Lower ``schedule`` (validated against ``graph`` first) to a plan."""
+    return lower_instances(graph, schedule)[1]
+
+
+def lower_instances(graph: Graph, schedule: Schedule) -> tuple[Graph, Plan]:
+    """:func:`lower`, with the graph the plan's steps compute: ``graph`` itself, or for a
+    schedule with splits its instance graph (:meth:`Schedule.instance_graph`), which is what an
+    executor of the plan is prepared with."""
+    target = check_schedule(schedule, graph)
+    return target, _Lowering(target, schedule).plan()
 
 
 def lower_stage(graph: Graph, stage: Stage) -> tuple[Graph, Plan]:

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 __all__ = ["check_schedule"]
 
 
-def check_schedule(schedule: Schedule, graph: Graph) -> None:
+def check_schedule(schedule: Schedule, graph: Graph) -> Graph:
     """Raise the error naming the first way ``schedule`` does not fit ``graph`` (see
-    :meth:`opsched.schedule.Schedule.validate`)."""
+    :meth:`opsched.schedule.Schedule.validate`); return the graph its lanes name (its instance
+    graph)."""
     ghash = graph.structural_hash()
     if schedule.graph_hash != ghash:
         raise ScheduleMismatchError(
@@ -37,6 +38,7 @@ def check_schedule(schedule: Schedule, graph: Graph) -> None:
     where = _check_barriers(schedule)
     _check_merges(schedule, graph, where)
     _check_order(schedule, graph, where)
+    return graph
 
 
 def _check_cover(schedule: Schedule, graph: Graph) -> None:

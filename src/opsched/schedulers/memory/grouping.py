@@ -26,7 +26,7 @@ from opsched.cost.hierarchy import Hierarchy
 from opsched.ir import Graph
 from opsched.ir.schema import node_flops, op_schema
 from opsched.schedulers.memory.instances import Group
-from opsched.schedulers.memory.splitinfo import SplitInfo, split_info
+from opsched.schedulers.memory.splitinfo import SplitInfo, read_outside, split_info
 
 __all__ = ["group_nodes", "estimate_ms", "singletons"]
 
@@ -53,7 +53,7 @@ def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: 
         return hierarchy.dram.bandwidth_gbps / hierarchy.dram.shared_by
 
     fit_gbps = hierarchy.fit_level.bandwidth_gbps if info.fits else 0.0
-    read_outside = {u for n in graph.nodes if n.name not in inside for u in n.inputs} | set(graph.outputs)
+    exported = read_outside(graph, inside)
     seconds, weights = 0.0, 0
     for v in nodes:
         node = graph.node(v)
@@ -67,7 +67,7 @@ def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: 
             internal = x in inside and fit_gbps
             seconds += t.nbytes / ((fit_gbps if internal else level_gbps(t.nbytes)) * 1e9)
         out = node.out.nbytes
-        if v in read_outside or not fit_gbps:
+        if v in exported or not fit_gbps:
             seconds += out / (level_gbps(out) * 1e9)
         else:
             seconds += out / (fit_gbps * 1e9)

@@ -24,7 +24,7 @@ from opsched.ir import Graph
 from opsched.schedule import graph_batch
 from opsched.transforms.split_instances import split_refusal
 
-__all__ = ["SplitInfo", "instance_peak", "split_info", "divisors"]
+__all__ = ["SplitInfo", "instance_peak", "split_info", "divisors", "read_outside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,7 @@ def instance_peak(graph: Graph, nodes: Iterable[str], factor: int = 1) -> int:
     for k, v in enumerate(members):
         for u in graph.node(v).inputs:
             last[u] = k
-    exported = {v for v in members if v in graph.outputs} | {
-        u for n in graph.nodes if n.name not in inside for u in n.inputs if u in inside}
+    exported = read_outside(graph, inside)
     live = sum(size(u) for u in last if u not in inside)  # read from outside: alive from the start
     peak = live
     for k, v in enumerate(members):
@@ -70,6 +69,12 @@ def instance_peak(graph: Graph, nodes: Iterable[str], factor: int = 1) -> int:
         if v not in last and v not in exported:
             live -= size(v)  # read by no one inside and no one outside: dead at once
     return peak
+
+
+def read_outside(graph: Graph, inside: set[str]) -> set[str]:
+    """The values of ``inside`` that a node outside it reads, or that are graph outputs."""
+    index, nodes = graph.index, graph.nodes
+    return {v for v in inside if v in graph.outputs or any(nodes[s].name not in inside for s in graph.succs[index[v]])}
 
 
 def split_info(graph: Graph, nodes: Iterable[str], capacity: int, max_factor: int | None = None) -> SplitInfo:
