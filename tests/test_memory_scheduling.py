@@ -215,7 +215,8 @@ def test_depth_first_never_moves_more_dram_bytes_than_breadth_first(name):
     _, _, g = _zoo_graph(name, 8)
     h = _small_cpu(512)  # caches small enough that order matters at this size
     found = group_nodes(g, h)
-    dag = instance_dag(g, [Group(nodes, info.factor if info.fits else 1) for nodes, info in found])
+    dag = instance_dag(g, [Group(nodes, info.factor, info.axis) if info.fits else Group(nodes)
+                           for nodes, info in found])
     runs = {}
     for label, order in (("dfs", depth_first(dag.preds)), ("bfs", breadth_first(dag.preds))):
         runs[label] = simulate(dag, order, bind(dag, order, h.cores), h)
@@ -231,7 +232,8 @@ def test_every_instance_peak_fits_its_level(width, size, fit_kib, batch):
     h = _small_cpu(fit_kib)
     for nodes, info in group_nodes(g, h):
         if info.fits:
-            dag = instance_dag(g, [Group(nodes, info.factor)] + [Group((v,)) for v in g.index if v not in nodes])
+            rest = [Group((v,)) for v in g.index if v not in nodes]
+            dag = instance_dag(g, [Group(nodes, info.factor, info.axis), *rest])
             for unit in dag.units:
                 if unit.group == 0 and info.factor > 1:
                     assert instance_peak(dag.graph, unit.nodes) <= h.fit_bytes

@@ -12,7 +12,7 @@ A :class:`Schedule` is one form for every scheduler:
 * ``barriers``: points where every lane waits for every other. Barrier ``k`` is a tuple with one
   entry per lane, the number of that lane's nodes before it; everything before a barrier
   finishes before anything after it starts;
-* ``splits``: groups of nodes computed as instances, each on its slice of the batch
+* ``splits``: groups of nodes computed as instances, each on its slice of the batch or band of rows
   (:mod:`opsched.transforms.split_instances`). The lanes then name the nodes of the graph so
   rewritten (:meth:`Schedule.instance_graph`): ``conv@0``, ``conv@1``, ...; ``graph_hash`` stays
   the model's own.
@@ -260,7 +260,8 @@ class Schedule:
                        waits=tuple((a, b) for a, b in data.get("waits") or ()),
                        merges=tuple(tuple(m) for m in data.get("merges") or ()),
                        barriers=tuple(tuple(b) for b in data.get("barriers") or ()),
-                       splits=tuple(Split(tuple(s["nodes"]), int(s["factor"])) for s in data.get("splits") or ()),
+                       splits=tuple(Split(tuple(s["nodes"]), int(s["factor"]), int(s.get("axis", 0)))
+                                    for s in data.get("splits") or ()),
                        **meta)
         except (KeyError, TypeError, ValueError, InvalidScheduleError) as e:
             raise InvalidScheduleError(f"{source}: malformed schedule: {type(e).__name__}: {e}") from None
@@ -299,7 +300,7 @@ class Schedule:
             lines.append(f"  Lane {i}{f' ({where})' if where else ''}: [" + ", ".join(self.lane_items(lane)) + "]")
         lines += [f"  {a} waits for {b}" for a, b in self.waits]
         lines += [f"  barrier after {list(b)} nodes of each lane" for b in self.barriers]
-        lines += [f"  split {s.factor} ways along the batch: {', '.join(s.nodes)}" for s in self.splits]
+        lines += [f"  split {s.factor} ways along {s.along}: {', '.join(s.nodes)}" for s in self.splits]
         return "\n".join([head + f": {len(self.lanes)} lanes", *lines])
 
 

@@ -9,7 +9,8 @@ core (Algorithm 4). The schedule's ``splits`` carry the grouping; its lanes name
 nodes (``conv@3``), so it lowers and runs on every backend like any other schedule, and its
 estimate is the traffic simulator's (:mod:`opsched.schedulers.memory.traffic`).
 
-At batch 1 nothing splits and the schedule is the graph in depth-first order on one lane.
+At batch 1 a sub-graph whose activations outgrow the cache splits into bands of rows instead,
+each instance recomputing the halo rows its convolutions and pools need.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str) -> 
     if options.max_lanes is not None:
         h = dataclasses.replace(h, cores=options.max_lanes)
     found = group_nodes(graph, h, max_factor=options.max_factor, max_rounds=64 if options.grouping else 0)
-    return [Group(nodes, info.factor if options.split and info.fits else 1) for nodes, info in found], h
+    return [Group(nodes, info.factor, info.axis) if options.split and info.fits else Group(nodes)
+            for nodes, info in found], h
 
 
 def _graphturbo(graph: Graph, cost: CostModel, options: GraphTurboOptions, progress: Progress | None) -> Schedule:
@@ -64,7 +66,8 @@ def _graphturbo(graph: Graph, cost: CostModel, options: GraphTurboOptions, progr
     traffic = simulate(dag, order, binding, h)
     split = [g for g in groups if g.factor > 1]
     stats = {"groups": len(groups), "split groups": len(split), "instances": len(dag.units),
-             "factors": sorted({g.factor for g in split}), "hierarchy": h.name,
+             "factors": sorted({g.factor for g in split}), "row splits": sum(1 for g in split if g.axis),
+             "hierarchy": h.name,
              "simulated MiB": {k: round(v / 2**20, 1) for k, v in traffic.bytes.items()}}
     return laned(graph, cost, binding.lanes(dag, order, h.cores), "graphturbo", options,
                  estimated_ms=traffic.latency_ms, stats=stats, splits=dag.splits)
@@ -74,7 +77,8 @@ def summarize(stats: Any) -> str:
     if "groups" not in stats:
         return ""
     factors = ", ".join(map(str, stats.get("factors", []))) or "none"
-    return (f"{stats['groups']} sub-graphs, {stats['split groups']} split (factors {factors}) into "
+    rows = f", {stats['row splits']} along the rows" if stats.get("row splits") else ""
+    return (f"{stats['groups']} sub-graphs, {stats['split groups']} split (factors {factors}{rows}) into "
             f"{stats['instances']} units for {stats['hierarchy']}")
 
 

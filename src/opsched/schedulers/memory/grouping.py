@@ -37,8 +37,9 @@ def singletons(graph: Graph) -> list[Group]:
 
 
 def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: Hierarchy) -> float:
-    """A sub-graph's time on one core under the hierarchy: compute, plus bytes over the bandwidth
-    of the level they live in, plus a dispatch per node and instance. Values made and read inside
+    """A sub-graph's time on one core under the hierarchy: compute (recomputed halos included),
+    plus bytes over the bandwidth of the level they live in, plus a dispatch per node and
+    instance. Values made and read inside
     live in the fit level where the instances fit; values read from or read outside, and the
     weights (read once per instance), in the first level below that holds them whole."""
     inside = set(nodes)
@@ -54,13 +55,13 @@ def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: 
 
     fit_gbps = hierarchy.fit_level.bandwidth_gbps if info.fits else 0.0
     exported = read_outside(graph, inside)
-    seconds, weights = 0.0, 0
+    seconds, compute, weights = 0.0, 0.0, 0
     for v in nodes:
         node = graph.node(v)
         ins = graph.input_types(node)
         params = graph.node_param_types(node)
         category = op_schema(node.op).category
-        seconds += node_flops(node, ins, params) / (core_flops * spec.efficiency.get(category,
+        compute += node_flops(node, ins, params) / (core_flops * spec.efficiency.get(category,
                                                                                      spec.efficiency["default"]))
         weights += sum(t.nbytes for t in params)
         for x, t in zip(node.inputs, ins):
@@ -71,6 +72,7 @@ def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: 
             seconds += out / (level_gbps(out) * 1e9)
         else:
             seconds += out / (fit_gbps * 1e9)
+    seconds += compute * info.recompute
     seconds += info.factor * weights / (level_gbps(weights) * 1e9)
     seconds += info.factor * len(nodes) * spec.launch_us * 1e-6
     return seconds * 1e3

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsched.ir import Graph
-from opsched.transforms.split_instances import Split, instance_name, split_instances
+from opsched.transforms.split_instances import Split, split_graph
 
 __all__ = ["Group", "Unit", "InstanceDag", "instance_dag", "PIECE"]
 
@@ -26,10 +26,12 @@ PIECE = -1
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A sub-graph (node names of the model's graph, in its order) and its split factor."""
+    """A sub-graph (node names of the model's graph, in its order), its split factor and the axis
+    it splits (0: the batch, 2: the rows)."""
 
     nodes: tuple[str, ...]
     factor: int = 1
+    axis: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class InstanceDag:
 
     @property
     def splits(self) -> tuple[Split, ...]:
-        return tuple(Split(g.nodes, g.factor) for g in self.groups if g.factor > 1)
+        return tuple(Split(g.nodes, g.factor, g.axis) for g in self.groups if g.factor > 1)
 
     def factor(self, unit: int) -> int:
         group = self.units[unit].group
@@ -67,21 +69,17 @@ class InstanceDag:
 def instance_dag(graph: Graph, groups: Sequence[Group]) -> InstanceDag:
     """The units of ``groups`` (a partition of ``graph``'s nodes) over the split graph."""
     groups = tuple(groups)
-    split = split_instances(graph, [Split(g.nodes, g.factor) for g in groups if g.factor > 1])
-    unit_of_name: dict[str, tuple[int, int]] = {}
-    for k, g in enumerate(groups):
-        for v in g.nodes:
-            if g.factor == 1:
-                unit_of_name[v] = (k, 0)
-            else:
-                unit_of_name.update((instance_name(v, i), (k, i)) for i in range(g.factor))
+    split_groups = [k for k, g in enumerate(groups) if g.factor > 1]
+    split = split_graph(graph, [Split(groups[k].nodes, groups[k].factor, groups[k].axis) for k in split_groups])
+    unit_of_name = {name: (split_groups[s], i) for name, (s, i) in split.owner.items()}
+    unit_of_name.update((v, (k, 0)) for k, g in enumerate(groups) if g.factor == 1 for v in g.nodes)
     members: dict[tuple[int, int], list[str]] = {}
-    for n in split.nodes:
+    for n in split.graph.nodes:
         key = unit_of_name.get(n.name, (PIECE, len(members)))
         members.setdefault(key, []).append(n.name)
     units = tuple(Unit(tuple(names), k, i if k != PIECE else 0) for (k, i), names in members.items())
     index_of = {v: u for u, unit in enumerate(units) for v in unit.nodes}
-    preds = tuple(tuple(dict.fromkeys(index_of[x] for v in unit.nodes for x in split.node(v).inputs
+    preds = tuple(tuple(dict.fromkeys(index_of[x] for v in unit.nodes for x in split.graph.node(v).inputs
                                       if x in index_of and index_of[x] != u))
                   for u, unit in enumerate(units))
-    return InstanceDag(split, groups, units, preds)
+    return InstanceDag(split.graph, groups, units, preds)
