@@ -115,6 +115,8 @@ def draw_memory(plt, memory: Results) -> None:  # type: ignore[no-untyped-def]
     for ax, key, label in ((top, "l3_mib", "simulated L3 MiB"), (bottom, "ms", "simulated ms")):
         _grouped_bars(ax, models, {k: [r["ablation"][k][key] for r in rows] for k in ABLATION}, ABLATION)
         ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
     top.legend(fontsize=7, ncol=4, loc="upper left")
     top.set_title(f"GraphTurbo's ablation under the traffic simulator, batch {batch}, "
                   f"{memory['environment']['machine']}", fontsize=10)

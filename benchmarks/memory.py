@@ -1,5 +1,6 @@
 """Memory-hierarchy-aware scheduling on this CPU: GraphTurbo's split plans against ONNX Runtime's
-own session and opsched's unsplit plan, at batch 1, 8 and 32 (-> docs/results/memory.md).
+own session and opsched's unsplit plan, at batch 1, 8 and 32, on the zoo and the convolutional
+models of the real-model corpus at 224 pixels (-> docs/results/memory.md).
 
 For each model and batch, in one process, interleaved in a fresh order each round (each
 contender sleeps 50 ms in its turn, runs once untimed, then ``block`` timed calls): ONNX
@@ -17,7 +18,7 @@ Beside the latencies:
   (sub-graphs unsplit), + split (instances, breadth-first), + instance order (depth-first).
 
     python benchmarks/memory.py                                  # the default models, batch 1 8 32
-    python benchmarks/memory.py --models resnet18 --batch 8 --rounds 3
+    python benchmarks/memory.py --models resnet18 --corpus --batch 8 --rounds 3
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions, graphturbo_groups  # noqa: E402
 from opsched.schedulers.memory import Group, bind, breadth_first, depth_first, instance_dag, simulate  # noqa: E402
+from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
 from opsched.timing import interleave  # noqa: E402
 
 MIB = 2**20
 DEFAULT_MODELS = ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "resnet50", "randwire_small",
                   "nasnet_mobile"]
+#: Convolutional corpus entries (Hugging Face definitions) at full image size.
+DEFAULT_CORPUS = ["resnet", "regnet", "mobilenet_v2", "convnext"]
 
 
 def ablation(graph, cores: int) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
@@ -78,11 +82,26 @@ def where_time_goes(module: ScheduledModule, inputs: tuple[torch.Tensor, ...]) -
     return {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
-def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], dict[str, object]]:
+def zoo_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], bytes]:
+    """A zoo model at ``batch``, and its torch.onnx export (TorchScript exporter, opset 17)."""
     model, inputs = get_model(name).eval(), example_inputs(name, batch)
     buf = io.BytesIO()
     torch.onnx.export(model, inputs, buf, dynamo=False, opset_version=17, input_names=["x"])
-    session = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    return model, inputs, buf.getvalue()
+
+
+def corpus_model(name: str, batch: int, size: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], bytes]:
+    """A corpus model on ``batch`` images of ``size`` pixels, exported as users export it."""
+    model, (x,) = corpus()[name].build()
+    inputs = (torch.randn(batch, x.shape[1], size, size),)
+    proto, _ = export_onnx(model, inputs)
+    return model, inputs, proto.SerializeToString()
+
+
+def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onnx_bytes: bytes, rounds: int,
+        block: int) -> tuple[list[object], dict[str, object]]:
+    batch = inputs[0].shape[0]
+    session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
     graph = from_torch(model, inputs)
     cost = AnalyticCostModel(host_cpu_spec())
     cores = host_hierarchy().cores
@@ -90,8 +109,8 @@ def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], d
              "split": schedule(graph, "graphturbo", cost, max_lanes=cores),
              "split 1 lane": schedule(graph, "graphturbo", cost, max_lanes=1)}
     modules = {k: ScheduledModule(graph, s, backend="ort") for k, s in plans.items()}
-    x = inputs[0].numpy()
-    calls = {"ORT session": lambda: session.run(None, {"x": x}),
+    feeds = {session.get_inputs()[0].name: inputs[0].numpy()}
+    calls = {"ORT session": lambda: session.run(None, feeds),
              **{f"opsched {k}": (lambda m=m: m(*inputs)) for k, m in modules.items()}}
     with torch.no_grad():
         times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block)
@@ -114,7 +133,8 @@ def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], d
     row = [name, batch, *(f"{med[k]:.1f}" for k in calls), *(f"{v:.2f}" for v in ratios.values()),
            f"{activations / MIB:.0f}{' > LLC' if activations > llc else ''}",
            f"{split.stats['split groups']}/{split.stats['groups']} "
-           f"({', '.join(map(str, split.stats['factors'])) or '-'})",
+           f"({', '.join(map(str, split.stats['factors'])) or '-'}"
+           f"{f'; {rows} by rows' if (rows := split.stats['row splits']) else ''})",
            f"{steps['layer by layer']['dram_mib']:.0f} / {steps['+ instance order']['dram_mib']:.0f}",
            f"{steps['layer by layer']['ms']:.0f} / {steps['+ instance order']['ms']:.0f}",
            ", ".join(f"{k} {v:.0f}" for k, v in list(profile.items())[:3])]
@@ -124,6 +144,9 @@ def run(name: str, batch: int, rounds: int, block: int) -> tuple[list[object], d
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=DEFAULT_MODELS, choices=list_models())
+    p.add_argument("--corpus", nargs="*", default=DEFAULT_CORPUS,
+                   help="real-model corpus entries (opsched.testing.corpus) to run too, on --image-size images")
+    p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch", nargs="*", type=int, default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--block", type=int, default=2)
@@ -131,8 +154,11 @@ def main() -> None:
     torch.set_grad_enabled(False)
     rows, records = [], []
     for batch in args.batch:
-        for name in args.models:
-            row, record = run(name, batch, args.rounds, args.block)
+        models = [(name, lambda n=name, b=batch: zoo_model(n, b)) for name in args.models]
+        models += [(f"{name} (corpus)", lambda n=name, b=batch: corpus_model(n, b, args.image_size))
+                   for name in args.corpus]
+        for name, make in models:
+            row, record = run(name, *make(), args.rounds, args.block)
             rows.append(row)
             records.append(record)
             print(" | ".join(map(str, row)), flush=True)
@@ -148,7 +174,9 @@ def main() -> None:
              "graphturbo split plan (every core's lane, and one lane), all on ONNX Runtime kernels; ratios are "
              "medians of per-round ratios against the faster split plan. Simulated figures come from "
              "`opsched.schedulers.memory.traffic` under this machine's hierarchy (layer by layer / split and "
-             "depth-first); the profile is ORT's own, of the split plan. The ablation per model is in the JSON."]
+             "depth-first); the profile is ORT's own, of the split plan. The ablation per model is in the JSON. "
+             "Models marked (corpus) are Hugging Face definitions from `opsched.testing.corpus` on "
+             f"{args.image_size}-pixel images, their ORT session from their `torch.onnx.export` (dynamo)."]
     write_table("memory", intro, headers, rows, geo, {"results": records})
 
 

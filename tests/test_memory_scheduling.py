@@ -15,11 +15,21 @@ from hypothesis import strategies as st
 import opsched
 from opsched import from_torch
 from opsched.cost import AnalyticCostModel, host_cpu_spec
-from opsched.cost.hierarchy import Hierarchy, MemoryLevel, hierarchy, hierarchy_for, host_hierarchy, read_cpu_caches
+from opsched.cost.hierarchy import (
+    Hierarchy,
+    MemoryLevel,
+    hierarchy,
+    hierarchy_for,
+    hierarchy_names,
+    host_hierarchy,
+    read_cpu_caches,
+    register_hierarchy,
+)
 from opsched.errors import CostModelError, InvalidScheduleError, ScheduleMismatchError
 from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model
 from opsched.module import ScheduledModule
+from opsched.runtime.reference import run_graph
 from opsched.schedule import Schedule
 from opsched.schedulers import schedule
 from opsched.schedulers.memory import (
@@ -36,6 +46,7 @@ from opsched.schedulers.memory import (
     split_info,
 )
 from opsched.transforms import Split, split_instances
+from opsched.transforms.halos import row_plan, row_refusal
 
 CPU = AnalyticCostModel(host_cpu_spec())
 ATOL = 1e-4  # float32, kernels on batch slices against the whole batch
@@ -53,6 +64,11 @@ def _small_cpu(fit_kib: int, cores: int = 2) -> Hierarchy:
     levels = (MemoryLevel("L1", 8 * 1024, 150.0), MemoryLevel("L2", fit_kib * 1024, 60.0),
               MemoryLevel("L3", 4 * fit_kib * 1024, 40.0, cores), MemoryLevel("DRAM", None, 20.0, cores))
     return dataclasses.replace(h, cores=cores, levels=levels, fit="L2")
+
+
+SMALL_CPU = "test-cpu-256k"  # a registered preset, so that schedules made for it are the same on any machine
+if SMALL_CPU not in hierarchy_names():
+    register_hierarchy(SMALL_CPU, lambda: dataclasses.replace(_small_cpu(256), name=SMALL_CPU))
 
 
 # --- the hierarchy --------------------------------------------------------------------------
@@ -226,7 +242,7 @@ def test_depth_first_never_moves_more_dram_bytes_than_breadth_first(name):
 
 @settings(max_examples=25, deadline=None)
 @given(width=st.sampled_from([4, 8, 16]), size=st.sampled_from([8, 16, 32]), fit_kib=st.integers(16, 512),
-       batch=st.sampled_from([2, 4, 8, 16]))
+       batch=st.sampled_from([1, 2, 4, 8, 16]))
 def test_every_instance_peak_fits_its_level(width, size, fit_kib, batch):
     g = _chain(batch, width, size)
     h = _small_cpu(fit_kib)
@@ -262,10 +278,119 @@ def test_split_plan_on_inductor_segments_equals_eager():
         torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
 
 
-def test_batch_one_splits_nothing():
-    _, _, g = _zoo_graph("googlenet", 1)
-    s = schedule(g, "graphturbo", CPU)
-    assert not s.splits and s.stats["split groups"] == 0
+# --- splits along the rows -------------------------------------------------------------------
+def test_row_plan_computes_the_halos_exactly():
+    g = _chain(batch=1)  # a: 3x3 conv, padding 1; r: relu; c: 3x3 conv, padding 1; 16 rows
+    plan = row_plan(g, ["a", "r", "c"], 2)
+    assert plan.shares == {"c": ((0, 8), (8, 16))}  # only c is read outside: each instance its half
+    assert plan.computes == {"c": ((0, 8), (8, 16)), "r": ((0, 9), (7, 16)), "a": ((0, 9), (7, 16))}
+    assert plan.reads == {("c", "r"): ((-1, 9), (7, 17)), ("r", "a"): ((0, 9), (7, 16)),
+                          ("a", "x"): ((-1, 10), (6, 17))}  # -1 and 17: the convolutions' padding rows
+    assert plan.outside == {"x": ((0, 10), (6, 16))}
+    assert 1.0 < plan.recompute(g) < 18 / 16  # a and r compute 18 of 16 rows, c none twice
+
+
+def test_row_split_graph_structure():
+    g = _chain(batch=1)
+    split = split_instances(g, [Split(("a", "r", "c"), 2, axis=2)])
+    assert [n.name for n in split.nodes] == [
+        "x@rows0-10", "a@0:pad", "a@0", "x@rows6-16", "a@1:pad", "a@1", "r@0", "r@1",
+        "c@0:pad", "c@0", "c@1:pad", "c@1", "c"]
+    assert split.node("a@0:pad").attrs["pads"] == (0, 0, 1, 0)  # the top padding row, on the top band only
+    assert split.node("a@1:pad").attrs["pads"] == (0, 0, 0, 1)
+    assert split.node("a@0").attrs["padding"] == (0, 1) and split.node("a@0").out.shape == (1, 16, 9, 16)
+    assert split.node("c").op == "concat" and split.node("c").inputs == ("c@0", "c@1")
+    # bands of 4 reading bands of 2: c@1 (rows 4-8) reads rows 3-9 of r, from both r instances
+    split = split_instances(g, [Split(("a", "r"), 2, axis=2), Split(("c",), 4, axis=2)])
+    band = split.node(split.node("c@1").inputs[0])
+    assert (band.name, band.op, band.inputs) == ("r@rows3-9", "concat", ("r@0:3-8", "r@1:8-9"))
+    assert split.node("r@1:8-9").attrs == {"axis": 2, "start": 0, "end": 1}  # r@1 computes rows 8-16
+    inputs = [torch.randn(1, 16, 16, 16)]
+    torch.testing.assert_close(run_graph(split, inputs)[0], run_graph(g, inputs)[0], atol=ATOL, rtol=ATOL)
+
+
+def test_row_split_refusals_name_the_node_and_why():
+    b = GraphBuilder("rows")
+    x = b.input("x", (1, 4, 9, 9))
+    p = b.add("avg_pool2d", [x], name="p", kernel=2, ceil_mode=True)
+    c = b.add("concat", [x, x], name="cat", axis=2)
+    f = b.add("flatten", [x], name="f", start_dim=1)
+    g = b.build([p, c, f])
+    assert "clipped count" in row_refusal(g, g.node("p"))
+    assert "along axis 2" in row_refusal(g, g.node("cat"))
+    assert "not known" in row_refusal(g, g.node("f"))
+    with pytest.raises(InvalidScheduleError, match=r"node 'cat' \(concat\).*cannot be split along the rows"):
+        split_instances(g, [Split(("cat",), 2, axis=2)])
+    with pytest.raises(InvalidScheduleError, match="node 'a'.*its 16 rows cannot be shared by 17 instances"):
+        split_instances(_chain(batch=1), [Split(("a",), 17, axis=2)])
+    with pytest.raises(InvalidScheduleError, match=r"axis 0 \(the batch\) or 2 \(the rows\), got 1"):
+        Split(("a",), 2, axis=1)
+
+
+def _row_runs(g):  # type: ignore[no-untyped-def]
+    """Every maximal run (in the graph's order) of nodes that can split along the rows."""
+    runs, run = [], []
+    for n in g.nodes:
+        if row_refusal(g, n) is None:
+            run.append(n.name)
+        elif run:
+            runs.append(run)
+            run = []
+    return runs + ([run] if run else [])
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "nasnet_mobile",
+                                  "randwire_small", "resnet50"])
+def test_every_zoo_model_cut_into_bands_of_rows_equals_eager(name):
+    """Every run of row-separable nodes cut into 3 bands (2, or none, where a value is too short):
+    strides, dilations, ceil-mode and padded pools, residual adds and channel concats, with their
+    halos, against eager PyTorch."""
+    model, inputs, g = _zoo_graph(name, 1)
+    splits = []
+    for run in _row_runs(g):
+        for factor in (3, 2):
+            try:
+                row_plan(g, run, factor)
+            except InvalidScheduleError:
+                continue
+            splits.append(Split(tuple(run), factor, axis=2))
+            break
+    assert sum(len(s.nodes) for s in splits) > len(g.nodes) // 3
+    split = split_instances(g, splits)
+    assert any(n.op == "pad" for n in split.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(split, inputs)[0], model(*inputs), atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "googlenet"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_row_split_plans_equal_eager(name, backend):
+    model, inputs, g = _zoo_graph(name, 1)
+    s = schedule(g, "graphturbo", CPU, hierarchy=SMALL_CPU, max_lanes=2)
+    assert s.splits and all(split.axis == 2 for split in s.splits)  # at batch 1, only the rows can split
+    module = ScheduledModule(g, s, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
+        fresh = torch.randn_like(inputs[0])
+        torch.testing.assert_close(module(fresh), model(fresh), atol=ATOL, rtol=ATOL)
+
+
+def test_row_split_plan_on_inductor_segments_equals_eager():
+    model, inputs, g = _zoo_graph("squeezenet1_1", 1)
+    s = schedule(g, "graphturbo", CPU, hierarchy=SMALL_CPU, max_lanes=2)
+    module = ScheduledModule(g, s, backend="inductor")
+    with torch.no_grad():
+        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
+
+
+def test_row_split_schedule_travels_as_json(tmp_path):
+    model, inputs, g = _zoo_graph("resnet18", 1)
+    s = schedule(g, "graphturbo", CPU, hierarchy=SMALL_CPU, max_lanes=2)
+    s.save(tmp_path / "s.json")
+    assert {d.get("axis") for d in json.loads((tmp_path / "s.json").read_text())["splits"]} == {2}
+    loaded = Schedule.load(tmp_path / "s.json")
+    assert loaded.splits == s.splits and "ways along the rows" in str(loaded)
+    assert s.stats["row splits"] == len(s.splits)
 
 
 def test_split_schedule_travels_as_json_and_refuses_another_graph(tmp_path):

@@ -34,7 +34,7 @@ instance's share of its rows; a row split reads a batch-split value whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opsched.errors import InvalidScheduleError, ShapeMismatchError
@@ -136,15 +136,15 @@ class SplitGraph:
     index and the instance's. Pieces and joins between groups belong to no instance."""
 
     graph: Graph
-    owner: dict[str, tuple[int, int]]
+    owner: Mapping[str, tuple[int, int]]
 
 
 def split_instances(graph: Graph, splits: Sequence[Split]) -> Graph:
     """``graph`` with each split's nodes computed as instances (see the module docstring).
 
     Raises :class:`~opsched.errors.InvalidScheduleError` naming the node for a split that names
-    a node twice or one the graph lacks, a factor that does not divide the batch, or a node that
-    cannot split (and why)."""
+    a node twice or one the graph lacks, a factor that does not divide the batch or exceeds a
+    value's rows, or a node that cannot split (and why)."""
     return split_graph(graph, splits).graph
 
 

@@ -9,11 +9,11 @@ broadcast along the batch do not. Weights are not counted: they stream through, 
 simulator charges each instance for reading them.
 
 The candidates are the divisors of the batch, smallest first (GraphTurbo scans 1, 2, 4, 8, 9, ...
-the sizes that divide the dimension); the first whose instance peak fits is taken. Where none does
-(at batch 1, always), the rows are tried: 2, 3, 4, ... bands of the height, each instance
-computing its band with the halos its windows need (:mod:`opsched.transforms.halos`), its
-peak that of its nodes in the rewritten sub-graph (explicit padding at the edges included). A
-sub-graph with a node that cannot split along an axis
+the sizes that divide the dimension); the first whose instance peak fits is taken. Where the batch
+offers no split (at batch 1, or a node that cannot split along it), the rows are tried: 2, 3, 4,
+... bands of the height, each instance computing its band with the halos its windows need
+(:mod:`opsched.transforms.halos`), its peak that of its nodes in the rewritten sub-graph
+(explicit padding at the edges included). A sub-graph with a node that cannot split along an axis
 (:func:`~opsched.transforms.split_instances.split_refusal`,
 :func:`~opsched.transforms.halos.row_refusal`) has no candidate along it.
 """
@@ -108,8 +108,11 @@ def read_outside(graph: Graph, inside: set[str]) -> set[str]:
 
 def split_info(graph: Graph, nodes: Iterable[str], capacity: int, max_factor: int | None = None) -> SplitInfo:
     """Algorithm 1: the smallest factor along the batch (a divisor of it, at most ``max_factor``)
-    whose instance peak fits ``capacity``, else the fewest bands of rows whose instances fit;
-    the largest factor along the batch, marked not fitting, where neither does."""
+    whose instance peak fits ``capacity``; where the batch cannot split, the fewest bands of rows
+    whose instances fit; the largest factor along the batch, marked not fitting, where none does.
+    (A batch that does not fit is not cut into bands of rows instead: at batch 8 on a 2-core CPU
+    with 2 MiB L2 that took 14 to 19 bands, and SqueezeNet and ResNet-18 ran about 10% slower
+    than with those sub-graphs left whole.)"""
     members = tuple(nodes)
     batch = graph_batch(graph)
     splittable = all(split_refusal(graph, graph.node(v), batch) is None for v in members)
@@ -118,9 +121,10 @@ def split_info(graph: Graph, nodes: Iterable[str], capacity: int, max_factor: in
         peak = instance_peak(graph, members, f)
         if peak <= capacity:
             return SplitInfo(f, peak, True)
-    along_rows = _row_split(graph, members, capacity, max_factor)
-    if along_rows is not None:
-        return along_rows
+    if candidates == [1]:  # no split along the batch: try the rows
+        along_rows = _row_split(graph, members, capacity, max_factor)
+        if along_rows is not None:
+            return along_rows
     return SplitInfo(candidates[-1], instance_peak(graph, members, candidates[-1]), False)
 
 

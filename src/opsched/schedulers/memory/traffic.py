@@ -128,7 +128,7 @@ class _Simulation:
     def _count_readers(self, order: Sequence[int]) -> None:
         """Views resolved to their sources; how many reads each value will have; what stays."""
         for n in self.g.nodes:
-            if op_schema(n.op).is_view:
+            if op_schema(n.op).is_view and n.inputs:  # (a view of nothing, e.g. a parameter's, reads nothing)
                 self.source[n.name] = self.source.get(n.inputs[0], n.inputs[0])
         for u in order:
             for v in self.dag.units[u].nodes:
