@@ -263,7 +263,11 @@ def test_split_plans_equal_eager(name, backend):
     model, inputs, g = _zoo_graph(name, 4)
     s = schedule(g, "graphturbo", CPU, hierarchy="cpu", max_lanes=2)
     assert s.splits and len(s.lanes) == 2
-    module = ScheduledModule(g, s, backend=backend)
+    _assert_equals_eager(ScheduledModule(g, s, backend=backend), model, inputs)
+
+
+def _assert_equals_eager(module, model, inputs):  # type: ignore[no-untyped-def]
+    """On the example inputs and on fresh ones."""
     with torch.no_grad():
         torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
         fresh = torch.randn_like(inputs[0])
@@ -368,11 +372,7 @@ def test_row_split_plans_equal_eager(name, backend):
     model, inputs, g = _zoo_graph(name, 1)
     s = schedule(g, "graphturbo", CPU, hierarchy=SMALL_CPU, max_lanes=2)
     assert s.splits and all(split.axis == 2 for split in s.splits)  # at batch 1, only the rows can split
-    module = ScheduledModule(g, s, backend=backend)
-    with torch.no_grad():
-        torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
-        fresh = torch.randn_like(inputs[0])
-        torch.testing.assert_close(module(fresh), model(fresh), atol=ATOL, rtol=ATOL)
+    _assert_equals_eager(ScheduledModule(g, s, backend=backend), model, inputs)
 
 
 def test_row_split_plan_on_inductor_segments_equals_eager():
