@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import opsched
 from opsched import from_torch
+from opsched.backends.ort import JOIN_IN_PLACE
 from opsched.cost import AnalyticCostModel, host_cpu_spec
 from opsched.cost.hierarchy import (
     Hierarchy,
@@ -272,6 +273,20 @@ def _assert_equals_eager(module, model, inputs):  # type: ignore[no-untyped-def]
         torch.testing.assert_close(module(*inputs), model(*inputs), atol=ATOL, rtol=ATOL)
         fresh = torch.randn_like(inputs[0])
         torch.testing.assert_close(module(fresh), model(fresh), atol=ATOL, rtol=ATOL)
+
+
+def test_ort_joins_batch_slices_in_place():
+    """A join of instances along the batch costs no concat: the sessions making its parts write
+    into their samples of the whole value, and the join runs no kernel."""
+    model, inputs, g = _zoo_graph("squeezenet1_1", 4)
+    s = schedule(g, "graphturbo", CPU, hierarchy="cpu", max_lanes=2)
+    module = ScheduledModule(g, s, backend="ort")
+    joins = {n.name for n in module.graph.nodes if n.op == "concat" and n.attrs["axis"] == 0}
+    assert joins
+    events = module.profile(*inputs)
+    assert {e.label for e in events if e.op == JOIN_IN_PLACE} == joins
+    assert not [e for e in events if e.label in joins and e.op != JOIN_IN_PLACE]  # no Concat kernel among them
+    _assert_equals_eager(module, model, inputs)
 
 
 def test_split_plan_on_inductor_segments_equals_eager():

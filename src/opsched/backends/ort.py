@@ -22,7 +22,9 @@ import dataclasses
 import os
 import statistics
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +44,7 @@ from opsched.ir.analysis import live_values
 from opsched.ir.ops import op_def
 from opsched.runtime import Plan, lower
 from opsched.runtime.kernels import step_kernel
-from opsched.runtime.plan import cut_segments
+from opsched.runtime.plan import Step, cut_segments
 from opsched.schedule import Schedule, Stage
 from opsched.schedulers.sequential import sequential_stages
 from opsched.timeline import TraceEvent
@@ -84,9 +86,30 @@ def _to_torch(v: Any) -> torch.Tensor:
     return torch.from_numpy(np.asarray(v))
 
 
+#: The op of a join whose parts were written in place (an item with nothing left to compute).
+JOIN_IN_PLACE = "join in place"
+
+
+@dataclass(frozen=True)
+class _Join:
+    """A join of batch slices (a ``concat`` along axis 0): its slot, its whole value's shape and
+    dtype, and per part, the slot and the samples it fills."""
+
+    slot: int
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    parts: tuple[tuple[int, int, int], ...]
+
+
 class _OrtSegments(SegmentBuilder):
     """Each segment of exportable steps one ORT session; the other steps torch items between them,
-    values held as NumPy arrays."""
+    values held as NumPy arrays.
+
+    A join of batch slices (the instances of a split sub-graph joined again) costs no copy: the
+    first session to make one of its parts allocates the whole value, and every session making a
+    part writes it, through ONNX Runtime's I/O binding, straight into its samples of that value
+    (a contiguous view); the join itself then only checks that each part is in place (copying a
+    part that a torch step made)."""
 
     encode = staticmethod(_to_numpy)
     decode = staticmethod(_to_torch)
@@ -98,11 +121,41 @@ class _OrtSegments(SegmentBuilder):
         lanes = [lane for phase in plan.phases for lane in phase.lanes]
         # a plan that is one session lets its threads spin, as ORT's own sessions do
         self.spin = spin and len(lanes) == 1 and all(self.exportable[s] for s in lanes[0])
+        self.joins = {s: join for s, step in enumerate(plan.steps) if (join := self._join(step)) is not None}
+        self.part_of: dict[int, tuple[_Join, int, int]] = {}  # a part's slot -> its join and samples
+        for join in self.joins.values():
+            for slot, a, b in join.parts:
+                self.part_of.setdefault(slot, (join, a, b))
+        self.lock = threading.Lock()
+
+    def _join(self, step: Step) -> _Join | None:
+        node = self.graph.node(step.nodes[0])
+        if step.merged or node.op != "concat" or node.attr("axis", 1) != 0 or len(set(step.inputs)) < len(step.inputs):
+            return None
+        parts, at = [], 0
+        for slot in step.inputs:
+            n = self.graph.types[self.plan.slot_names[slot]].shape[0]
+            parts.append((slot, at, at + n))
+            at += n
+        return _Join(step.outputs[0], node.out.shape, np.dtype(node.out.dtype), tuple(parts))
 
     def fits(self, s: int) -> bool:
-        return self.exportable[s]
+        return self.exportable[s] and s not in self.joins
+
+    def _target(self, slots: list[Any], slot: int) -> np.ndarray | None:
+        """Where a session writes ``slot``: its samples of the join it is part of, or ``None``."""
+        if slot not in self.part_of:
+            return None
+        join, a, b = self.part_of[slot]
+        with self.lock:  # lanes may make parts of one join at once: one allocates
+            whole: np.ndarray = slots[join.slot]
+            if whole is None:
+                whole = slots[join.slot] = np.empty(join.shape, join.dtype)
+        return whole[a:b]
 
     def step_item(self, s: int) -> Item:
+        if s in self.joins:
+            return self._join_item(s)
         step = self.plan.steps[s]
         kernel, ins, outs, frees = step_kernel(self.graph, step), step.inputs, step.outputs, step.frees
 
@@ -130,8 +183,44 @@ class _OrtSegments(SegmentBuilder):
                 slots[slot] = value
             for f in frees:
                 slots[f] = None
+
+        def run_into_joins(slots: list[Any]) -> None:
+            binding = session.io_binding()
+            for n, i in zip(in_names, ins):
+                binding.bind_cpu_input(n, np.ascontiguousarray(slots[i]))
+            targets = [self._target(slots, o) for o in outs]
+            for n, target in zip(out_names, targets):
+                if target is None:
+                    binding.bind_output(n, "cpu")
+                else:
+                    binding.bind_output(n, "cpu", 0, target.dtype, target.shape, target.ctypes.data)
+            session.run_with_iobinding(binding)
+            made = binding.get_outputs()
+            for slot, target, value in zip(outs, targets, made):
+                slots[slot] = value.numpy() if target is None else target
+            for f in frees:
+                slots[f] = None
+        if any(o in self.part_of for o in outs):
+            run = run_into_joins
         return (Item(len(self.items), segment.label, f"onnxruntime[{len(segment.steps)} steps]", run, (), "segment"),
                 session)
+
+
+    def _join_item(self, s: int) -> Item:
+        step, join = self.plan.steps[s], self.joins[s]
+        frees = step.frees
+
+        def run(slots: list[Any]) -> None:
+            whole: np.ndarray = slots[join.slot]
+            if whole is None:  # no session made a part of it
+                whole = slots[join.slot] = np.empty(join.shape, join.dtype)
+            for slot, a, b in join.parts:
+                part, place = slots[slot], whole[a:b]
+                if not (isinstance(part, np.ndarray) and part.base is whole and part.ctypes.data == place.ctypes.data):
+                    place[...] = part  # made elsewhere (a torch step, another join's part, an input)
+            for f in frees:
+                slots[f] = None
+        return Item(len(self.items), step.label, JOIN_IN_PLACE, run, (), "data")
 
 
 def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = None, spin: bool = False) -> Program:
@@ -162,7 +251,7 @@ class OrtExecutor(LaneExecutor):
         prog = self.program
         sessions = sum(1 for s in prog.sessions if s is not None)
         on_torch = [f"{it.label} ({it.op})" for phase in prog.phases for lane in phase for it, s in
-                    ((it, prog.sessions[it.id]) for it in lane) if s is None]
+                    ((it, prog.sessions[it.id]) for it in lane) if s is None and it.op != JOIN_IN_PLACE]
         text = (f"onnxruntime: {count(sessions, 'session')} in {count(len(prog.phases), 'phase')} "
                 f"on {count(self.cores, 'core')}")
         if on_torch:
