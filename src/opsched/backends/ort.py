@@ -105,11 +105,11 @@ class _OrtSegments(SegmentBuilder):
     """Each segment of exportable steps one ORT session; the other steps torch items between them,
     values held as NumPy arrays.
 
-    A join of batch slices (the instances of a split sub-graph joined again) costs no copy: the
-    first session to make one of its parts allocates the whole value, and every session making a
-    part writes it, through ONNX Runtime's I/O binding, straight into its samples of that value
-    (a contiguous view); the join itself then only checks that each part is in place (copying a
-    part that a torch step made)."""
+    A join of batch slices across lanes (the instances of a split sub-graph joined again) costs no
+    copy: the first session to make one of its parts allocates the whole value, and every session
+    making a part writes it, through ONNX Runtime's I/O binding, straight into its samples of that
+    value (a contiguous view); the join itself then only checks that each part is in place
+    (copying a part that a torch step made)."""
 
     encode = staticmethod(_to_numpy)
     decode = staticmethod(_to_torch)
@@ -121,6 +121,7 @@ class _OrtSegments(SegmentBuilder):
         lanes = [lane for phase in plan.phases for lane in phase.lanes]
         # a plan that is one session lets its threads spin, as ORT's own sessions do
         self.spin = spin and len(lanes) == 1 and all(self.exportable[s] for s in lanes[0])
+        # (a join waits for another lane, so a plan of one lane has none: it stays one session)
         self.joins = {s: join for s, step in enumerate(plan.steps) if (join := self._join(step)) is not None}
         self.part_of: dict[int, tuple[_Join, int, int]] = {}  # a part's slot -> its join and samples
         for join in self.joins.values():
@@ -129,8 +130,12 @@ class _OrtSegments(SegmentBuilder):
         self.lock = threading.Lock()
 
     def _join(self, step: Step) -> _Join | None:
+        """``step`` as a join made in place: a concat along the batch that waits for another lane
+        (so its parts end segments anyway; a join whose parts all came before it on its own lane
+        stays in its session, where ORT concatenates in its blocked layout without converting)."""
         node = self.graph.node(step.nodes[0])
-        if step.merged or node.op != "concat" or node.attr("axis", 1) != 0 or len(set(step.inputs)) < len(step.inputs):
+        if step.merged or node.op != "concat" or node.attr("axis", 1) != 0 or not step.waits \
+                or len(set(step.inputs)) < len(step.inputs):
             return None
         parts, at = [], 0
         for slot in step.inputs:
