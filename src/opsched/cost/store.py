@@ -58,14 +58,14 @@ class ProfileContext:
     batch: int
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS measurements (
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS measurements (
     device TEXT NOT NULL, backend TEXT NOT NULL, versions TEXT NOT NULL, batch INTEGER NOT NULL,
     stage_key TEXT NOT NULL, latency_ms REAL NOT NULL, samples TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (device, backend, versions, batch, stage_key)
-);
-"""
+)""",
+)
 _COLUMNS = ("device", "backend", "versions", "batch", "stage_key", "latency_ms", "samples", "created")
 
 Key = tuple[str, str, str, int, str]
@@ -188,8 +188,11 @@ class ProfileStore:
         if self._check(conn):
             return  # an existing store: reading it takes no lock
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(_SCHEMA)
+        # one transaction: a process opening the file meanwhile sees no tables or all of them (the
+        # tables created one by one, another saw 'meta' alone and refused the file as not a store)
         with _transaction(conn):
+            for statement in _SCHEMA:
+                conn.execute(statement)
             if conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() is None:
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
