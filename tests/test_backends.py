@@ -16,7 +16,7 @@ from opsched.api import host_cpu_model
 from opsched.backends import Backend, CpuBackend, Executor, backend_names, base, get_backend, register_backend
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
-from opsched.ir import Graph, registered_ops
+from opsched.ir import Graph, GraphBuilder, registered_ops
 from opsched.ir.ops import op_defs
 from opsched.models import example_inputs, get_model
 from opsched.runtime import Plan, lower
@@ -137,3 +137,18 @@ def test_a_plan_is_plain_data() -> None:
     plan = lower(g, schedule(g, "est", host_cpu_model()))
     text = json.dumps(plan.to_dict())  # indices, names and attributes only
     assert Plan.from_dict(json.loads(text)) == plan
+
+
+@pytest.mark.parametrize(("hw", "size"), [((14, 14), (7, 7)), ((10, 13), (3, 4)), ((9, 8), (4, 8)), ((5, 7), (7, 3))])
+def test_adaptive_pooling_to_any_size_runs_in_an_ort_session(hw: tuple[int, int], size: tuple[int, int]) -> None:
+    """Equal windows (a pool), torch's overlapping bins (row means, then column means), and
+    bins larger than the input (repeated cells) all equal torch, and none leaves the session."""
+    b = GraphBuilder("adaptive")
+    x = b.input("x", (2, 3, *hw))
+    g = b.build([b.add("relu", [b.add("adaptive_avg_pool2d", [x], name="pool", output_size=size)], name="r")])
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    inputs = [torch.randn(2, 3, *hw)]
+    assert_close(executor(inputs), opsched.run_graph(g, inputs))
+    assert executor.describe().startswith("onnxruntime: 1 session in 1 phase") and "torch" not in executor.describe()
+    executor.close()

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch.nn.functional as F
 
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 from opsched.ir.ops._common import fail, pair, reduce_flops, window
-from opsched.ir.ops.registry import Kernel, NotExportable, OpDef, register
+from opsched.ir.ops.registry import Kernel, OpDef, register
 from opsched.ir.schema import OpSchema
 from opsched.ir.types import FrozenAttrs, TensorType
 
@@ -87,9 +88,32 @@ def _adaptive_kernel(graph: Graph, node: Node) -> Kernel:
 
 
 def _adaptive_export(b: OnnxBuilder, n: Node) -> None:
-    if pair(n.attr("output_size")) != (1, 1):
-        raise NotExportable("adaptive pooling to a size other than 1x1")
-    b.add("GlobalAveragePool", [n.inputs[0]], n.name)
+    """1x1: a global average pool; sizes that divide the input: an average pool of equal windows;
+    any other size: torch's bins (``floor(i*H/oh)`` to ``ceil((i+1)*H/oh)``, overlapping where
+    they do not divide), averaged along the height then along the width (the mean of a rectangle
+    is the mean of its row means), one ReduceMean per bin of each axis."""
+    x = n.inputs[0]
+    (h, w), (oh, ow) = b.graph.types[x].shape[2:], pair(n.attr("output_size"))
+    if (oh, ow) == (1, 1):
+        b.add("GlobalAveragePool", [x], n.name)
+    elif h % oh == 0 and w % ow == 0:
+        b.add("AveragePool", [x], n.name, kernel_shape=[h // oh, w // ow], strides=[h // oh, w // ow])
+    else:
+        rows = _adaptive_axis(b, x, 2, h, oh, None)
+        _adaptive_axis(b, rows, 3, w, ow, n.name)
+
+
+def _adaptive_axis(b: OnnxBuilder, x: str, axis: int, size: int, out: int, name: str | None) -> str:
+    """``x`` averaged over each of torch's ``out`` adaptive bins of ``size`` along ``axis``."""
+    if size % out == 0:  # equal bins: one pool along this axis
+        kernel = [size // out if a == axis else 1 for a in (2, 3)]
+        return b.add("AveragePool", [x], name, kernel_shape=kernel, strides=kernel)
+    bins = []
+    for i in range(out):
+        start, end = (i * size) // out, -(-((i + 1) * size) // out)
+        bounds = [b.init(np.array([v], np.int64), "s") for v in (start, end, axis)]
+        bins.append(b.add("ReduceMean", [b.add("Slice", [x, *bounds])], axes=[axis], keepdims=1))
+    return b.add("Concat", bins, name, axis=axis)
 
 
 register(OpDef(OpSchema("max_pool2d", "pool", (1, 1), _infer, _flops), _max_kernel, _max_export))
