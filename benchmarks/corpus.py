@@ -17,7 +17,6 @@ per-round ratios, > 1 where the second contender is faster.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
+from opsched.backends.lanes import LaneExecutor  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
@@ -41,9 +41,9 @@ from opsched.timing import interleave  # noqa: E402
 
 
 def sessions(module: ScheduledModule) -> int:
-    """ONNX Runtime sessions the module's plan runs (from its report)."""
-    found = re.search(r"(\d+) sessions?", module.report().executor)
-    return int(found.group(1)) if found else 0
+    """ONNX Runtime sessions the module's plan runs."""
+    executor = module.executor
+    return executor.sessions if isinstance(executor, LaneExecutor) else 0
 
 
 def generic(graph: opsched.Graph, prefix: str) -> int:

@@ -97,6 +97,11 @@ class ScheduledModule(nn.Module):
     def device(self) -> torch.device:
         return self.run.device
 
+    @property
+    def executor(self) -> Executor:
+        """The plan bound to the backend's kernels (its ``describe()`` says how it runs)."""
+        return self._executor
+
     def forward(self, *inputs: torch.Tensor) -> Any:
         check_inputs(self.graph, inputs)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):

@@ -98,6 +98,12 @@ class LaneExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
+    @property
+    def sessions(self) -> int:
+        """How many compiled units (ONNX Runtime sessions, Inductor-compiled segments) it runs;
+        0 where every item is a torch kernel."""
+        return sum(1 for s in self.program.sessions if s is not None)
+
     def describe(self) -> str:
         prog = self.program
         lanes = max((len(phase) for phase in prog.phases), default=1)

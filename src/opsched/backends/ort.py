@@ -254,7 +254,7 @@ class OrtExecutor(LaneExecutor):
 
     def describe(self) -> str:
         prog = self.program
-        sessions = sum(1 for s in prog.sessions if s is not None)
+        sessions = self.sessions
         on_torch = [f"{it.label} ({it.op})" for phase in prog.phases for lane in phase for it, s in
                     ((it, prog.sessions[it.id]) for it in lane) if s is None and it.op != JOIN_IN_PLACE]
         text = (f"onnxruntime: {count(sessions, 'session')} in {count(len(prog.phases), 'phase')} "
