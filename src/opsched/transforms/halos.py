@@ -69,7 +69,7 @@ def window_of(graph: Graph, node: Node) -> Window | None:
 def row_sliced(node: Node, t: TensorType) -> bool:
     """Whether ``node``'s instances read their rows of an input of type ``t`` (else all of it: an
     elementwise operand broadcast along the height)."""
-    return t.rank == 4 and t.shape[ROW_AXIS] == node.out.shape[ROW_AXIS] or (node.op in _WINDOWED and t.rank == 4)
+    return t.rank == 4 and (node.op in _WINDOWED or t.shape[ROW_AXIS] == node.out.shape[ROW_AXIS])
 
 
 def row_refusal(graph: Graph, node: Node) -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from opsched.errors import InvalidScheduleError, ShapeMismatchError
 from opsched.ir import Graph, Node, TensorType
-from opsched.ir.ops import pair as pair_of
+from opsched.ir.ops import pair
 from opsched.ir.schema import infer_type
 from opsched.ir.types import FrozenAttrs
 from opsched.transforms.halos import ROW_AXIS, RowPlan, row_plan, row_sliced, window_of
@@ -304,7 +304,7 @@ class _Splitter:
             inputs.append(src)
         attrs = dict(node.attrs)
         if window_of(self.g, node) is not None:
-            attrs["padding"] = (0, pair_of(attrs.get("padding", 0))[1])
+            attrs["padding"] = (0, pair(attrs.get("padding", 0))[1])
         a, b = plan.computes[node.name][i]
         made = Node(self._fresh(name), node.op, tuple(inputs), _resized(node.out, ROW_AXIS, b - a),
                     FrozenAttrs(attrs), node.params)
