@@ -153,6 +153,37 @@ def test_exhaustive_is_the_least_of_every_topological_placement() -> None:
         schedule(sub, "exhaustive", CPU, platform="cpu+npu", max_placements=4)
 
 
+def test_partitiontuner_refinement_reaches_the_optimum_on_squeezenet_fire_modules() -> None:
+    # Three fire modules on the simulated CPU + NPU: the paper's summed-cost DP keeps each squeeze
+    # on the CPU beside the concat it follows; the makespan refinement moves it to the NPU, where its
+    # extra copy back overlaps the 3x3 expand, and lands on the exhaustive optimum.
+    graph = opsched.from_torch(get_model("squeezenet1_0").eval(), example_inputs("squeezenet1_0"))
+    sub = graph.subgraph([n.name for n in graph.nodes][2:14], name="squeezenet1_0.fires")
+    best = schedule(sub, "exhaustive", CPU, platform="cpu+npu")
+    pt = schedule(sub, "partitiontuner", CPU, platform="cpu+npu")
+    paper = schedule(sub, "partitiontuner", CPU, platform="cpu+npu", refine=0)
+    assert pt.estimated_ms == pytest.approx(best.estimated_ms)
+    assert paper.estimated_ms > best.estimated_ms * 1.03
+    assert pt.stats["unrefined_ms"] == pytest.approx(paper.estimated_ms) and pt.stats["moved"] == 3
+    assert {v for lane in pt.lanes if lane.device == "npu" for v in lane.nodes} >= {
+        "features_3_squeeze_0", "features_4_squeeze_0", "features_5_squeeze_0"}
+    assert schedule(sub, "profiled", CPU, platform="cpu+npu").estimated_ms > pt.estimated_ms
+    with pytest.raises(ScheduleError, match="refine of scheduler 'partitiontuner' must be 0 or more"):
+        schedule(sub, "partitiontuner", CPU, platform="cpu+npu", refine=-1)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_partitiontuner_refinement_never_lengthens_the_makespan(seed: int) -> None:
+    pc = PlatformCost(_random_platform(random.Random(seed)))
+    graph = _fuzz_graph(seed % 30)
+    refined = schedule(graph, "partitiontuner", pc)
+    paper = schedule(graph, "partitiontuner", pc, refine=0)
+    assert refined.stats["unrefined_ms"] == pytest.approx(paper.estimated_ms)
+    assert refined.estimated_ms <= paper.estimated_ms + 1e-9
+    assert (refined.stats["moved"] > 0) == (refined.estimated_ms < paper.estimated_ms - 1e-9)
+
+
 @pytest.mark.parametrize("scheduler", ["heft", "peft"])
 def test_list_schedulers_replay_no_slower_than_planned(scheduler: str) -> None:
     # the replay copies a value once per unit and fuses what the unit fuses: never slower than the plan

@@ -7,7 +7,6 @@ choose the order (HEFT, PEFT) can come out below it."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -17,9 +16,8 @@ from opsched.cost.unit_costs import UnitCosts
 from opsched.cost.units import costs_nothing
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
-from opsched.schedule import Lane, Schedule
-from opsched.schedulers.placed_sim import replay
-from opsched.schedulers.placement import PlacementOptions, placed_schedule, unit_costs
+from opsched.schedule import Schedule
+from opsched.schedulers.placement import PlacementOptions, placed_schedule, placement_makespan, unit_costs
 from opsched.schedulers.registry import Progress, SchedulerSpec, option, positive, register
 
 __all__ = ["ExhaustiveOptions", "exhaustive_placement"]
@@ -46,15 +44,13 @@ def exhaustive_placement(graph: Graph, costs: UnitCosts, max_placements: int = 1
                             f"{total} placements; the limit is max_placements={max_placements}")
     fixed = {v: us[0] for v, us in choices.items() if len(us) == 1}
     best: tuple[float, dict[str, str]] = (math.inf, {})
-    probe = Schedule(graph.structural_hash(), ())
     for k, picks in enumerate(itertools.product(*(choices[v] for v in movable))):
         unit_of = {**fixed, **dict(zip(movable, picks))}
         for v in order:
             if v not in unit_of:  # free: with its first producer
                 first = next((u for u in graph.node(v).inputs if u in unit_of), None)
                 unit_of[v] = unit_of[first] if first else platform.default
-        lanes = tuple(Lane(tuple(v for v in order if unit_of[v] == u), u) for u in platform.names)
-        span = replay(dataclasses.replace(probe, lanes=tuple(ln for ln in lanes if ln.nodes)), costs).makespan_ms
+        span = placement_makespan(costs, unit_of, order)
         if span < best[0]:
             best = (span, unit_of)
         if progress is not None and k % 256 == 0:

@@ -12,20 +12,38 @@
    paper balances NPUs by memory; time is what a schedule spends). Branches on different units
    run at once wherever the data allows: each unit is a lane.
 4. Each unit runs its nodes in topological order (the paper's level-by-level partitions).
+5. opsched's addition, on by default (``refine``): the branches moved between units where the
+   unit simulator's makespan falls (:mod:`.refine_placement`), for the concurrency that the
+   summed costs of step 2 cannot see. ``refine=0`` runs the paper's algorithm alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from opsched.cost import CostModel
 from opsched.cost.unit_costs import UnitCosts
+from opsched.cost.units import costs_nothing
+from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule import Schedule
 from opsched.schedulers.chain_dp import place_chain
 from opsched.schedulers.placement import PlacementOptions, placed_schedule, unit_costs
-from opsched.schedulers.registry import Progress, SchedulerSpec, register
+from opsched.schedulers.refine_placement import refine_placement
+from opsched.schedulers.registry import Progress, SchedulerSpec, option, register
 from opsched.schedulers.units import UnitGraph
 
-__all__ = ["partitiontuner_placement"]
+__all__ = ["PartitionTunerOptions", "partitiontuner_placement"]
+
+
+@dataclass(frozen=True)
+class PartitionTunerOptions(PlacementOptions):
+    refine: int = option(4, "passes moving whole branches between units where the simulated makespan falls, "
+                            "after the paper's algorithm (0: the paper's algorithm alone)")
+
+    def __post_init__(self) -> None:
+        if self.refine < 0:
+            raise ScheduleError(f"option refine of scheduler 'partitiontuner' must be 0 or more, got {self.refine!r}")
 
 
 def _branch_placement(graph: Graph, costs: UnitCosts, names: tuple[str, ...], unit_of: dict[str, str],
@@ -57,8 +75,10 @@ def _branch_placement(graph: Graph, costs: UnitCosts, names: tuple[str, ...], un
     unit_of.update(zip(names, placed.units))
 
 
-def partitiontuner_placement(graph: Graph, costs: UnitCosts) -> tuple[dict[str, str], dict[str, int]]:
-    """Each node's unit, and what the search saw (branches, branches spread at joins)."""
+def partitiontuner_placement(graph: Graph, costs: UnitCosts,
+                             refine: int = 4) -> tuple[dict[str, str], dict[str, float]]:
+    """Each node's unit, and what the search saw (branches, branches spread at joins, and with
+    ``refine`` passes, the branches moved and the makespan before the moves)."""
     platform = costs.platform
     kinds = list(dict.fromkeys(u.kind for u in platform.units))
     first_of = {k: next(u.name for u in platform.units if u.kind == k) for k in kinds}
@@ -88,14 +108,24 @@ def partitiontuner_placement(graph: Graph, costs: UnitCosts) -> tuple[dict[str, 
                 load[target] += work[p]
                 unit_of.update(dict.fromkeys(branches.units[p], target))
             spread += len(group)
-    return unit_of, {"branches": len(branches), "spread": spread}
+    stats: dict[str, float] = {"branches": len(branches), "spread": spread}
+    if refine:
+        # each branch whole, then each of its operators alone (a branch that begins with a join only
+        # the CPU runs, say, keeps the join while its convolution moves)
+        moves = [m for names in branches.units
+                 for m in (names, *((v,) for v in names if len(names) > 1 and not costs_nothing(graph.node(v))))]
+        refined = refine_placement(costs, unit_of, moves, [n.name for n in graph.nodes], refine)
+        unit_of = refined.unit_of
+        stats |= {"moved": refined.moves, "unrefined_ms": refined.start_ms}
+    return unit_of, stats
 
 
-def _partitiontuner(graph: Graph, cost: CostModel, options: PlacementOptions, progress: Progress | None) -> Schedule:
+def _partitiontuner(graph: Graph, cost: CostModel, options: PartitionTunerOptions,
+                    progress: Progress | None) -> Schedule:
     _, costs = unit_costs(graph, cost, options)
-    unit_of, stats = partitiontuner_placement(graph, costs)
+    unit_of, stats = partitiontuner_placement(graph, costs, options.refine)
     return placed_schedule(graph, costs, unit_of, [n.name for n in graph.nodes], "partitiontuner", options, stats)
 
 
-register(SchedulerSpec("partitiontuner", _partitiontuner, PlacementOptions,
+register(SchedulerSpec("partitiontuner", _partitiontuner, PartitionTunerOptions,
                        "PartitionTuner: branches placed on units by a DP with fusion and switch costs (placement)"))

@@ -24,11 +24,11 @@ from opsched.cost.unit_costs import PlatformCost, UnitCosts, platform_cost
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule import Lane, Schedule, graph_batch
-from opsched.schedulers.placed_sim import simulate_placed
+from opsched.schedulers.placed_sim import replay, simulate_placed
 from opsched.schedulers.registry import option
 from opsched.schedulers.tasks import GraphTasks, TaskSchedule
 
-__all__ = ["PlacementOptions", "unit_costs", "placed_schedule", "placed_tasks"]
+__all__ = ["PlacementOptions", "unit_costs", "placement_lanes", "placement_makespan", "placed_schedule", "placed_tasks"]
 
 
 @dataclass(frozen=True)
@@ -43,23 +43,36 @@ def unit_costs(graph: Graph, cost: CostModel, options: PlacementOptions) -> tupl
     return pc, UnitCosts(graph, pc)
 
 
+def placement_lanes(costs: UnitCosts, unit_of: Mapping[str, str], order: Sequence[str]) -> tuple[Lane, ...]:
+    """One lane per unit that runs something (in the platform's order), each with its nodes in
+    the order ``order`` gives them."""
+    lanes = []
+    for unit in costs.platform.units:
+        nodes = tuple(v for v in order if unit_of[v] == unit.name)
+        if nodes:
+            lanes.append(Lane(nodes, unit.name, unit.backend))
+    return tuple(lanes)
+
+
+def placement_makespan(costs: UnitCosts, unit_of: Mapping[str, str], order: Sequence[str]) -> float:
+    """The unit simulator's makespan of a placement whose units run their nodes in ``order``
+    (which must be topological; nothing is validated, for searches that replay many)."""
+    probe = Schedule(costs.graph.structural_hash(), placement_lanes(costs, unit_of, order))
+    return replay(probe, costs).makespan_ms
+
+
 def placed_schedule(graph: Graph, costs: UnitCosts, unit_of: Mapping[str, str], order: Sequence[str], name: str,
                     options: Any, stats: Mapping[str, Any] | None = None) -> Schedule:
-    """One lane per unit that runs something (in the platform's order), each with its nodes in
-    the order ``order`` gives them; estimated by the unit simulator."""
+    """The schedule of :func:`placement_lanes`, estimated by the unit simulator."""
     platform = costs.platform
     for v in order:
         if not costs.runs(v, unit_of[v]):
             raise ScheduleError(f"{name}: node {v!r} ({graph.node(v).op}) placed on unit {unit_of[v]!r}, "
                                 f"which cannot run it")  # an internal invariant, named for the report
-    lanes = []
-    for unit in platform.units:
-        nodes = tuple(v for v in order if unit_of[v] == unit.name)
-        if nodes:
-            lanes.append(Lane(nodes, unit.name, unit.backend))
+    lanes = placement_lanes(costs, unit_of, order)
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
     values["platform"] = platform.name
-    sched = Schedule(graph.structural_hash(), tuple(lanes), graph_name=graph.name, batch=graph_batch(graph),
+    sched = Schedule(graph.structural_hash(), lanes, graph_name=graph.name, batch=graph_batch(graph),
                      device=platform.name, scheduler=name, options=values)
     sim = simulate_placed(sched, costs)
     placed = {u.name: sum(1 for v in order if unit_of[v] == u.name) for u in platform.units}
