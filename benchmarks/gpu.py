@@ -56,11 +56,12 @@ from opsched.schedulers import UnitGraph  # noqa: E402
 from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
-OPSCHED = ("sequential", "greedy", "ios", "est")
+OPSCHED = ("sequential", "greedy", "ios", "est", "graphturbo")
 CONTENDERS = ("eager", "graph", "compile", "compile-max", *OPSCHED, "optimize")
 LABELS = {"eager": "eager PyTorch", "graph": BASELINE, "compile": "torch.compile",
           "compile-max": "torch.compile max-autotune", "sequential": "opsched sequential",
-          "greedy": "opsched greedy", "ios": "opsched IOS", "est": "opsched est", "optimize": "opsched optimize()"}
+          "greedy": "opsched greedy", "ios": "opsched IOS", "est": "opsched est", "graphturbo": "opsched GraphTurbo",
+          "optimize": "opsched optimize()"}
 CUDA_ONLY = {"graph", "compile", "compile-max"}
 
 
@@ -186,8 +187,10 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
 
 def report(records: list[dict[str, Any]], contenders: list[str], device: str) -> tuple[str, dict[str, Any]]:
     base = "graph" if device.startswith("cuda") else "sequential"
-    headers = ["model", "batch", "dtype", *(LABELS[k] for k in contenders), f"IOS vs {LABELS[base]}",
-               f"optimize() vs {LABELS[base]}", "bound", "IOS / bound", "IOS memory vs base", "IOS search s"]
+    versus = [k for k in ("ios", "graphturbo", "optimize") if k in contenders] or ["ios", "optimize"]
+    headers = ["model", "batch", "dtype", *(LABELS[k] for k in contenders),
+               *(f"{LABELS[k].removeprefix('opsched ')} vs {LABELS[base]}" for k in versus),
+               "bound", "IOS / bound", "IOS memory vs base", "IOS search s"]
     rows = []
 
     def ratio(med: dict[str, float], k: str) -> str:
@@ -198,13 +201,13 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
         mem = r["held_mib"]
         rows.append([r["model"], r["batch"], r["dtype"],
                      *(f"{med[k]:.3f} ±{iqr[k]:.3f}" if k in med else "failed" for k in contenders),
-                     ratio(med, "ios"), ratio(med, "optimize"), f"{r['critical_path_bound_ms']:.3f}",
+                     *(ratio(med, k) for k in versus), f"{r['critical_path_bound_ms']:.3f}",
                      f"{med['ios'] / r['critical_path_bound_ms']:.2f}" if "ios" in med else "",
                      f"{mem['ios'] / mem[base]:.2f}" if "ios" in mem and base in mem and mem[base] > 0 else "",
                      f"{r['build_s'].get('ios', float('nan')):.1f}"])
     summary: dict[str, Any] = {}
     for dtype in sorted({r["dtype"] for r in records}):
-        for k in ("ios", "optimize"):
+        for k in versus:
             b1 = [r["median_ms"][base] / r["median_ms"][k] for r in records
                   if r["dtype"] == dtype and r["batch"] == 1 and k in r["median_ms"] and base in r["median_ms"]]
             every = [r["median_ms"][base] / r["median_ms"][k] for r in records

@@ -17,6 +17,7 @@ from opsched import from_torch
 from opsched.backends.ort import JOIN_IN_PLACE
 from opsched.cost import AnalyticCostModel, host_cpu_spec
 from opsched.cost.hierarchy import (
+    MIB,
     Hierarchy,
     MemoryLevel,
     hierarchy,
@@ -30,7 +31,9 @@ from opsched.errors import CostModelError, InvalidScheduleError, ScheduleMismatc
 from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model
 from opsched.module import ScheduledModule
+from opsched.runtime.plan import lower_instances
 from opsched.runtime.reference import run_graph
+from opsched.runtime.stream_program import stream_program
 from opsched.schedule import Schedule
 from opsched.schedulers import schedule
 from opsched.schedulers.memory import (
@@ -46,6 +49,7 @@ from opsched.schedulers.memory import (
     singletons,
     split_info,
 )
+from opsched.testing import check_stream_program
 from opsched.transforms import Split, split_instances
 from opsched.transforms.halos import row_plan, row_refusal
 
@@ -70,6 +74,14 @@ def _small_cpu(fit_kib: int, cores: int = 2) -> Hierarchy:
 SMALL_CPU = "test-cpu-256k"  # a registered preset, so that schedules made for it are the same on any machine
 if SMALL_CPU not in hierarchy_names():
     register_hierarchy(SMALL_CPU, lambda: dataclasses.replace(_small_cpu(256), name=SMALL_CPU))
+
+SMALL_GPU = "test-gpu-1m"  # an H100 whose L2 holds 1 MiB: zoo models split at small batches
+if SMALL_GPU not in hierarchy_names():
+    def _small_gpu() -> Hierarchy:
+        h100 = hierarchy("H100")
+        levels = tuple(dataclasses.replace(lv, capacity=MIB) if lv.name == "L2" else lv for lv in h100.levels)
+        return dataclasses.replace(h100, name=SMALL_GPU, levels=levels)
+    register_hierarchy(SMALL_GPU, _small_gpu)
 
 
 # --- the hierarchy --------------------------------------------------------------------------
@@ -390,6 +402,34 @@ def test_row_split_plans_equal_eager(name, backend):
     s = schedule(g, "graphturbo", CPU, hierarchy=SMALL_CPU, max_lanes=2)
     assert s.splits and all(split.axis == 2 for split in s.splits)  # at batch 1, only the rows can split
     _assert_equals_eager(ScheduledModule(g, s, backend=backend), model, inputs)
+
+
+@pytest.mark.parametrize("name,batch", [("squeezenet1_1", 4), ("googlenet", 4), ("resnet18", 1)])
+def test_split_plans_lower_to_correct_cuda_stream_programs(name, batch):
+    """What the CUDA executor would run (checked here on the CPU against stream semantics): a GPU
+    hierarchy's split plan, instances one after another on one lane, as a stream program."""
+    _, _, g = _zoo_graph(name, batch)
+    s = schedule(g, "graphturbo", AnalyticCostModel("H100"), hierarchy=SMALL_GPU)
+    assert s.splits and all(split.axis == (0 if batch > 1 else 2) for split in s.splits)
+    check_stream_program(stream_program(lower_instances(g, s)[1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,batch", [("squeezenet1_1", 4), ("googlenet", 4), ("resnet18", 1)])
+def test_split_plans_through_the_cuda_executor_equal_eager(name, batch):
+    """Batch and row instances captured into one CUDA graph, against eager PyTorch (TF32 off)."""
+    model, inputs, g = _zoo_graph(name, batch)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        module = opsched.optimize_graph(opsched.place(g, "cuda", "float32"), device="cuda", scheduler="graphturbo",
+                                        cost="analytic", check=False, hierarchy=SMALL_GPU)
+        assert module.schedule.splits and "captured into one CUDA graph" in module.executor.describe()
+        xs = [t.cuda() for t in inputs]
+        with torch.no_grad():
+            torch.testing.assert_close(module(*xs), model.cuda()(*xs), atol=ATOL, rtol=ATOL)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_row_split_plan_on_inductor_segments_equals_eager():
