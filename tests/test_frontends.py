@@ -221,6 +221,48 @@ def test_nodes_onnx_runtime_cannot_run_are_listed_in_one_error() -> None:
     assert "node 'erf' (Erf): ONNX Runtime cannot run it" in message and "frob2" not in message
 
 
+@pytest.mark.parametrize("listed_as_input", [False, True])
+def test_large_weights_stay_out_of_onnx_passes_and_import_exactly(listed_as_input: bool, monkeypatch) -> None:
+    """ONNX's checker, version converter and shape inference serialise the model they are given:
+    they see it without its large initializers (here a 64 KiB weight), which are read once, by
+    name, as constants; an old opset is still upgraded and the model runs equal to ONNX Runtime."""
+    import numpy as np
+    import onnxruntime
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((128, 128)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(128).astype(np.float32), "B")  # 512 bytes: stays
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128])
+    inputs = [x, helper.make_tensor_value_info("W", TensorProto.FLOAT, [128, 128])] if listed_as_input else [x]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "B"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    graph = helper.make_graph(nodes, "g", inputs, [y], initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    seen: list[int] = []
+
+    def spy(real):  # type: ignore[no-untyped-def]
+        def call(m, *a, **k):  # type: ignore[no-untyped-def]
+            seen.append(m.ByteSize())
+            return real(m, *a, **k)
+        return call
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy(onnx.shape_inference.infer_shapes))
+    monkeypatch.setattr(onnx.version_converter, "convert_version", spy(onnx.version_converter.convert_version))
+    imported = from_onnx(model)
+    assert len(seen) == 2 and max(seen) < 4096 < w.ByteSize()
+    assert [i.name for i in imported.inputs] == ["x"]
+    feed = rng.standard_normal((2, 128)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed})[0]
+    for backend in ("torch", "ort"):
+        run = opsched.optimize_graph(imported, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(run(torch.from_numpy(feed)).numpy(), want, rtol=1e-5, atol=1e-5)
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]  # truncated
+    with pytest.raises(MalformedModelError, match=r"initializer 'W' \(shape \[128, 128\]\): its data cannot be read"):
+        from_onnx(model)
+
+
 def test_invalid_onnx_graph_is_malformed() -> None:
     model = _model([helper.make_node("Relu", ["nothing_defines_this"], ["y"])])
     with pytest.raises(MalformedModelError, match="not a valid ONNX model"):

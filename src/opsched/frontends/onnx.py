@@ -48,6 +48,7 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if not isinstance(model, onnx.ModelProto):
         source = os.fspath(model)
         model = _load(source)
+    model, weights = _skeleton(model)
     try:
         onnx.checker.check_model(model)
     except Exception as e:
@@ -56,19 +57,65 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if opset is None:
         raise MalformedModelError(f"{source}: the model imports no default-domain opset")
     name = name or model.graph.name or "onnx_model"
-    initializers = {init.name for init in model.graph.initializer}
+    initializers = {init.name for init in model.graph.initializer} | set(weights)
     real_inputs = [i.name for i in model.graph.input if i.name not in initializers]
     unknown = sorted(set(input_shapes or {}) - set(real_inputs))
     if unknown:
         raise FrontendError(f"{source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
                             f"{', '.join(map(repr, real_inputs))}")
     model, opset = _at_our_opset(model, opset, source)
-    converter = _OnnxConverter(model, opset, name, source, dict(input_shapes or {}))
+    converter = _OnnxConverter(model, opset, name, source, dict(input_shapes or {}), weights)
     graph = converter.run().verify()
     if canonical:
         graph = canonicalize(graph)
     report_opaque(graph, f"from_onnx({source})")
     return graph
+
+
+#: Initializers larger than this (bytes) stay out of the copy of the model that ONNX's checker,
+#: version converter and shape inference work on: each serialises the model it is given, and
+#: the weights of a 256 MB EfficientNet export made them take 4.6 of its import's 6 s.
+_SKELETON_BYTES = 4096
+
+
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """``model`` with its large initializers turned into graph inputs of their type (all that
+    ONNX's passes need of them), and those initializers by name; the model itself where it has
+    none. The converter reads them as constants, as it does initializers listed as inputs."""
+    weights = {t.name: t for t in model.graph.initializer
+               if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > _SKELETON_BYTES}
+    if not weights:
+        return model, {}
+    skeleton = onnx.ModelProto()
+    _copy_fields(model, skeleton, skip="graph")
+    _copy_fields(model.graph, skeleton.graph, skip="initializer")
+    skeleton.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
+    listed = {i.name for i in model.graph.input}
+    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                for t in weights.values() if t.name not in listed)
+    return skeleton, weights
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Every field of the protobuf message ``src`` that is set, but ``skip``, copied into ``dst``."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        target = getattr(dst, field.name)
+        if hasattr(target, "extend"):  # a repeated field
+            target.extend(value)
+        elif hasattr(target, "CopyFrom"):  # a message
+            target.CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception as e:
+        raise MalformedModelError(f"{source}: initializer {tensor.name!r} (shape {list(tensor.dims)}): its data "
+                                  f"cannot be read: {_first_line(e)}") from e
 
 
 def _at_our_opset(model: onnx.ModelProto, opset: int, source: str) -> tuple[onnx.ModelProto, int]:
@@ -118,8 +165,9 @@ _FAILED = _Failed()
 
 class _OnnxConverter:
     def __init__(self, model: onnx.ModelProto, opset: int, name: str, source: str,
-                 input_shapes: dict[str, Sequence[int]]) -> None:
+                 input_shapes: dict[str, Sequence[int]], weights: Mapping[str, onnx.TensorProto]) -> None:
         self.model, self.g, self.opset, self.source = model, model.graph, opset, source
+        self.weights = weights  # initializers the model lists as inputs (see _skeleton)
         self.ctx = ConversionContext(name)
         self.env: dict[str, Value] = {}
         self.input_shapes = input_shapes
@@ -130,11 +178,11 @@ class _OnnxConverter:
         return _SAFE.sub("_", onnx_name) or "v"
 
     def run(self) -> Graph:
-        for init in self.g.initializer:
-            self.env[init.name] = numpy_helper.to_array(init)
+        for init in (*self.g.initializer, *self.weights.values()):
+            self.env[init.name] = _array(init, self.source)
         for inp in self.g.input:
             if inp.name in self.env:
-                continue  # an initializer listed as an input (old exporters): a constant all the same
+                continue  # an initializer listed as an input (old exporters, _skeleton): a constant all the same
             self.env[inp.name] = self.ctx.b.input(self.value_name(inp.name), self._input_shape(inp), _dtype(inp))
         self.inferred = self._infer_types()
         for node in self.g.node:
