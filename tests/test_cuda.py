@@ -14,6 +14,8 @@ import torch
 
 from opsched import optimize
 from opsched.backends.cuda import CudaExecutor
+from opsched.backends.cuda_inductor import CudaInductorExecutor
+from opsched.backends.inductor import inductor_available
 from opsched.cost.analytic import AnalyticCostModel
 from opsched.frontends import from_torch
 from opsched.ir import GraphBuilder, TensorType
@@ -241,6 +243,58 @@ def test_inputs_on_another_device_are_refused(zoo: dict[str, Any]) -> None:
                       device="cuda:0", stream_device=RecordingDevice())
     with pytest.raises(InputMismatchError, match="is on cpu; this module runs on cuda:0"):
         ex(example_inputs("squeezenet1_1"))
+
+
+# --- Inductor-compiled segments on streams -----------------------------------------------------
+@pytest.mark.skipif(inductor_available() is not None, reason=str(inductor_available()))
+@pytest.mark.parametrize("name,scheduler", [("squeezenet1_1", "nimble"), ("random", "est")])
+def test_inductor_segments_on_recorded_streams_equal_the_reference(name: str, scheduler: str) -> None:
+    """The cuda-inductor executor's walk (segments compiled for this CPU, streams recorded): each
+    lane cut into segments at the steps other streams wait on or for, each launched once, at its
+    first step, on that step's stream; outputs equal the reference, captured and replayed."""
+    graph = (random_dag(14, 3, edge_prob=0.3) if name == "random" else
+             from_torch(get_model(name).eval(), example_inputs(name)))
+    plan = lower(graph, schedule(graph, scheduler, AnalyticCostModel("V100"),
+                                 **({"max_lanes": 3} if scheduler == "est" else {})))
+    assert plan.max_lanes > 1 and any(step.waits for step in plan.steps)
+    dev = RecordingDevice()
+    ex = CudaInductorExecutor(graph, plan, device="cpu", stream_device=dev)
+    lanes = [lane for phase in plan.phases for lane in phase.lanes]
+    covered = sorted(s for seg in ex.segments for s in seg.steps)
+    assert covered == list(range(len(plan.steps)))  # every step in exactly one segment
+    waited = {w for step in plan.steps for w in step.waits}
+    for seg in ex.segments:
+        lane = next(lane for lane in lanes if seg.steps[0] in lane)
+        at = lane.index(seg.steps[0])
+        assert tuple(lane[at:at + len(seg.steps)]) == seg.steps  # consecutive steps of one lane
+        assert not any(plan.steps[s].waits for s in seg.steps[1:]) and not waited & set(seg.steps[:-1])
+    assert len(ex.segments) < len(plan.steps) and "compiled segment" in ex.describe()
+    x = [torch.randn(t.type.shape) for t in graph.inputs]
+    assert_close(ex(x), run_graph(graph, x))
+    assert ex.captured and dev.captures == 1
+    stream_ops = [op for op in ex.program.ops if isinstance(op, (Record, Wait))]
+    assert [(kind, st) for kind, st, _ in dev.log][-len(stream_ops):] == [
+        (type(op).__name__.lower(), op.stream) for op in stream_ops]
+    y = [torch.randn(t.type.shape) for t in graph.inputs]
+    assert_close(ex(y), run_graph(graph, y))  # a replay
+    trace = ex.trace(y)
+    assert sorted(e.label for e in trace) == sorted(seg.label for seg in ex.segments)
+    assert {e.category for e in trace} == {"segment"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype", [(n, d) for n in ("squeezenet1_1", "inception_v3", "randwire_small")
+                                        for d in ("float32", "float16")])
+def test_zoo_through_cuda_inductor_segments_equals_eager(name: str, dtype: str, strict_float32: Any) -> None:
+    model, x = get_model(name).eval(), example_inputs(name)
+    module = optimize(model, x, device="cuda", dtype=dtype, scheduler="est", backend="cuda-inductor", cost="analytic",
+                      verify=False)
+    xs = [t.to("cuda", getattr(torch, dtype)) for t in x]
+    with torch.no_grad():
+        expected = get_model(name).eval().to("cuda", getattr(torch, dtype))(*xs)
+    assert_close(module(*xs), expected)
+    assert "compiled segment" in module.executor.describe() and "captured into one CUDA graph" in \
+        module.executor.describe()
 
 
 # --- placement -----------------------------------------------------------------------------------

@@ -52,8 +52,8 @@ from opsched.schedule import Stage
 from opsched.timeline import TraceEvent
 from opsched.timing import Clock, cuda_events_ms, synchronized
 
-__all__ = ["StreamDevice", "TorchCuda", "CudaExecutor", "CudaBackend", "cuda_available", "capture_blocker",
-           "gpu_fingerprint", "gpu_versions", "gpu_preset"]
+__all__ = ["StreamDevice", "TorchCuda", "CudaExecutor", "CudaBackend", "FusedSegment", "cuda_available",
+           "capture_blocker", "gpu_fingerprint", "gpu_versions", "gpu_preset"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,18 @@ def capture_blocker(graph: Graph) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class FusedSegment:
+    """Consecutive steps of one lane that one compiled function runs (an Inductor-compiled
+    segment, :mod:`.cuda_inductor`): the steps, ``run`` (reads its inputs from the slots and
+    writes its outputs there), a label, and what it is (``op``)."""
+
+    steps: tuple[int, ...]
+    run: Callable[[list[Any]], None]
+    label: str
+    op: str
+
+
 @dataclass
 class _Run:
     slots: list[Any]
@@ -146,12 +158,18 @@ class CudaExecutor:
 
     def __init__(self, graph: Graph, plan: Plan, *, device: str | torch.device = "cuda", graphs: bool = True,
                  copy_outputs: bool = True, channels_last: bool = False, warmup: int = 3,
-                 stream_device: StreamDevice | None = None) -> None:
+                 stream_device: StreamDevice | None = None, segments: Sequence[FusedSegment] = ()) -> None:
         self.graph, self.plan = graph, plan
         self.device = torch.device(device)
         self.dev: StreamDevice = stream_device if stream_device is not None else TorchCuda(self.device)
         self.program: StreamProgram = stream_program(plan)
-        self._steps = [bind_step(graph, step, release=False) for step in plan.steps]
+        # a fused segment runs at its first step's launch, on that step's stream; its other steps
+        # launch nothing (the cut ends a segment at any step another stream waits for)
+        self.segments = tuple(segments)
+        self._head = {seg.steps[0]: seg for seg in self.segments}
+        self._inside = {s for seg in self.segments for s in seg.steps[1:]}
+        self._steps = [self._head[s].run if s in self._head else _nothing if s in self._inside
+                       else bind_step(graph, step, release=False) for s, step in enumerate(plan.steps)]
         self.copy_outputs, self.channels_last, self.warmup = copy_outputs, channels_last, warmup
         self._side = [self.dev.new_stream() for _ in range(self.program.n_streams - 1)]
         self._events = [self.dev.new_event() for _ in range(self.program.n_events)]
@@ -183,8 +201,10 @@ class CudaExecutor:
     def _compile(self, op: Any) -> Callable[[_Run], None]:
         dev, events = self.dev, self._events
         if isinstance(op, Launch):
-            step, stream = self.plan.steps[op.step], op.stream
-            run_step = self._steps[op.step]
+            if op.step in self._inside:
+                return _nothing
+            label, what = self._label(op.step)
+            stream, run_step = op.stream, self._steps[op.step]
 
             def launch(r: _Run) -> None:
                 dev.set_stream(r.streams[stream])
@@ -193,8 +213,7 @@ class CudaExecutor:
                 except OpschedError:
                     raise
                 except Exception as e:
-                    raise ExecutionError(f"node {step.label!r} ({step.op}) failed on {self.device}: "
-                                         f"{type(e).__name__}: {e}") from e
+                    raise ExecutionError(f"{label} ({what}) failed on {self.device}: {type(e).__name__}: {e}") from e
             return launch
         if isinstance(op, Record):
             def record(r: _Run, e: int = op.event, s: int = op.stream) -> None:
@@ -210,6 +229,14 @@ class CudaExecutor:
             for slot in slots:
                 r.slots[slot] = None
         return release
+
+    def _label(self, s: int) -> tuple[str, str]:
+        """What launching step ``s`` runs, for messages: the step's node, or its segment."""
+        seg = self._head.get(s)
+        if seg is not None:
+            return f"segment {seg.label!r}", seg.op
+        step = self.plan.steps[s]
+        return f"node {step.label!r}", step.op
 
     def _walk(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         base = self.dev.current_stream()
@@ -242,7 +269,8 @@ class CudaExecutor:
     def describe(self) -> str:
         captured = (f"not captured into a CUDA graph: {self.capture_error}" if self.capture_error
                     else "captured into one CUDA graph")
-        return f"cuda: {count(self.program.n_streams, 'CUDA stream')} on {self.device}; {captured}"
+        fused = f", {count(len(self.segments), 'compiled segment')}" if self.segments else ""
+        return f"cuda: {count(self.program.n_streams, 'CUDA stream')} on {self.device}{fused}; {captured}"
 
     def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:
         """Run the plan eagerly once with CUDA events around each step: one event per step."""
@@ -284,7 +312,7 @@ class CudaExecutor:
         try:
             with torch.no_grad():
                 for op, fn in zip(self.program.ops, self._ops):
-                    if isinstance(op, Launch):
+                    if isinstance(op, Launch) and op.step not in self._inside:
                         start, end = dev.new_event(timing=True), dev.new_event(timing=True)
                         dev.record(start, streams[op.stream])
                         fn(run)
@@ -297,10 +325,16 @@ class CudaExecutor:
         dev.synchronize()
         for s, (start, end) in sorted(marks.items(), key=lambda kv: dev.elapsed_ms(origin, kv[1][0])):
             phase, lane = self._phase_lane[s]
-            step = self.plan.steps[s]
-            trace.append(TraceEvent(phase, lane, step.label, step.op, dev.elapsed_ms(origin, start),
-                                    dev.elapsed_ms(origin, end), step_category(step)))
+            step, seg = self.plan.steps[s], self._head.get(s)
+            label, what, category = (step.label, step.op, step_category(step)) if seg is None else (
+                seg.label, seg.op, "segment")
+            trace.append(TraceEvent(phase, lane, label, what, dev.elapsed_ms(origin, start),
+                                    dev.elapsed_ms(origin, end), category))
         return [run.slots[s] for s in self.plan.output_slots]
+
+
+def _nothing(_: Any) -> None:
+    """A launch that runs nothing: a step its segment's first launch already ran."""
 
 
 # --- the backend ------------------------------------------------------------------------------
@@ -374,7 +408,11 @@ class CudaBackend:
         return gpu_preset(torch.cuda.get_device_name(_device(run)))
 
     def prepare(self, graph: Graph, plan: Plan, run: RunOptions) -> Executor:
-        return CudaExecutor(graph, plan, device=run.device, graphs=run.graphs, channels_last=run.channels_last)
+        return self.executor(graph, plan, run.device, graphs=run.graphs, channels_last=run.channels_last)
+
+    def executor(self, graph: Graph, plan: Plan, device: torch.device, **options: Any) -> CudaExecutor:
+        """The executor of ``plan`` on ``device`` (what calls and stage timings run)."""
+        return CudaExecutor(graph, plan, device=device, **options)
 
     def segment_cut(self, graph: Graph, run: RunOptions, policy: TimingPolicy,
                     calibrations: Calibrations) -> SegmentCut | None:
@@ -401,8 +439,8 @@ class CudaBackend:
         back to back between two CUDA events)."""
         device = _device(run)
         sub, plan = lower_stage(graph, stage)
-        executor = CudaExecutor(sub, plan, device=device, copy_outputs=False, channels_last=run.channels_last,
-                                warmup=policy.warmup)
+        executor = self.executor(sub, plan, device, copy_outputs=False, channels_last=run.channels_last,
+                                 warmup=policy.warmup)
         try:
             executor(random_inputs(sub, device))  # warm-up and capture
             if not executor.captured:

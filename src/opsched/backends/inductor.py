@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ from opsched.ir import Graph
 from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
 
-__all__ = ["InductorBackend", "InductorExecutor", "inductor_available"]
+__all__ = ["InductorBackend", "InductorExecutor", "inductor_available", "compile_segment"]
 
 #: Inductor's options for every segment (besides its thread count).
 INDUCTOR_OPTIONS: dict[str, Any] = {"freezing": True}
@@ -64,37 +64,15 @@ class _InductorSegments(SegmentBuilder):
         raise AssertionError("every step fits an Inductor segment")
 
     def segment_item(self, segment: Segment, threads: int) -> tuple[Item, Any]:
-        steps = self.plan.steps
-        kernels = [(step_kernel(self.graph, steps[s]), steps[s].inputs, steps[s].outputs) for s in segment.steps]
-        ins, outs, frees = segment.inputs, segment.outputs, segment.frees
-
-        def body(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            env = dict(zip(ins, values))
-            for kernel, reads, writes in kernels:
-                result = kernel(*[env[i] for i in reads])
-                if len(writes) == 1:
-                    env[writes[0]] = result
-                else:
-                    env.update(zip(writes, result))
-            return tuple(env[o] for o in outs)
-
-        types = [self.graph.types[self.plan.slot_names[i]] for i in ins]
-        example = [torch.zeros(t.shape, dtype=getattr(torch, t.dtype)) for t in types]
         start = time.perf_counter()
         threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            with torch.no_grad():
-                traced = make_fx(body)(*example)
-                compiled = torch.compile(traced, backend="inductor", dynamic=False, fullgraph=True,
-                                         options={**INDUCTOR_OPTIONS, "cpp.threads": threads})
-                compiled(*example)  # compile now, at the threads its lane will have
-        except Exception as e:
-            raise ExecutionError(f"Inductor could not compile segment {segment.label!r} of {self.graph.name!r} "
-                                 f"({count(len(segment.steps), 'step')}): {type(e).__name__}: {e}") from e
+            compiled = compile_segment(self.graph, self.plan, segment, torch.device("cpu"), {"cpp.threads": threads})
         finally:
             torch.set_num_threads(threads_before)
         self.compile_seconds += time.perf_counter() - start
+        ins, outs, frees = segment.inputs, segment.outputs, segment.frees
 
         def run(slots: list[Any]) -> None:
             for slot, value in zip(outs, compiled(*[slots[i] for i in ins])):
@@ -103,6 +81,40 @@ class _InductorSegments(SegmentBuilder):
                 slots[f] = None
         op = f"inductor[{count(len(segment.steps), 'step')}]"
         return Item(len(self.items), segment.label, op, run, (), "segment"), compiled
+
+
+def compile_segment(graph: Graph, plan: Plan, segment: Segment, device: torch.device,
+                    options: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``segment``'s steps as one function of its input slots' values returning its output
+    slots' values: traced to an ATen graph with ``make_fx`` on zeros of the input types on
+    ``device``, compiled by Inductor with :data:`INDUCTOR_OPTIONS` and ``options``, and run once
+    there (so it is compiled now)."""
+    steps = plan.steps
+    kernels = [(step_kernel(graph, steps[s]), steps[s].inputs, steps[s].outputs) for s in segment.steps]
+    ins, outs = segment.inputs, segment.outputs
+
+    def body(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        env = dict(zip(ins, values))
+        for kernel, reads, writes in kernels:
+            result = kernel(*[env[i] for i in reads])
+            if len(writes) == 1:
+                env[writes[0]] = result
+            else:
+                env.update(zip(writes, result))
+        return tuple(env[o] for o in outs)
+
+    types = [graph.types[plan.slot_names[i]] for i in ins]
+    example = [torch.zeros(t.shape, dtype=getattr(torch, t.dtype), device=device) for t in types]
+    try:
+        with torch.no_grad():
+            traced = make_fx(body)(*example)
+            compiled = torch.compile(traced, backend="inductor", dynamic=False, fullgraph=True,
+                                     options={**INDUCTOR_OPTIONS, **options})
+            compiled(*example)
+    except Exception as e:
+        raise ExecutionError(f"Inductor could not compile segment {segment.label!r} of {graph.name!r} "
+                             f"({count(len(segment.steps), 'step')}) for {device}: {type(e).__name__}: {e}") from e
+    return compiled
 
 
 class InductorExecutor(LaneExecutor):
