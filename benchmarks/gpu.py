@@ -4,11 +4,12 @@ For every zoo model, batch size and precision, in one process, interleaved (a fr
 round) after warm-up, each
 call timed with CUDA events: eager PyTorch; the same model captured into a single-stream CUDA
 graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
-``torch.compile`` (default and max-autotune); opsched's sequential, greedy, IOS and ``est``
-schedules, each run by the CUDA executor with the whole plan captured into one CUDA graph; and
-``opsched optimize()``, what :func:`opsched.optimize` returns when asked for
-``scheduler=("ios", "est")`` (the faster of the two plans, or the sequential one where its
-end-to-end check finds that faster). Stages are measured on the GPU
+``torch.compile`` (default, max-autotune and reduce-overhead); opsched's sequential, greedy,
+IOS, ``est`` and ``graphturbo`` schedules, each run by the CUDA executor with the whole plan
+captured into one CUDA graph; ``opsched optimize()``, what :func:`opsched.optimize` returns when
+asked for ``scheduler=("ios", "est")`` (the faster of the two plans, or the sequential one where
+its end-to-end check finds that faster); and the IOS schedule with each lane segment compiled by
+Inductor (the ``cuda-inductor`` backend: ``opsched-compile``). Stages are measured on the GPU
 (captured replays timed with CUDA events) into a profile store.
 
 Reported per row: median latency and interquartile range, ratios to the single-stream graph,
@@ -22,6 +23,8 @@ rows already in the JSON).
     python benchmarks/gpu.py                                           # everything (hours)
     python benchmarks/gpu.py --models inception_v3 --batches 1 --dtypes float32 float16
     python benchmarks/gpu.py --device cpu --models squeezenet1_1 --contenders eager sequential ios
+    python benchmarks/gpu.py --batches 1 --contenders graph compile compile-max compile-ro ios opsched-compile
+    python benchmarks/gpu.py --batches 16 64 128 --contenders graph ios graphturbo --name memory-gpu
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ LABELS = {"eager": "eager PyTorch", "graph": BASELINE, "compile": "torch.compile
           "greedy": "opsched greedy", "ios": "opsched IOS", "est": "opsched est", "graphturbo": "opsched GraphTurbo",
           "optimize": "opsched optimize()", "compile-ro": "torch.compile reduce-overhead",
           "opsched-compile": "opsched IOS, Inductor segments"}
-CUDA_ONLY = {"graph", "compile", "compile-max"}
+CUDA_ONLY = {"graph", "compile", "compile-max", "compile-ro"}
 
 
 def single_stream_graph(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
