@@ -21,17 +21,13 @@ their own.
 from __future__ import annotations
 
 import importlib.util
-import time
 from typing import Any
 
 import torch
 
-from opsched._text import count
 from opsched.backends.base import register_backend
 from opsched.backends.cuda import CudaBackend, CudaExecutor, FusedSegment, gpu_versions
-from opsched.backends.inductor import compile_segment
-from opsched.backends.lanes import Item
-from opsched.backends.segments import Segment, SegmentBuilder
+from opsched.backends.inductor import InductorSegments
 from opsched.execution import RunOptions
 from opsched.ir import Graph
 from opsched.runtime import Plan
@@ -42,39 +38,10 @@ __all__ = ["CudaInductorBackend", "inductor_segments"]
 CUDA_OPTIONS: dict[str, Any] = {"triton.cudagraphs": False}
 
 
-class _Segments(SegmentBuilder):
-    """Every step joins a segment; each segment one Inductor-compiled function on ``device``.
-    Nothing is freed inside a segment: the stream program releases values where every stream is
-    done with them."""
-
-    def __init__(self, graph: Graph, plan: Plan, device: torch.device) -> None:
-        super().__init__(graph, plan, cores=1)
-        self.device = device
-        self.compile_seconds = 0.0
-
-    def fits(self, s: int) -> bool:
-        return True
-
-    def step_item(self, s: int) -> Item:
-        raise AssertionError("every step fits an Inductor segment")
-
-    def segment_item(self, segment: Segment, threads: int) -> tuple[Item, Any]:
-        start = time.perf_counter()
-        options = CUDA_OPTIONS if self.device.type == "cuda" else {}
-        compiled = compile_segment(self.graph, self.plan, segment, self.device, options)
-        self.compile_seconds += time.perf_counter() - start
-        ins, outs = segment.inputs, segment.outputs
-
-        def run(slots: list[Any]) -> None:
-            for slot, value in zip(outs, compiled(*[slots[i] for i in ins])):
-                slots[slot] = value
-        op = f"inductor[{count(len(segment.steps), 'step')}]"
-        return Item(len(self.items), segment.label, op, run, (), "segment"), compiled
-
-
 def inductor_segments(graph: Graph, plan: Plan, device: torch.device) -> tuple[list[FusedSegment], float]:
     """Every lane segment of ``plan`` compiled by Inductor for ``device``, and the seconds that took."""
-    builder = _Segments(graph, plan, device)
+    options = CUDA_OPTIONS if device.type == "cuda" else {}
+    builder = InductorSegments(graph, plan, 1, device, options, frees=False)
     program = builder.build()
     segments = [FusedSegment(tuple(builder.members[item.id]), item.run, item.label, item.op)
                 for phase in program.phases for lane in phase for item in lane]

@@ -37,7 +37,7 @@ from opsched.ir import Graph
 from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
 
-__all__ = ["InductorBackend", "InductorExecutor", "inductor_available", "compile_segment"]
+__all__ = ["InductorBackend", "InductorExecutor", "InductorSegments", "inductor_available", "compile_segment"]
 
 #: Inductor's options for every segment (besides its thread count).
 INDUCTOR_OPTIONS: dict[str, Any] = {"freezing": True}
@@ -50,11 +50,18 @@ def inductor_available() -> str | None:
     return None
 
 
-class _InductorSegments(SegmentBuilder):
-    """Every step joins a segment; each segment one Inductor-compiled function."""
+class InductorSegments(SegmentBuilder):
+    """Every step joins a segment; each segment one Inductor-compiled function on ``device``
+    (with Inductor ``options``; on a CPU, also the threads its lane gets). ``frees``: whether a
+    segment drops the values that die in it, as CPU lanes do; on CUDA streams the stream program
+    releases values where every stream is done with them."""
 
-    def __init__(self, graph: Graph, plan: Plan, cores: int) -> None:
+    def __init__(self, graph: Graph, plan: Plan, cores: int, device: torch.device | None = None,
+                 options: dict[str, Any] | None = None, frees: bool = True) -> None:
         super().__init__(graph, plan, cores)
+        self.device = device or torch.device("cpu")
+        self.options = options or {}
+        self.frees = frees
         self.compile_seconds = 0.0
 
     def fits(self, s: int) -> bool:
@@ -65,14 +72,9 @@ class _InductorSegments(SegmentBuilder):
 
     def segment_item(self, segment: Segment, threads: int) -> tuple[Item, Any]:
         start = time.perf_counter()
-        threads_before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            compiled = compile_segment(self.graph, self.plan, segment, torch.device("cpu"), {"cpp.threads": threads})
-        finally:
-            torch.set_num_threads(threads_before)
+        compiled = self._compile(segment, threads)
         self.compile_seconds += time.perf_counter() - start
-        ins, outs, frees = segment.inputs, segment.outputs, segment.frees
+        ins, outs, frees = segment.inputs, segment.outputs, segment.frees if self.frees else ()
 
         def run(slots: list[Any]) -> None:
             for slot, value in zip(outs, compiled(*[slots[i] for i in ins])):
@@ -81,6 +83,17 @@ class _InductorSegments(SegmentBuilder):
                 slots[f] = None
         op = f"inductor[{count(len(segment.steps), 'step')}]"
         return Item(len(self.items), segment.label, op, run, (), "segment"), compiled
+
+    def _compile(self, segment: Segment, threads: int) -> Callable[..., tuple[torch.Tensor, ...]]:
+        if self.device.type != "cpu":
+            return compile_segment(self.graph, self.plan, segment, self.device, self.options)
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # compiled at the threads its lane will have
+        try:
+            return compile_segment(self.graph, self.plan, segment, self.device,
+                                   {**self.options, "cpp.threads": threads})
+        finally:
+            torch.set_num_threads(threads_before)
 
 
 def compile_segment(graph: Graph, plan: Plan, segment: Segment, device: torch.device,
@@ -122,7 +135,7 @@ class InductorExecutor(LaneExecutor):
 
     def __init__(self, graph: Graph, plan: Plan, cores: int | None = None) -> None:
         cores = cores or torch.get_num_threads()
-        segments = _InductorSegments(graph, plan, cores)
+        segments = InductorSegments(graph, plan, cores)
         super().__init__(segments.build(), cores, "inductor")
         self.compile_seconds = segments.compile_seconds
 
