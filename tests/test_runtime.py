@@ -81,6 +81,30 @@ def test_plan_phases_and_frees() -> None:
                 assert not set(plan.steps[s].frees) & (after | others | later)
 
 
+def test_a_value_read_by_two_lanes_then_one_is_freed_after_its_last_reader() -> None:
+    """``a`` is read by both lanes of a phase, then by ``d`` in a one-lane stretch that runs on
+    into ``e``: it is dead once ``d`` has run (the phase of two lanes is over by then), so ``d``
+    frees it, not the end of the stretch."""
+    from opsched.schedule import Stage
+
+    b = GraphBuilder("two_then_one")
+    x = b.input("x", (1, 8))
+    a = b.add("relu", [x], name="a")
+    left, right = b.add("relu", [a], name="b"), b.add("sigmoid", [a], name="c")
+    d = b.add("add", [a, left], name="d")
+    e = b.add("add", [b.add("relu", [d], name="e0"), right], name="e")
+    g = b.build([e])
+    stages = [Stage((("a",),)), Stage((("b",), ("c",))), Stage((("d",),)), Stage((("e0",), )), Stage((("e",),))]
+    plan = lower(g, Schedule.from_stages(g.structural_hash(), stages))
+    slot = plan.slot_names.index("a")
+    (d_step,) = [st for st in plan.steps if st.label == "d"]
+    assert slot in d_step.frees and not any(slot in p.frees for p in plan.phases)
+    assert [len(p.lanes) for p in plan.phases] == [1, 2, 1]  # d, e0 and e: one stretch
+    x_in = torch.randn(1, 8)
+    assert_close(opsched.ScheduledModule(g, Schedule.from_stages(g.structural_hash(), stages), backend="torch")(x_in),
+                 [(torch.relu(torch.relu(x_in) + torch.relu(torch.relu(x_in))) + torch.sigmoid(torch.relu(x_in)))])
+
+
 def test_sequential_plan_frees_as_it_goes() -> None:
     g = from_torch_zoo("googlenet")
     plan = lower(g, schedule(g, "sequential", CPU))

@@ -262,12 +262,15 @@ class _Lowering:
         for slot, rs in readers.items():
             if slot in keep:
                 continue
-            places = {where[s][:2] for s in rs}
-            if len(places) == 1:  # one lane of one phase: free after its last reader there
-                last = max(rs, key=lambda s: where[s][2])
+            final = max(where[s][0] for s in rs)
+            last_readers = [s for s in rs if where[s][0] == final]
+            if len({where[s][1] for s in last_readers}) == 1:
+                # the last phase that reads it reads it on one lane (earlier phases are over by
+                # then): free after its last reader there
+                last = max(last_readers, key=lambda s: where[s][2])
                 step_frees.setdefault(last, []).append(slot)
             else:
-                frees[max(where[s][0] for s in rs)].append(slot)
+                frees[final].append(slot)
         for s, slots in step_frees.items():
             steps[s] = dataclasses.replace(steps[s], frees=tuple(sorted(slots)))
         return frees
