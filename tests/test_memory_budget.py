@@ -1,6 +1,6 @@
-"""A peak-memory budget: plans whose live activations peak over it never win the race, the frugal
-sequential plan always runs in it, the report gives every contender's peak, and a budget nothing
-fits is refused with every peak named."""
+"""A peak-memory budget: the IOS search admits only stages that keep within it, plans whose live
+activations peak over it never win the race, the frugal sequential plan always runs in it, the
+report gives every contender's peak, and a budget nothing fits is refused with every peak named."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 import opsched
+from opsched.cost import AnalyticCostModel
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.runtime import lower
 from opsched.schedule import Schedule
+from opsched.schedulers import schedule
 from opsched.schedulers.sequential import sequential_stages
 from opsched.testing import assert_close
 
@@ -34,13 +36,17 @@ X = torch.randn(1, 4, 32, 32)
 INPUT, WIDE, NARROW = 4 * 32 * 32 * 4, 64 * 32 * 32 * 4, 2 * 32 * 32 * 4  # bytes of float32 values
 
 
-def _sequential_peak(graph: Graph) -> int:
-    plan = lower(graph, Schedule.from_stages(graph.structural_hash(), sequential_stages(graph)))
+def _peak(graph: Graph, sched: Schedule) -> int:
+    plan = lower(graph, sched)
     return plan.peak_bytes([graph.types[name].nbytes for name in plan.slot_names])
 
 
-def _optimize(**kwargs: object) -> opsched.ScheduledModule:
-    return opsched.optimize(Wide().eval(), X, cost="analytic", scheduler="greedy", **kwargs)  # type: ignore[arg-type]
+def _sequential_peak(graph: Graph) -> int:
+    return _peak(graph, Schedule.from_stages(graph.structural_hash(), sequential_stages(graph)))
+
+
+def _optimize(scheduler: str = "greedy", **kwargs: object) -> opsched.ScheduledModule:
+    return opsched.optimize(Wide().eval(), X, cost="analytic", scheduler=scheduler, **kwargs)  # type: ignore[arg-type]
 
 
 def test_a_plan_over_the_budget_is_left_out_and_the_sequential_plan_runs_within_it() -> None:
@@ -72,3 +78,35 @@ def test_a_budget_no_plan_fits_names_every_peak() -> None:
 def test_a_budget_must_be_a_positive_number_of_bytes(budget: object) -> None:
     with pytest.raises(ScheduleError, match="memory_budget: a positive number of bytes"):
         _optimize(memory_budget=budget)
+
+
+def test_ios_within_a_budget_runs_as_many_wide_branches_at_once_as_fit() -> None:
+    """On a GPU preset the unconstrained IOS runs the four wide convolutions at once; a budget
+    with room for k wide values (and the narrow ones) gets the fastest schedule running k at a
+    time, its plan within the budget, slower as k falls but never slower than one at a time."""
+    graph = opsched.from_torch(Wide().eval(), X)
+    v100 = AnalyticCostModel("V100")
+    free = schedule(graph, "ios", v100)
+
+    def widest(s: Schedule) -> int:
+        assert s.stages is not None
+        return max(sum(v.startswith("wide") for v in stage.nodes) for stage in s.stages)
+    assert widest(free) == 4
+    latencies = []
+    for k in (3, 2, 1):
+        budget = INPUT + k * WIDE + (4 + k) * NARROW
+        within = schedule(graph, "ios", v100, memory_budget=budget)
+        assert widest(within) == k and _peak(graph, within) <= budget < _peak(graph, free)
+        assert within.stats["parts_over_memory"] == 0 and within.options["memory_budget"] == budget
+        latencies.append(within.estimated_ms)
+    assert free.estimated_ms < latencies[0] <= latencies[1] <= latencies[2]
+
+
+def test_optimize_passes_its_budget_to_the_search() -> None:
+    # unconstrained, IOS runs branches at once (peaking over this budget); told the budget, its
+    # plan fits and races instead of being left out
+    budget = INPUT + WIDE + 5 * NARROW
+    module = _optimize(memory_budget=budget, scheduler="ios")
+    assert module.outcome.race is not None and module.outcome.over_budget == {}
+    assert module.outcome.race.peak_bytes["ios"] <= budget
+    assert _optimize(scheduler="ios").peak_bytes > budget

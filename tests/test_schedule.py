@@ -68,12 +68,33 @@ def ordered_partitions(items: list[int]):  # type: ignore[no-untyped-def]
                 yield [frozenset(first), *tail]
 
 
-def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) -> float:
+def stage_peak(graph: Graph, ug: UnitGraph, done: set[str], block: frozenset[int], lanes: bool) -> int:
+    """The peak of live bytes :mod:`opsched.schedulers.ios_memory` bounds a stage by, computed
+    from node sets: the graph's inputs, each value made (in ``done``) that a node not yet run
+    reads or that the graph outputs; then everything the stage writes (``lanes``: its groups at
+    once, or a merge), or, for one group run in order, each unit's value and the most any unit's
+    chain holds beyond it while running."""
+    size = {n.name: n.out.nbytes for n in graph.nodes}
+    readers: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            readers.setdefault(x, set()).add(n.name)
+    before = sum(i.type.nbytes for i in graph.inputs)
+    before += sum(size[v] for v in done if v in graph.outputs or readers.get(v, set()) - done)
+    if lanes:
+        return before + sum(size[v] for u in block for v in ug.units[u])
+    chains = [[size[v] for v in ug.units[u]] for u in block]
+    return before + sum(c[-1] for c in chains) + max(max(a + b for a, b in zip([0, *c], c)) - c[-1] for c in chains)
+
+
+def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool,
+                memory_budget: float = float("inf")) -> float:
     """Independent of the DP: all ordered partitions into stages, each checked from scratch.
 
     The same pruning as the DP: P(r, s), and no stage spans two parts of the partition (a
     stage that straddles a cut vertex is outside the search space by design, as in IOS). A stage
-    of several groups also pays its segment cuts where the cost model charges them.
+    of several groups also pays its segment cuts where the cost model charges them. With a
+    ``memory_budget``, a stage whose :func:`stage_peak` exceeds it is not a choice.
     """
     ug = UnitGraph.build(graph)
     part_of = {u: k for k, p in enumerate(partition(ug)) for u in p}
@@ -90,12 +111,14 @@ def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool) 
         for block in blocks:
             comps = components(block, ug)
             options = []
-            if len(comps) <= s and all(len(c) <= r for c in comps):
+            fits = stage_peak(graph, ug, set(done), block, len(comps) > 1) <= memory_budget
+            if len(comps) <= s and all(len(c) <= r for c in comps) and fits:
                 groups = tuple(tuple(v for u in sorted(c, key=order.get) for v in ug.units[u]) for c in comps)
                 cuts = cut_latency(graph, [Stage(groups)], coster.segment_cut, done)
                 options.append(coster.latency(Stage(groups)) + cuts)
             names = [ug.units[u] for u in block]
-            if merge and len(block) > 1 and len(comps) == len(block) and all(len(n) == 1 for n in names):
+            merge_fits = stage_peak(graph, ug, set(done), block, True) <= memory_budget
+            if merge and merge_fits and len(block) > 1 and len(comps) == len(block) and all(len(n) == 1 for n in names):
                 try:
                     check_merge(graph, [n[0] for n in names])
                     options.append(coster.latency(Stage(tuple(names), "merge")))
@@ -138,6 +161,38 @@ def test_dp_equals_brute_force(n: int, seed: int, r: int, s: int, model: str) ->
     stages, _ = ios_stages(graph, cost, max_group_size=r, max_lanes=s, coster=coster)
     dp = estimate(graph, stages, coster)
     assert dp == pytest.approx(brute_force(graph, coster, r, s, merge=True), rel=1e-9)
+
+
+def widest_stage(graph: Graph, stages: list[Stage]) -> int:
+    """The largest :func:`stage_peak` of a schedule's stages."""
+    ug = UnitGraph.build(graph)
+    done: set[str] = set()
+    peak = 0
+    for stage in stages:
+        block = frozenset(ug.unit_of[v] for v in stage.nodes)
+        peak = max(peak, stage_peak(graph, ug, done, block, stage.is_merge or len(stage.groups) > 1))
+        done |= set(stage.nodes)
+    return peak
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 6), seed=st.integers(0, 10_000), r=st.integers(1, 3), s=st.integers(1, 3),
+       below=st.floats(0.0, 0.05))
+def test_dp_within_a_memory_budget_equals_brute_force(n: int, seed: int, r: int, s: int, below: float) -> None:
+    """Optimal among the schedules whose every stage keeps within the budget (here just below
+    the widest stage of the unconstrained optimum, so that it binds); where a part has none, the
+    brute force finds none either and that part runs one unit at a time."""
+    graph = random_dag(n, seed) if seed % 2 else mergeable_dag(n, seed)
+    coster = StageCoster(graph, V100)
+    free, _ = ios_stages(graph, V100, max_group_size=r, max_lanes=s, coster=coster)
+    budget = int(widest_stage(graph, free) * (1 - below)) - 1
+    stages, stats = ios_stages(graph, V100, max_group_size=r, max_lanes=s, coster=coster, memory_budget=budget)
+    best = brute_force(graph, coster, r, s, merge=True, memory_budget=budget)
+    if best == float("inf"):
+        assert stats.parts_over_memory > 0
+    else:
+        assert stats.parts_over_memory == 0 and widest_stage(graph, stages) <= budget
+        assert estimate(graph, stages, coster) == pytest.approx(best, rel=1e-9)
 
 
 def test_cut_costs_by_hand() -> None:

@@ -173,9 +173,11 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     result is checked against the model on the example inputs and on fresh random ones.
 
     ``memory_budget`` (bytes of live activations) keeps only plans whose peak fits: concurrency
-    keeps more values alive at once (up to 4x the single-stream peak on an H100), so the
-    sequential plan joins the race as the frugal contender, plans over the budget are left out
-    (the report names them, with their peaks), and where none fits the error gives every peak.
+    keeps more values alive at once (up to 4x the single-stream peak on an H100), so the IOS
+    search admits only stages that keep within it (the fastest schedule that fits, not the
+    fastest one), the sequential plan joins the race as the frugal contender, plans over the
+    budget are left out (the report names them, with their peaks), and where none fits the
+    error gives every peak.
 
     At a batch larger than 1, with the measured cost model (whose plans race end to end),
     the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's cache, run
@@ -234,7 +236,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
         cost_model = _cost_model(cost, be, run, cache_dir, stack)
-        made = {name: schedule(graph, name, cost_model, request.options[name], progress=progress(f"searching {name}"))
+        made = {name: schedule(graph, name, cost_model, _within(request.options[name], memory_budget),
+                               progress=progress(f"searching {name}"))
                 for name in request.schedulers}
         checked = check and isinstance(cost_model, MeasuredCostModel)
         extra = [*race_with, *(["sequential"] if checked or memory_budget is not None else [])]
@@ -271,6 +274,14 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
         module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start, memory_budget, over)
     return module
+
+
+def _within(options: Any, memory_budget: int | None) -> Any:
+    """A scheduler's options with ``memory_budget`` where it takes one (the IOS search then keeps
+    every stage within it) and was not given its own."""
+    if memory_budget is None or getattr(options, "memory_budget", 0) is not None:
+        return options
+    return dataclasses.replace(options, memory_budget=memory_budget)
 
 
 def measured_cost(device: str | torch.device = "cpu", *, backend: str | Backend = "auto",

@@ -48,7 +48,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                    help="race only the searched plans (and sequential); no greedy, no eager PyTorch")
     p.add_argument("--cache-dir", help="profile store directory")
     p.add_argument("--memory-budget", type=float, metavar="MIB",
-                   help="keep only plans whose live activations peak within this many MiB")
+                   help="search within, and keep only plans whose live activations peak within, this many MiB")
     p.add_argument("--out", default="opsched-out", help="directory for schedule.json, timeline.png, trace.json")
     add_scheduler_flags(p)
 

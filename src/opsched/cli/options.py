@@ -25,9 +25,14 @@ def _converter(hint: Any) -> Callable[[str], Any] | None:
     return typing.cast(Callable[[str], Any], hint)
 
 
+#: Scheduler options a command sets through a flag of its own, in the unit people think in
+#: (``--memory-budget`` takes MiB; the option is bytes).
+OWN_FLAGS = ("memory_budget",)
+
+
 def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--option-name`` per option of any registered scheduler (default: the scheduler's own,
-    or its device default)."""
+    or its device default), but those in :data:`OWN_FLAGS`."""
     from opsched.schedulers import scheduler_names, spec
 
     group = parser.add_argument_group("scheduler options", "each goes to the schedulers that take it")
@@ -40,6 +45,8 @@ def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
             seen.setdefault(f.name, []).append(name)
             fields.setdefault(f.name, (f, hints[f.name]))
     for key, (f, hint) in fields.items():
+        if key in OWN_FLAGS:
+            continue
         flag = "--" + key.replace("_", "-")
         text = f"{f.metadata.get('help', '')} [{', '.join(seen[key])}]"
         convert = _converter(hint)

@@ -18,6 +18,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--scheduler", default="ios", help="ios, est, greedy, sequential, nimble or opara")
     p.add_argument("--out", help="write the schedule as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no schedule listing")
+    p.add_argument("--memory-budget", type=float, metavar="MIB",
+                   help="IOS: admit only stages whose live activations stay within this many MiB")
     add_scheduler_flags(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -30,7 +32,10 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
 
         cost = AnalyticCostModel(args.device)
         kind = cost.spec.kind
-        options = scheduler_options([args.scheduler], kind, scheduler_values(args), cores=cost.spec.slots)
+        values = scheduler_values(args)
+        if args.memory_budget is not None:
+            values["memory_budget"] = int(args.memory_budget * 2**20)
+        options = scheduler_options([args.scheduler], kind, values, cores=cost.spec.slots)
         graph = load_model(args.model, args.batch).graph
         results = {name: schedule(graph, name, cost) for name in ("sequential", "greedy") if name != args.scheduler}
         chosen = results[args.scheduler] = schedule(graph, args.scheduler, cost, options[args.scheduler],

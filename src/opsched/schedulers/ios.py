@@ -34,6 +34,11 @@ ONNX Runtime's session calls and layout conversions), an ending of several group
 sums depend only on the states on either side, so they are kept per state, and they join the
 bound above as the exact terms they are.
 
+With ``memory_budget`` (bytes), an ending is admitted only if its stage's peak of live
+activations, bounded as the plan will count it, keeps within the budget (:mod:`.ios_memory`):
+the result is optimal among the schedules whose every stage fits. A part with no such schedule
+runs one unit at a time.
+
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
 priced: measurements, for a measured cost model). When the budget runs out, parts already
 solved keep their optimum and the others fall back to a heuristic schedule, so the call always
@@ -58,7 +63,16 @@ from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule import Schedule, Stage, Strategy
 from opsched.schedulers.greedy import wavefront
-from opsched.schedulers.ios_part import PartCuts, PartSolution, PartSolver, SearchStats, summarize, to_stage
+from opsched.schedulers.ios_memory import PartMemory
+from opsched.schedulers.ios_part import (
+    OverBudget,
+    PartCuts,
+    PartSolution,
+    PartSolver,
+    SearchStats,
+    summarize,
+    to_stage,
+)
 from opsched.schedulers.partition import partition
 from opsched.schedulers.registry import Progress, SchedulerSpec, option, positive, register, staged
 from opsched.schedulers.units import UnitGraph
@@ -83,12 +97,15 @@ class IosOptions:
     budget_s: float | None = option(60.0, "seconds of search (None: no limit); then unsolved parts use greedy or "
                                           "sequential stages, so that a wide graph's search always ends")
     max_stage_costs: int | None = option(None, "most distinct stages priced (measurements); then as budget_s")
+    memory_budget: int | None = option(None, "bytes of live activations a stage may reach (None: no limit); a part "
+                                             "that cannot keep within it runs one unit at a time")
 
     def __post_init__(self) -> None:
         for name in ("max_group_size", "max_lanes", "max_part_size"):
             positive("ios", name, getattr(self, name))
         positive("ios", "budget_s", self.budget_s, allow_none=True)
         positive("ios", "max_stage_costs", self.max_stage_costs, allow_none=True)
+        positive("ios", "memory_budget", self.memory_budget, allow_none=True)
         if not self.strategies or any(s not in ("parallel", "merge") for s in self.strategies):
             raise ScheduleError(f"option strategies of scheduler 'ios' must be a non-empty subset of "
                                 f"('parallel', 'merge'), got {self.strategies}")
@@ -98,10 +115,13 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_la
                max_part_size: int = 50, strategies: Iterable[Strategy] = ("parallel", "merge"),
                budget_s: float | None = None, max_stage_costs: int | None = None,
                units: UnitGraph | None = None, coster: StageCoster | None = None,
-               progress: Progress | None = None) -> tuple[list[Stage], SearchStats]:
-    """Optimal stages under the IOS model and P(max_group_size, max_lanes), part by part."""
+               progress: Progress | None = None, memory_budget: int | None = None) -> tuple[list[Stage], SearchStats]:
+    """Optimal stages under the IOS model and P(max_group_size, max_lanes), part by part; with
+    ``memory_budget``, optimal among the schedules whose every stage keeps within it
+    (:mod:`.ios_memory`)."""
     strategies = tuple(strategies)
-    IosOptions(max_group_size, max_lanes, max_part_size, strategies, budget_s, max_stage_costs)  # checks them
+    IosOptions(max_group_size, max_lanes, max_part_size, strategies, budget_s, max_stage_costs,
+               memory_budget)  # checks them
     start = time.perf_counter()
     ug = units or UnitGraph.build(graph)
     coster = coster or StageCoster(graph, cost)
@@ -122,23 +142,30 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_la
         if progress:
             progress(k, len(parts), f"states {stats.states} stages priced {coster.stats.distinct}")
         cuts = PartCuts.build(ug, part, coster.segment_cut) if coster.segment_cut is not None else None
-        key = _part_key(graph, ug, part, strategies, max_group_size, max_lanes, cuts)
+        memory = PartMemory.build(ug, part, memory_budget) if memory_budget is not None else None
+        key = _part_key(graph, ug, part, strategies, max_group_size, max_lanes, cuts, memory)
         solution = solved.get(key)
         if solution is not None:
             stats.parts_reused += 1
         elif not stats.budget_exhausted:
             try:
                 solution = PartSolver(ug, part, coster, strategies, max_group_size, max_lanes, check_budget,
-                                   stats, cuts).solve()
+                                      stats, cuts, memory).solve()
                 solved[key] = solution
                 stats.parts_solved += 1
             except _BudgetExhausted:
                 stats.budget_exhausted = True
                 log.warning("search budget exhausted after %d of %d parts; the rest use greedy or sequential stages",
                             k, len(parts))
+            except OverBudget:
+                stats.parts_over_memory += 1
+                log.warning("no schedule of part %d of %d keeps its live activations within memory_budget=%d bytes; "
+                            "it runs one unit at a time", k, len(parts), memory_budget)
+                stages += [Stage((ug.units[u],)) for u in part]
+                continue
         if solution is None:
             stats.parts_fallback += 1
-            stages += _fallback(ug, part, coster, max_lanes)
+            stages += _fallback(ug, part, coster, max_lanes, memory is not None)
             continue
         stages += [to_stage(ug, part, st) for st in solution.stages]
     if progress:
@@ -156,7 +183,7 @@ def _ios(graph: Graph, cost: CostModel, options: IosOptions, progress: Progress 
                                max_part_size=options.max_part_size,
                                strategies=typing.cast(tuple[Strategy, ...], options.strategies),
                                budget_s=options.budget_s, max_stage_costs=options.max_stage_costs, coster=coster,
-                               progress=progress)
+                               progress=progress, memory_budget=options.memory_budget)
     return staged(graph, cost, stages, "ios", options, stats.as_dict(), coster)
 
 
@@ -170,10 +197,13 @@ register(SchedulerSpec("ios", _ios, IosOptions, "the IOS dynamic program over st
                        _defaults, summarize))
 
 
-def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int) -> list[Stage]:
-    """The cheaper of the greedy wavefront and the sequential order of a part."""
-    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_lanes)]
+def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int, frugal: bool) -> list[Stage]:
+    """The cheaper of the greedy wavefront and the sequential order of a part; the sequential
+    order where memory is ``frugal`` (under a memory budget)."""
     sequential = [Stage((ug.units[u],)) for u in part]
+    if frugal:
+        return sequential
+    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_lanes)]
     done = [v for u in range(part[0]) for v in ug.units[u]]
 
     def price(stages: list[Stage]) -> float:

@@ -20,9 +20,11 @@ from opsched.cost import SegmentCut, StageCoster
 from opsched.ir.ops.conv import merge_class
 from opsched.schedule import Stage
 from opsched.schedulers.endings import parallel_endings
+from opsched.schedulers.ios_memory import PartMemory
 from opsched.schedulers.units import UnitGraph
 
-__all__ = ["LocalStage", "TIE", "SearchStats", "summarize", "PartSolution", "to_stage", "PartCuts", "PartSolver"]
+__all__ = ["LocalStage", "TIE", "SearchStats", "summarize", "PartSolution", "to_stage", "PartCuts", "PartSolver",
+           "OverBudget"]
 
 # A stage in part-local terms: (strategy, groups as tuples of local unit indices).
 LocalStage = tuple[str, tuple[tuple[int, ...], ...]]
@@ -47,6 +49,7 @@ class SearchStats:
     structural_hits: int = 0
     seconds: float = 0.0
     budget_exhausted: bool = False
+    parts_over_memory: int = 0  # parts no schedule of which fits the memory budget: run one unit at a time
 
     def as_dict(self) -> dict[str, float | int | bool]:
         return dict(self.__dict__)
@@ -61,7 +64,14 @@ def summarize(stats: Mapping[str, Any]) -> str:
             f"{stats.get('seconds', 0.0):.2f} s")
     if stats.get("budget_exhausted"):
         line += f" (budget ran out: {stats.get('parts_fallback', 0)} of {stats.get('parts', 0)} parts fell back)"
+    if stats.get("parts_over_memory"):
+        line += (f" ({stats['parts_over_memory']} of {stats.get('parts', 0)} parts fit the memory budget in no "
+                 f"schedule: one unit at a time)")
     return line
+
+
+class OverBudget(Exception):
+    """No schedule of the part keeps every stage within the memory budget."""
 
 
 @dataclass
@@ -131,9 +141,11 @@ class PartSolver:
 
     def __init__(self, ug: UnitGraph, part: list[int], coster: StageCoster, strategies: tuple[str, ...],
                  r: int, s: int, check_budget: Callable[[], None], stats: SearchStats,
-                 cuts: PartCuts | None) -> None:
+                 cuts: PartCuts | None, memory: PartMemory | None = None) -> None:
         self.ug, self.part, self.coster = ug, part, coster
         self.cuts = cuts
+        self.memory = memory
+        self._bytes: dict[int, int] = {}  # live bytes per state, with a memory budget
         self._live: dict[int, tuple[float, float]] = {}
         self.r, self.s, self.strategies = r, s, strategies
         self.check_budget, self.stats = check_budget, stats
@@ -185,6 +197,16 @@ class PartSolver:
             live = self._live[state] = cuts.live(state, self.succ)
         return live
 
+    def fits(self, strategy: str, rest: int, comps: tuple[int, ...]) -> bool:
+        """Whether the stage ``comps`` run from ``rest`` keeps within the memory budget (if any)."""
+        memory = self.memory
+        if memory is None:
+            return True
+        before = self._bytes.get(rest)
+        if before is None:
+            before = self._bytes[rest] = memory.live(rest, self.succ)
+        return memory.stage_peak(before, comps, strategy == "merge" or len(comps) > 1) <= memory.budget
+
     def single(self, comp: int) -> float:
         value = self.singles[comp] = self.price("parallel", (comp,), comp)
         return value
@@ -226,6 +248,8 @@ class PartSolver:
         by_weight = self.by_weight
         for strategy, mask, comps in endings:
             rest = state & ~mask
+            if not self.fits(strategy, rest, comps):
+                continue
             several = strategy == "parallel" and len(comps) > 1
             cut = self.cut(rest, state) if several and charges_cuts else 0.0
             if not several or not monotone:
@@ -276,8 +300,12 @@ class PartSolver:
             if self.stats.states % 256 == 0:
                 self.check_budget()
             best, choice, nxt = self.best_ending(state, endings)
-            assert choice is not None
+            if choice is None:  # no stage from here fits the memory budget
+                self.memo[state] = (best, None, 0)
+                continue
             self.memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
+        if self.memo[full][1] is None:
+            raise OverBudget
         stages: list[LocalStage] = []
         state = full
         while state:

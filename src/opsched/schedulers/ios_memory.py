@@ -1,0 +1,90 @@
+"""A peak-memory budget inside the IOS dynamic program: which stages a state may end with.
+
+Concurrency costs memory: a stage of several groups holds every value its groups write at once
+(on the H100, IOS plans peaked at up to 4x the single-stream graph's activations). With a
+budget, the DP (:mod:`.ios_part`) admits an ending only if the stage's peak fits, so it finds
+the fastest schedule whose every stage fits, not the fastest one, later filtered.
+
+A stage's peak is bounded above the way :meth:`opsched.runtime.Plan.peak_bytes` counts a plan,
+so a schedule the DP accepts lowers to a plan within the budget:
+
+* *before* it: the values live once the units of the state it starts from have run: the graph's
+  inputs (always), values made earlier that a unit still to run reads, and graph outputs;
+* a stage of several groups, or a merge, is one phase of several lanes (or one step): everything
+  its units write is live at once, on top of *before*;
+* a stage of one group is one lane, walked step by step: on top of *before*, each unit's value
+  (the value its last node writes) once it has run, and while a unit runs, what its chain holds
+  beyond its value: the output of the node running and of the node before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opsched._toposort import bits
+from opsched.schedulers.units import UnitGraph
+
+__all__ = ["PartMemory"]
+
+
+@dataclass(frozen=True)
+class PartMemory:
+    """Bytes live around one part's states (units local to the part, as bitmasks). Equal
+    records admit the same stages, so a part's solution is reused only with an equal one."""
+
+    budget: int
+    always: int                              # graph inputs, earlier values read after the part, earlier outputs
+    outside: tuple[tuple[int, int], ...]     # (local readers, bytes) of earlier values read only in the part
+    inside: tuple[tuple[bool, int], ...]     # per local unit: (live after the part, its value's bytes)
+    running: tuple[int, ...]                 # per local unit: what running it holds beyond its value
+    writes: tuple[int, ...]                  # per local unit: the bytes all its nodes write
+
+    @classmethod
+    def build(cls, ug: UnitGraph, part: Sequence[int], budget: int) -> PartMemory:
+        g = ug.graph
+        local = {u: i for i, u in enumerate(part)}
+        first, last = part[0], part[-1]
+        outputs = set(g.outputs)
+        readers: dict[str, set[int]] = {}  # values made before the part -> units (global) that read them
+        for u in range(first, len(ug)):
+            for v in ug.units[u]:
+                for x in g.node(v).inputs:
+                    if x in g.index and ug.unit_of[x] < first:
+                        readers.setdefault(x, set()).add(u)
+        always = sum(i.type.nbytes for i in g.inputs)
+        always += sum(g.node(v).out.nbytes for v in outputs if ug.unit_of[v] < first and v not in readers)
+        outside = []
+        for x, us in readers.items():
+            nbytes = g.node(x).out.nbytes
+            if x in outputs or any(u > last for u in us):
+                always += nbytes
+            else:
+                outside.append((sum(1 << local[u] for u in us), nbytes))
+        inside, running, writes = [], [], []
+        for u in part:
+            sizes = [g.node(v).out.nbytes for v in ug.units[u]]
+            later = ug.units[u][-1] in outputs or any(s > last for s in ug.succs[u])
+            inside.append((later, sizes[-1]))
+            running.append(max(a + b for a, b in zip([0, *sizes], sizes)) - sizes[-1])
+            writes.append(sum(sizes))
+        return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(running), tuple(writes))
+
+    def live(self, state: int, succ: Sequence[int]) -> int:
+        """Bytes live once the local units ``state`` have run (``succ``: local successors)."""
+        total = self.always
+        for readers, nbytes in self.outside:
+            if readers & ~state:
+                total += nbytes
+        for i, (later, nbytes) in enumerate(self.inside):
+            if (state >> i) & 1 and (later or succ[i] & ~state):
+                total += nbytes
+        return total
+
+    def stage_peak(self, before: int, comps: Sequence[int], lanes: bool) -> int:
+        """The peak of a stage of groups ``comps`` (local masks) run from ``before`` live bytes:
+        ``lanes`` where its groups run at once (or merged), else one group walked in order."""
+        if lanes:
+            return before + sum(self.writes[i] for c in comps for i in bits(c))
+        units = list(bits(comps[0]))
+        return before + sum(self.inside[i][1] for i in units) + max(self.running[i] for i in units)
