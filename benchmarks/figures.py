@@ -10,6 +10,8 @@ redrawn after any rerun; a figure whose results are not there is skipped with a 
   measured V100 figures;
 * ``memory.png``: GraphTurbo's ablation (layer by layer, + grouping, + split, + instance order)
   under the traffic simulator: bytes from the shared cache and latency per zoo model;
+* ``memory-budget.png``: the IOS search within a budget of live activations, per zoo model
+  whose concurrency costs memory: estimated speedup over sequential against peak memory;
 * ``stage-counts.png``: the stages a search prices, log scale: the original optimizer's count,
   what its rule would price on our graph, the DP's, and the floors under any monotone-bound proof.
 
@@ -120,6 +122,23 @@ def draw_memory(plt, memory: Results) -> None:  # type: ignore[no-untyped-def]
     top.legend(fontsize=7, ncol=4, loc="upper left")
     top.set_title(f"GraphTurbo's ablation under the traffic simulator, batch {batch}, "
                   f"{memory['environment']['machine']}", fontsize=10)
+
+
+@figure("memory-budget", "memory-budget")
+def draw_memory_budget(plt, budget: Results) -> None:  # type: ignore[no-untyped-def]
+    rows = [r for r in budget["models"] if r["ios"]["peak"] > r["sequential"]["peak"]]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for r in rows:
+        seq = r["sequential"]
+        points = [seq, *sorted(r["within"], key=lambda p: p["peak"]), r["ios"]]
+        ax.plot([p["peak"] / seq["peak"] for p in points], [seq["ms"] / p["ms"] for p in points], "o-", markersize=3,
+                label=r["model"])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("peak of live activations / the sequential plan's")
+    ax.set_ylabel("estimated speedup over sequential")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"IOS within a memory budget (analytic {budget['device']}): from one operator at a time to "
+                 f"unconstrained", fontsize=9)
 
 
 SCHEDULES = {"Sequential": "#7f7f7f", "Greedy": "#9467bd", "IOS-Merge": "#17becf", "IOS-Parallel": "#ff7f0e",

@@ -110,3 +110,23 @@ def test_optimize_passes_its_budget_to_the_search() -> None:
     assert module.outcome.race is not None and module.outcome.over_budget == {}
     assert module.outcome.race.peak_bytes["ios"] <= budget
     assert _optimize(scheduler="ios").peak_bytes > budget
+
+
+def test_a_search_out_of_time_falls_back_within_the_budget() -> None:
+    """The wavefront a search out of time falls back to runs the four wide convolutions at once:
+    admitted only by a budget with room for four; otherwise the part runs one unit at a time."""
+    from opsched.schedulers.greedy import wavefront
+    from opsched.schedulers.ios_memory import PartMemory
+    from opsched.schedulers.units import UnitGraph
+
+    graph = opsched.from_torch(Wide().eval(), X)
+    ug = UnitGraph.build(graph)
+    part = list(range(len(ug)))
+    waves = wavefront(part, ug, 8)
+    assert max(len(w) for w in waves) == 4
+    one, four = INPUT + WIDE + 5 * NARROW, INPUT + 4 * WIDE + 8 * NARROW
+    assert not PartMemory.build(ug, part, one).admits(waves)
+    assert PartMemory.build(ug, part, four).admits(waves)
+    assert PartMemory.build(ug, part, one).admits([[u] for u in part])
+    rushed = schedule(graph, "ios", AnalyticCostModel("V100"), max_stage_costs=1, memory_budget=one)
+    assert rushed.stats["budget_exhausted"] and _peak(graph, rushed) <= one

@@ -70,16 +70,16 @@ def ordered_partitions(items: list[int]):  # type: ignore[no-untyped-def]
 
 def stage_peak(graph: Graph, ug: UnitGraph, done: set[str], block: frozenset[int], lanes: bool) -> int:
     """The peak of live bytes :mod:`opsched.schedulers.ios_memory` bounds a stage by, computed
-    from node sets: the graph's inputs, each value made (in ``done``) that a node not yet run
-    reads or that the graph outputs; then everything the stage writes (``lanes``: its groups at
-    once, or a merge), or, for one group run in order, each unit's value and the most any unit's
-    chain holds beyond it while running."""
+    from node sets: each graph input or value made (in ``done``) that a node not yet run reads
+    (an input nothing reads: always), and what the graph outputs; then everything the stage
+    writes (``lanes``: its groups at once, or a merge), or, for one group run in order, each
+    unit's value and the most any unit's chain holds beyond it while running."""
     size = {n.name: n.out.nbytes for n in graph.nodes}
     readers: dict[str, set[str]] = {}
     for n in graph.nodes:
         for x in n.inputs:
             readers.setdefault(x, set()).add(n.name)
-    before = sum(i.type.nbytes for i in graph.inputs)
+    before = sum(i.type.nbytes for i in graph.inputs if readers.get(i.name, set()) - done or i.name not in readers)
     before += sum(size[v] for v in done if v in graph.outputs or readers.get(v, set()) - done)
     if lanes:
         return before + sum(size[v] for u in block for v in ug.units[u])

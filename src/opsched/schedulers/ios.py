@@ -165,7 +165,7 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_la
                 continue
         if solution is None:
             stats.parts_fallback += 1
-            stages += _fallback(ug, part, coster, max_lanes, memory is not None)
+            stages += _fallback(ug, part, coster, max_lanes, memory)
             continue
         stages += [to_stage(ug, part, st) for st in solution.stages]
     if progress:
@@ -197,13 +197,16 @@ register(SchedulerSpec("ios", _ios, IosOptions, "the IOS dynamic program over st
                        _defaults, summarize))
 
 
-def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int, frugal: bool) -> list[Stage]:
-    """The cheaper of the greedy wavefront and the sequential order of a part; the sequential
-    order where memory is ``frugal`` (under a memory budget)."""
+def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int,
+              memory: PartMemory | None) -> list[Stage]:
+    """The cheaper of the greedy wavefront and the sequential order of a part; under a memory
+    budget, the greedy wavefront only if every stage of it keeps within the budget."""
     sequential = [Stage((ug.units[u],)) for u in part]
-    if frugal:
+    waves = wavefront(part, ug, max_lanes)
+    local = {u: i for i, u in enumerate(part)}
+    if memory is not None and not memory.admits([[local[u] for u in st] for st in waves]):
         return sequential
-    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in wavefront(part, ug, max_lanes)]
+    greedy = [Stage(tuple(ug.units[u] for u in st)) for st in waves]
     done = [v for u in range(part[0]) for v in ug.units[u]]
 
     def price(stages: list[Stage]) -> float:

@@ -8,8 +8,8 @@ the fastest schedule whose every stage fits, not the fastest one, later filtered
 A stage's peak is bounded above the way :meth:`opsched.runtime.Plan.peak_bytes` counts a plan,
 so a schedule the DP accepts lowers to a plan within the budget:
 
-* *before* it: the values live once the units of the state it starts from have run: the graph's
-  inputs (always), values made earlier that a unit still to run reads, and graph outputs;
+* *before* it: the values live once the units of the state it starts from have run: graph
+  inputs and values made earlier that a unit still to run reads, and graph outputs;
 * a stage of several groups, or a merge, is one phase of several lanes (or one step): everything
   its units write is live at once, on top of *before*;
 * a stage of one group is one lane, walked step by step: on top of *before*, each unit's value
@@ -34,11 +34,12 @@ class PartMemory:
     records admit the same stages, so a part's solution is reused only with an equal one."""
 
     budget: int
-    always: int                              # graph inputs, earlier values read after the part, earlier outputs
-    outside: tuple[tuple[int, int], ...]     # (local readers, bytes) of earlier values read only in the part
+    always: int                              # values read after the part, earlier outputs, unread inputs
+    outside: tuple[tuple[int, int], ...]     # (local readers, bytes) of inputs and earlier values read only in it
     inside: tuple[tuple[bool, int], ...]     # per local unit: (live after the part, its value's bytes)
     running: tuple[int, ...]                 # per local unit: what running it holds beyond its value
     writes: tuple[int, ...]                  # per local unit: the bytes all its nodes write
+    succ: tuple[int, ...]                    # per local unit: its successors in the part
 
     @classmethod
     def build(cls, ug: UnitGraph, part: Sequence[int], budget: int) -> PartMemory:
@@ -46,17 +47,20 @@ class PartMemory:
         local = {u: i for i, u in enumerate(part)}
         first, last = part[0], part[-1]
         outputs = set(g.outputs)
-        readers: dict[str, set[int]] = {}  # values made before the part -> units (global) that read them
+        readers: dict[str, set[int]] = {}  # graph inputs and values made before the part -> units that read them
         for u in range(first, len(ug)):
             for v in ug.units[u]:
                 for x in g.node(v).inputs:
-                    if x in g.index and ug.unit_of[x] < first:
+                    if x not in g.index or ug.unit_of[x] < first:
                         readers.setdefault(x, set()).add(u)
-        always = sum(i.type.nbytes for i in g.inputs)
-        always += sum(g.node(v).out.nbytes for v in outputs if ug.unit_of[v] < first and v not in readers)
+        read = {x for n in g.nodes for x in n.inputs}
+        input_bytes = {i.name: i.type.nbytes for i in g.inputs}
+        always = sum(n for x, n in input_bytes.items() if x not in read)  # an input nothing reads is never freed
+        always += sum(g.node(v).out.nbytes for v in outputs if v in g.index and ug.unit_of[v] < first
+                      and v not in readers)
         outside = []
         for x, us in readers.items():
-            nbytes = g.node(x).out.nbytes
+            nbytes = input_bytes[x] if x in input_bytes else g.node(x).out.nbytes
             if x in outputs or any(u > last for u in us):
                 always += nbytes
             else:
@@ -68,10 +72,12 @@ class PartMemory:
             inside.append((later, sizes[-1]))
             running.append(max(a + b for a, b in zip([0, *sizes], sizes)) - sizes[-1])
             writes.append(sum(sizes))
-        return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(running), tuple(writes))
+        succ = tuple(sum(1 << local[s] for s in ug.succs[u] if s in local) for u in part)
+        return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(running), tuple(writes), succ)
 
-    def live(self, state: int, succ: Sequence[int]) -> int:
-        """Bytes live once the local units ``state`` have run (``succ``: local successors)."""
+    def live(self, state: int) -> int:
+        """Bytes live once the local units ``state`` have run."""
+        succ = self.succ
         total = self.always
         for readers, nbytes in self.outside:
             if readers & ~state:
@@ -88,3 +94,14 @@ class PartMemory:
             return before + sum(self.writes[i] for c in comps for i in bits(c))
         units = list(bits(comps[0]))
         return before + sum(self.inside[i][1] for i in units) + max(self.running[i] for i in units)
+
+    def admits(self, stages: Sequence[Sequence[int]]) -> bool:
+        """Whether every stage of a schedule of the part, each a list of local units run at once
+        (one group each), keeps within the budget."""
+        state = 0
+        for stage in stages:
+            comps = [1 << i for i in stage]
+            if self.stage_peak(self.live(state), comps, len(comps) > 1) > self.budget:
+                return False
+            state |= sum(comps)
+        return True

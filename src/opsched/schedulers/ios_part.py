@@ -204,7 +204,7 @@ class PartSolver:
             return True
         before = self._bytes.get(rest)
         if before is None:
-            before = self._bytes[rest] = memory.live(rest, self.succ)
+            before = self._bytes[rest] = memory.live(rest)
         return memory.stage_peak(before, comps, strategy == "merge" or len(comps) > 1) <= memory.budget
 
     def single(self, comp: int) -> float:
