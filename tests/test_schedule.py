@@ -28,6 +28,7 @@ from opsched.ir import Graph, GraphBuilder
 from opsched.ir.analysis import live_values
 from opsched.ir.ops.conv import check_merge, merge_class, merged_conv, merged_parameters
 from opsched.models import example_inputs, get_model
+from opsched.runtime import lower
 from opsched.schedule import Schedule, Stage
 from opsched.schedulers import schedule
 from opsched.schedulers.endings import parallel_endings
@@ -72,19 +73,29 @@ def stage_peak(graph: Graph, ug: UnitGraph, done: set[str], block: frozenset[int
     """The peak of live bytes :mod:`opsched.schedulers.ios_memory` bounds a stage by, computed
     from node sets: each graph input or value made (in ``done``) that a node not yet run reads
     (an input nothing reads: always), and what the graph outputs; then everything the stage
-    writes (``lanes``: its groups at once, or a merge), or, for one group run in order, each
-    unit's value and the most any unit's chain holds beyond it while running."""
+    writes (``lanes``: its groups at once, or a merge), or, for one group run unit by unit, its
+    first node beside what is live before it, then the rest of its chain (two consecutive values
+    at a time) beside what is live once it has run, its own value counted once."""
     size = {n.name: n.out.nbytes for n in graph.nodes}
     readers: dict[str, set[str]] = {}
     for n in graph.nodes:
         for x in n.inputs:
             readers.setdefault(x, set()).add(n.name)
-    before = sum(i.type.nbytes for i in graph.inputs if readers.get(i.name, set()) - done or i.name not in readers)
-    before += sum(size[v] for v in done if v in graph.outputs or readers.get(v, set()) - done)
+    def live(done: set[str]) -> int:
+        inputs = sum(i.type.nbytes for i in graph.inputs if readers.get(i.name, set()) - done or i.name not in readers)
+        return inputs + sum(size[v] for v in done if v in graph.outputs or readers.get(v, set()) - done)
     if lanes:
-        return before + sum(size[v] for u in block for v in ug.units[u])
-    chains = [[size[v] for v in ug.units[u]] for u in block]
-    return before + sum(c[-1] for c in chains) + max(max(a + b for a, b in zip([0, *c], c)) - c[-1] for c in chains)
+        return live(done) + sum(size[v] for u in block for v in ug.units[u])
+    peak, ran = 0, set(done)
+    for u in sorted(block):
+        chain = [size[v] for v in ug.units[u]]
+        peak = max(peak, live(ran) + chain[0])
+        ran |= set(ug.units[u])
+        if len(chain) > 1:
+            last = ug.units[u][-1]
+            stays = last in graph.outputs or readers.get(last, set()) - ran
+            peak = max(peak, live(ran) - (chain[-1] if stays else 0) + max(a + b for a, b in zip(chain, chain[1:])))
+    return peak
 
 
 def brute_force(graph: Graph, coster: StageCoster, r: int, s: int, merge: bool,
@@ -193,6 +204,8 @@ def test_dp_within_a_memory_budget_equals_brute_force(n: int, seed: int, r: int,
     else:
         assert stats.parts_over_memory == 0 and widest_stage(graph, stages) <= budget
         assert estimate(graph, stages, coster) == pytest.approx(best, rel=1e-9)
+        plan = lower(graph, Schedule.from_stages(graph.structural_hash(), stages))
+        assert plan.peak_bytes([graph.types[v].nbytes for v in plan.slot_names]) <= budget  # as the plan counts
 
 
 def test_cut_costs_by_hand() -> None:

@@ -12,14 +12,15 @@ so a schedule the DP accepts lowers to a plan within the budget:
   inputs and values made earlier that a unit still to run reads, and graph outputs;
 * a stage of several groups, or a merge, is one phase of several lanes (or one step): everything
   its units write is live at once, on top of *before*;
-* a stage of one group is one lane, walked step by step: on top of *before*, each unit's value
-  (the value its last node writes) once it has run, and while a unit runs, what its chain holds
-  beyond its value: the output of the node running and of the node before it.
+* a stage of one group is one lane, walked unit by unit: a unit's first node runs beside what
+  is live before it (what it reads included); the rest of its chain, once what nothing still to
+  run reads is freed, beside the output of the node before each; then its value (what its last
+  node writes) stays while anything still to run reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opsched._toposort import bits
@@ -37,7 +38,8 @@ class PartMemory:
     always: int                              # values read after the part, earlier outputs, unread inputs
     outside: tuple[tuple[int, int], ...]     # (local readers, bytes) of inputs and earlier values read only in it
     inside: tuple[tuple[bool, int], ...]     # per local unit: (live after the part, its value's bytes)
-    running: tuple[int, ...]                 # per local unit: what running it holds beyond its value
+    first: tuple[int, ...]                   # per local unit: its first node's value
+    tail: tuple[int, ...]                    # per local unit: the most two consecutive values of its chain hold
     writes: tuple[int, ...]                  # per local unit: the bytes all its nodes write
     succ: tuple[int, ...]                    # per local unit: its successors in the part
 
@@ -65,15 +67,17 @@ class PartMemory:
                 always += nbytes
             else:
                 outside.append((sum(1 << local[u] for u in us), nbytes))
-        inside, running, writes = [], [], []
+        inside, firsts, tails, writes = [], [], [], []
         for u in part:
             sizes = [g.node(v).out.nbytes for v in ug.units[u]]
             later = ug.units[u][-1] in outputs or any(s > last for s in ug.succs[u])
             inside.append((later, sizes[-1]))
-            running.append(max(a + b for a, b in zip([0, *sizes], sizes)) - sizes[-1])
+            firsts.append(sizes[0])
+            tails.append(max((a + b for a, b in zip(sizes, sizes[1:])), default=0))
             writes.append(sum(sizes))
         succ = tuple(sum(1 << local[s] for s in ug.succs[u] if s in local) for u in part)
-        return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(running), tuple(writes), succ)
+        return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(firsts), tuple(tails),
+                   tuple(writes), succ)
 
     def live(self, state: int) -> int:
         """Bytes live once the local units ``state`` have run."""
@@ -87,13 +91,25 @@ class PartMemory:
                 total += nbytes
         return total
 
-    def stage_peak(self, before: int, comps: Sequence[int], lanes: bool) -> int:
-        """The peak of a stage of groups ``comps`` (local masks) run from ``before`` live bytes:
-        ``lanes`` where its groups run at once (or merged), else one group walked in order."""
+    def stage_peak(self, rest: int, comps: Sequence[int], lanes: bool,
+                   live: Callable[[int], int] | None = None) -> int:
+        """The peak of a stage of groups ``comps`` (local masks) run once the units ``rest`` have:
+        ``lanes`` where its groups run at once (or merged), else one group walked in order, what
+        each unit reads freed once it has run. ``live``: :meth:`live`, or a cache of it."""
+        live = live or self.live
         if lanes:
-            return before + sum(self.writes[i] for c in comps for i in bits(c))
-        units = list(bits(comps[0]))
-        return before + sum(self.inside[i][1] for i in units) + max(self.running[i] for i in units)
+            return live(rest) + sum(self.writes[i] for c in comps for i in bits(c))
+        state, peak = rest, 0
+        for i in bits(comps[0]):  # in topological order, as the lane runs them
+            # its first node runs beside all it reads; its other nodes, once what it read is
+            # freed, beside the value before them (its own value, if it stays, counted once)
+            peak = max(peak, live(state) + self.first[i])
+            state |= 1 << i
+            if self.tail[i]:
+                later, value = self.inside[i]
+                stays = later or self.succ[i] & ~state
+                peak = max(peak, live(state) - (value if stays else 0) + self.tail[i])
+        return peak
 
     def admits(self, stages: Sequence[Sequence[int]]) -> bool:
         """Whether every stage of a schedule of the part, each a list of local units run at once
@@ -101,7 +117,7 @@ class PartMemory:
         state = 0
         for stage in stages:
             comps = [1 << i for i in stage]
-            if self.stage_peak(self.live(state), comps, len(comps) > 1) > self.budget:
+            if self.stage_peak(state, comps, len(comps) > 1) > self.budget:
                 return False
             state |= sum(comps)
         return True

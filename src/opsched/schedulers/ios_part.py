@@ -202,10 +202,15 @@ class PartSolver:
         memory = self.memory
         if memory is None:
             return True
-        before = self._bytes.get(rest)
-        if before is None:
-            before = self._bytes[rest] = memory.live(rest)
-        return memory.stage_peak(before, comps, strategy == "merge" or len(comps) > 1) <= memory.budget
+        return memory.stage_peak(rest, comps, strategy == "merge" or len(comps) > 1, self._live_bytes) <= memory.budget
+
+    def _live_bytes(self, state: int) -> int:
+        """:meth:`PartMemory.live`, once per state."""
+        value = self._bytes.get(state)
+        if value is None:
+            assert self.memory is not None
+            value = self._bytes[state] = self.memory.live(state)
+        return value
 
     def single(self, comp: int) -> float:
         value = self.singles[comp] = self.price("parallel", (comp,), comp)
