@@ -10,7 +10,8 @@ PartitionTuner; and, on a window of each model small enough to try every placeme
 (b) Measured, on a platform whose units exist here (``cpu-pools`` on a CPU machine, ``cpu+cuda``
 where a GPU is present): each scheduler's plan run by the units backend, interleaved in one
 process with the plan of everything on the default unit (``--rounds`` rounds; medians). The
-placement is decided on the units' analytic presets.
+placement is decided on each unit's operators timed on it (``--profiles measured``, into a
+profile store) or on the units' analytic presets (``--profiles analytic``).
 
     python benchmarks/heterogeneous.py                      # (a) on the zoo, (b) on cpu-pools
     python benchmarks/heterogeneous.py --measure cpu+cuda   # (b) on a GPU machine
@@ -23,6 +24,7 @@ import functools
 import logging
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,6 +33,8 @@ import torch  # noqa: E402
 from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
+from opsched.api import measured_cost, measured_platform  # noqa: E402
+from opsched.cost import ProfileStore  # noqa: E402
 from opsched.cost.unit_costs import PlatformCost, UnitCosts  # noqa: E402
 from opsched.cost.units import platform  # noqa: E402
 from opsched.ir import Graph, random_inputs  # noqa: E402
@@ -94,8 +98,11 @@ def simulated(models: list[str], movable: int) -> tuple[list[list[object]], dict
     return rows, {k: geomean(v) for k, v in ratios.items()}, data
 
 
-def measured(models: list[str], where: str, rounds: int) -> tuple[list[list[object]], dict[str, float], list[dict]]:
-    pc = PlatformCost(platform(where))
+def measured(models: list[str], where: str, rounds: int, profiles: str,
+             cache_dir: str) -> tuple[list[list[object]], dict[str, float], list[dict]]:
+    store = ProfileStore(cache_dir)
+    pc = (measured_platform(measured_cost(store=store), where) if profiles == "measured"
+          else PlatformCost(platform(where)))
     rows, data, ratios = [], [], {s: [] for s in PLACERS}
     for name in models:
         graph = opsched.from_torch(get_model(name).eval(), example_inputs(name))
@@ -116,6 +123,7 @@ def measured(models: list[str], where: str, rounds: int) -> tuple[list[list[obje
         data.append({"model": name, "median_ms": med,
                      "estimated_ms": {k: s.estimated_ms for k, s in plans.items()}})
         print(rows[-1], flush=True)
+    store.close()
     return rows, {s: geomean(v) for s, v in ratios.items()}, data
 
 
@@ -127,6 +135,9 @@ def main() -> None:
                    help="the platform of part (b), or 'none'")
     p.add_argument("--measure-models", nargs="*", default=["squeezenet1_1", "googlenet", "resnet18", "randwire_small"])
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--profiles", choices=["measured", "analytic"], default="measured",
+                   help="what part (b)'s placements are decided on: each unit's operators timed on it, or its preset")
+    p.add_argument("--cache-dir", help="profile store of part (b)'s measurements (default: a fresh temporary one)")
     args = p.parse_args()
     logging.getLogger("opsched").setLevel(logging.ERROR)
     rows, geo, data = simulated(args.models, args.window)
@@ -145,13 +156,16 @@ def main() -> None:
         "PT vs optimum"],
         rows, geo, {"models": data})
     if args.measure != "none":
-        rows, geo, data = measured(args.measure_models, args.measure, args.rounds)
+        rows, geo, data = measured(args.measure_models, args.measure, args.rounds, args.profiles,
+                                   args.cache_dir or tempfile.mkdtemp(prefix="opsched-units-"))
         write_table(f"heterogeneous-{args.measure.replace('+', '-')}", [
             f"# Placement on heterogeneous units (measured, `{args.measure}`)", "",
             "Each scheduler's plan run by the units backend, interleaved in one process with the plan of "
             "everything on the default unit and of everything on each other unit that runs every operator (on "
             f"`cpu+cuda`, the GPU alone); medians in ms of {args.rounds} rounds, and the speedups over the default "
-            "unit and over the best single unit. Placements are decided on the units' analytic presets.",
+            "unit and over the best single unit. Placements are decided on "
+            + ("each unit's operators and fused chains timed on it (a unit that exists only in the simulator: its "
+               "preset)." if args.profiles == "measured" else "the units' analytic presets."),
         ], ["model", "default unit", "best single unit", *PLACERS], rows, geo,
             {"platform": args.measure, "models": data})
 

@@ -225,6 +225,53 @@ def test_no_operator_lands_on_a_unit_that_lacks_it(seed: int, scheduler: str) ->
     assert simulate_placed(sched, costs).makespan_ms == pytest.approx(sched.estimated_ms)
 
 
+def test_units_that_exist_are_measured_once_into_the_profile_store(tmp_path) -> None:
+    """``cost="measured"`` with a platform: each real unit's operators and fused chains timed on
+    its own backend and cores (kept in the store, so a second search times nothing); a unit
+    that exists only in the simulator, or a GPU this machine lacks, keeps its analytic preset."""
+    from opsched.api import measured_cost, measured_platform
+    from opsched.cost import MeasuredCostModel, ProfileStore
+    from opsched.runtime import run_graph
+
+    graph = random_dag(8, 1)
+    with ProfileStore(tmp_path) as store:
+        pools = measured_platform(measured_cost(store=store), "cpu-pools")
+        assert all(isinstance(m, MeasuredCostModel) for m in pools.models.values())
+        first = schedule(graph, "partitiontuner", pools)
+        # the two pools are one kind (same backend, same cores): what one timed, the other reads
+        assert sum(m.counts.timed for m in pools.models.values()) > 0  # type: ignore[attr-defined]
+        again = measured_platform(measured_cost(store=store), "cpu-pools")
+        assert schedule(graph, "partitiontuner", again).lanes == first.lanes
+        assert sum(m.counts.timed for m in again.models.values()) == 0  # type: ignore[attr-defined]
+        mixed = measured_platform(measured_cost(store=store), "cpu+cuda")
+        assert isinstance(mixed.models["cpu"], MeasuredCostModel)
+        gpu = MeasuredCostModel if torch.cuda.is_available() else AnalyticCostModel
+        assert isinstance(mixed.models["cuda:0"], gpu)
+        board = measured_platform(measured_cost(store=store), "cpu+npu")  # a modelled board: nothing to time
+        assert all(isinstance(m, AnalyticCostModel) for m in board.models.values())
+    x = [torch.randn(t.type.shape) for t in graph.inputs]
+    with torch.no_grad():
+        assert_close(ScheduledModule(graph, first)(*x), run_graph(graph, x), "measured placement")
+
+
+def test_optimize_measures_the_units_of_its_platform(tmp_path, monkeypatch) -> None:
+    from opsched import api
+
+    asked = []
+
+    def spy(base, name=None):  # type: ignore[no-untyped-def]
+        asked.append(name)
+        return measured(base, name)
+    measured = api.measured_platform
+    monkeypatch.setattr(api, "measured_platform", spy)
+    model = get_model("squeezenet1_1").eval()
+    inputs = example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, scheduler="partitiontuner", platform="cpu-pools", cache_dir=tmp_path)
+    assert asked == ["cpu-pools"]
+    with torch.no_grad():
+        assert_close(module(*inputs), model(*inputs), "optimize on measured units")
+
+
 def test_placed_schedule_round_trips_and_reruns(tmp_path) -> None:
     model = get_model("squeezenet1_1").eval()
     inputs = example_inputs("squeezenet1_1")

@@ -19,6 +19,7 @@ from opsched._text import mib
 from opsched.backends import Backend, resolve_backend
 from opsched.check import verify_against
 from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
+from opsched.cost.unit_costs import PlatformCost, resolve_platform
 from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
@@ -30,11 +31,12 @@ from opsched.race import fastest
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
 from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import make_options, schedule, spec
+from opsched.schedulers.placement import PlacementOptions
 from opsched.schedulers.registry import RENAMED
 from opsched.transforms.place import dtype_name, place
 
 __all__ = ["optimize", "optimize_graph", "load", "Request", "check_request", "host_cpu_model", "measured_cost",
-           "scheduler_options"]
+           "measured_platform", "scheduler_options"]
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +238,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
         cost_model = _cost_model(cost, be, run, cache_dir, stack)
-        made = {name: schedule(graph, name, cost_model, _within(request.options[name], memory_budget),
-                               progress=progress(f"searching {name}"))
+        made = {name: schedule(graph, name, _on_units(cost_model, request.options[name]),
+                               _within(request.options[name], memory_budget), progress=progress(f"searching {name}"))
                 for name in request.schedulers}
         checked = check and isinstance(cost_model, MeasuredCostModel)
         extra = [*race_with, *(["sequential"] if checked or memory_budget is not None else [])]
@@ -274,6 +276,30 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
         module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start, memory_budget, over)
     return module
+
+
+def measured_platform(base: MeasuredCostModel, name: str | None = None) -> PlatformCost:
+    """The platform ``name`` (None: ``cpu+cuda`` where a GPU is present, else ``cpu-pools``) with
+    each unit that exists here priced by a measured model: stages timed on the unit's backend,
+    device and cores, into ``base``'s profile store with its timing policy. A unit that exists
+    only in the simulator (or a GPU this machine lacks) keeps its analytic preset."""
+    plat = resolve_platform(name)
+    models: dict[str, CostModel] = {}
+    for unit in plat.units:
+        if unit.device is None or (unit.device.startswith("cuda") and not torch.cuda.is_available()):
+            continue
+        device = torch.device(unit.device)
+        models[unit.name] = MeasuredCostModel(resolve_backend(unit.backend, device), RunOptions(device, unit.cores),
+                                              base.policy, store=base.store)
+    return PlatformCost(plat, models)
+
+
+def _on_units(cost: CostModel, options: Any) -> CostModel:
+    """The cost model a scheduler gets: for a placement scheduler given a measured model, the
+    platform's units measured (:func:`measured_platform`); otherwise ``cost`` itself."""
+    if isinstance(options, PlacementOptions) and isinstance(cost, MeasuredCostModel):
+        return measured_platform(cost, options.platform)
+    return cost
 
 
 def _within(options: Any, memory_budget: int | None) -> Any:

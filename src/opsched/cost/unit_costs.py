@@ -27,7 +27,7 @@ from opsched.errors import CostModelError
 from opsched.ir import Graph, op_schema
 from opsched.schedule import Stage
 
-__all__ = ["UnitCosts", "PlatformCost", "platform_cost"]
+__all__ = ["UnitCosts", "PlatformCost", "platform_cost", "resolve_platform"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,9 +76,15 @@ def platform_cost(cost: CostModel, name: str | Platform | None = None) -> Platfo
             raise CostModelError(f"the cost model is for platform {cost.platform.name!r}, the scheduler was asked "
                                  f"for {wanted!r}")
         return cost
-    if name is None:
-        name = "cpu+cuda" if torch.cuda.is_available() else "cpu-pools"
-    return PlatformCost(platform(name))
+    return PlatformCost(resolve_platform(name))
+
+
+def resolve_platform(name: str | Platform | None) -> Platform:
+    """The platform ``name`` (a preset's name, or a platform itself); None: ``cpu+cuda`` where a
+    GPU is present, else ``cpu-pools``."""
+    if isinstance(name, Platform):
+        return name
+    return platform(name if name is not None else "cpu+cuda" if torch.cuda.is_available() else "cpu-pools")
 
 
 class UnitCosts:
