@@ -72,10 +72,6 @@ def torch_program(graph: Graph, plan: Plan) -> Program:
                    plan.input_slots, plan.output_slots)
 
 
-def _failure(item: Item, error: BaseException) -> ExecutionError:
-    return ExecutionError(f"node {item.label!r} ({item.op}) failed: {type(error).__name__}: {error}")
-
-
 class _Run:
     def __init__(self, program: Program, evented: bool, trace: list[TraceEvent] | None) -> None:
         self.slots: list[Any] = [None] * program.n_slots
@@ -97,10 +93,6 @@ class LaneExecutor:
         self._evented = any(it.waits for phase in program.phases for lane in phase for it in lane)
         workers = max((len(phase) for phase in program.phases), default=1) - 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="opsched-lane") if workers else None
-        # a program of one item (a plan that is one ONNX Runtime session) is called without the
-        # phase machinery: on a 0.1 ms model, that machinery is a tenth of the call
-        items = [it for phase in program.phases for lane in phase for it in lane]
-        self._sole = items[0] if len(items) == 1 else None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -129,8 +121,6 @@ class LaneExecutor:
     def run(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
         """Run the program; with a ``trace`` list, append one :class:`TraceEvent` per item."""
         prog = self.program
-        if self._sole is not None and trace is None:
-            return self._run_sole(inputs)
         run = _Run(prog, self._evented, trace)
         for slot, t in zip(prog.input_slots, inputs):
             run.slots[slot] = prog.encode(t)
@@ -143,21 +133,6 @@ class LaneExecutor:
             for slot in frees:
                 run.slots[slot] = None
         return [prog.decode(run.slots[s]) for s in prog.output_slots]
-
-    def _run_sole(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        prog, item = self.program, self._sole
-        assert item is not None
-        slots: list[Any] = [None] * prog.n_slots
-        for slot, t in zip(prog.input_slots, inputs):
-            slots[slot] = prog.encode(t)
-        try:
-            with torch.no_grad():
-                item.run(slots)
-        except (OpschedError, KeyboardInterrupt):
-            raise
-        except BaseException as e:
-            raise _failure(item, e) from e
-        return [prog.decode(slots[s]) for s in prog.output_slots]
 
     def _parallel(self, lanes: tuple[tuple[Item, ...], ...], run: _Run) -> None:
         assert self._pool is not None
@@ -202,7 +177,7 @@ class LaneExecutor:
                     self._fail(run)
                     if isinstance(e, (OpschedError, KeyboardInterrupt)):
                         raise
-                    raise _failure(it, e) from e
+                    raise ExecutionError(f"node {it.label!r} ({it.op}) failed: {type(e).__name__}: {e}") from e
                 if run.done is not None:
                     run.done[it.id].set()
 
