@@ -198,10 +198,9 @@ class PartSolver:
         return live
 
     def fits(self, strategy: str, rest: int, comps: tuple[int, ...]) -> bool:
-        """Whether the stage ``comps`` run from ``rest`` keeps within the memory budget (if any)."""
+        """Whether the stage ``comps`` run from ``rest`` keeps within the memory budget."""
         memory = self.memory
-        if memory is None:
-            return True
+        assert memory is not None
         return memory.stage_peak(rest, comps, strategy == "merge" or len(comps) > 1, self._live_bytes) <= memory.budget
 
     def _live_bytes(self, state: int) -> int:
@@ -242,6 +241,8 @@ class PartSolver:
                     for sub in combinations(members, k):
                         mask = sum(1 << i for i in sub)
                         out.append(("merge", mask, tuple(1 << i for i in sub)))
+        if self.memory is not None:  # a stage over the budget is no ending: the state before it is never visited
+            out = [(st, mask, comps) for st, mask, comps in out if self.fits(st, state & ~mask, comps)]
         return out
 
     def best_ending(self, state: int, endings: list[tuple[str, int, tuple[int, ...]]]
@@ -253,8 +254,6 @@ class PartSolver:
         by_weight = self.by_weight
         for strategy, mask, comps in endings:
             rest = state & ~mask
-            if not self.fits(strategy, rest, comps):
-                continue
             several = strategy == "parallel" and len(comps) > 1
             cut = self.cut(rest, state) if several and charges_cuts else 0.0
             if not several or not monotone:

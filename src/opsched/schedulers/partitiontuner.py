@@ -12,8 +12,8 @@
    paper balances NPUs by memory; time is what a schedule spends). Branches on different units
    run at once wherever the data allows: each unit is a lane.
 4. Each unit runs its nodes in topological order (the paper's level-by-level partitions).
-5. opsched's addition, on by default (``refine``): the branches moved between units where the
-   unit simulator's makespan falls (:mod:`.refine_placement`), for the concurrency that the
+5. opsched's addition, on by default (``refine``): branches, then single operators, moved between
+   units where the unit simulator's makespan falls (:mod:`.refine_placement`), for the concurrency that the
    summed costs of step 2 cannot see. ``refine=0`` runs the paper's algorithm alone.
 """
 
@@ -38,8 +38,8 @@ __all__ = ["PartitionTunerOptions", "partitiontuner_placement"]
 
 @dataclass(frozen=True)
 class PartitionTunerOptions(PlacementOptions):
-    refine: int = option(4, "passes moving whole branches between units where the simulated makespan falls, "
-                            "after the paper's algorithm (0: the paper's algorithm alone)")
+    refine: int = option(4, "passes moving branches, then single operators, between units where the simulated "
+                            "makespan falls, after the paper's algorithm (0: the paper's algorithm alone)")
 
     def __post_init__(self) -> None:
         if self.refine < 0:
