@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from opsched import optimize
-from opsched.backends.cuda import CudaExecutor
+from opsched.backends.cuda_executor import CudaExecutor
 from opsched.backends.cuda_inductor import CudaInductorExecutor
 from opsched.backends.inductor import inductor_available
 from opsched.cost.analytic import AnalyticCostModel
@@ -205,7 +205,7 @@ def test_capture_failure_falls_back_to_eager_streams_and_says_why_once(zoo: dict
     graph = zoo["squeezenet1_1"]
     ex = _executor(graph, "nimble", RecordingDevice(capture_fails=True))
     x = example_inputs("squeezenet1_1")
-    with caplog.at_level(logging.WARNING, logger="opsched.backends.cuda"):
+    with caplog.at_level(logging.WARNING, logger="opsched.backends.cuda_executor"):
         for _ in range(3):
             assert_close(ex(x), run_graph(graph, x))
     assert not ex.captured and "not permitted when stream is capturing" in (ex.capture_error or "")

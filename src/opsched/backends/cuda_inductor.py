@@ -8,7 +8,7 @@ lane of each phase is cut into segments by the cut every compiling backend share
 waits for ends one), each segment is compiled by Inductor for the GPU (Triton kernels; its own
 CUDA graphs off, since the executor captures the whole plan), and the CUDA executor launches
 each segment at its first step on that step's stream, events and all, capturing the whole plan
-into one CUDA graph (:class:`~.cuda.CudaExecutor` with :class:`~.cuda.FusedSegment` s).
+into one CUDA graph (:class:`~.cuda_executor.CudaExecutor` with :class:`~.cuda_executor.FusedSegment` s).
 Inductor's kernels launch on the current stream, which the executor sets per launch.
 
 Compiling takes seconds per segment, so segments are compiled when the executor is prepared
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from opsched.backends.base import register_backend
-from opsched.backends.cuda import CudaBackend, CudaExecutor, FusedSegment, gpu_versions
+from opsched.backends.cuda import CudaBackend, gpu_versions
+from opsched.backends.cuda_executor import CudaExecutor, FusedSegment
 from opsched.backends.inductor import InductorSegments
 from opsched.execution import RunOptions
 from opsched.ir import Graph
