@@ -145,8 +145,6 @@ class CudaExecutor:
         self.segments = tuple(segments)
         self._head = {seg.steps[0]: seg for seg in self.segments}
         self._inside = {s for seg in self.segments for s in seg.steps[1:]}
-        self._steps = [self._head[s].run if s in self._head else _nothing if s in self._inside
-                       else bind_step(graph, step, release=False) for s, step in enumerate(plan.steps)]
         self.copy_outputs, self.channels_last, self.warmup = copy_outputs, channels_last, warmup
         self._side = [self.dev.new_stream() for _ in range(self.program.n_streams - 1)]
         self._events = [self.dev.new_event() for _ in range(self.program.n_events)]
@@ -180,8 +178,10 @@ class CudaExecutor:
         if isinstance(op, Launch):
             if op.step in self._inside:
                 return _nothing
-            label, what = self._label(op.step)
-            stream, run_step = op.stream, self._steps[op.step]
+            seg = self._head.get(op.step)
+            run_step = seg.run if seg is not None else bind_step(self.graph, self.plan.steps[op.step], release=False)
+            label, what, _ = self._what(op.step)
+            noun, stream = "node" if seg is None else "segment", op.stream
 
             def launch(r: _Run) -> None:
                 dev.set_stream(r.streams[stream])
@@ -190,7 +190,8 @@ class CudaExecutor:
                 except OpschedError:
                     raise
                 except Exception as e:
-                    raise ExecutionError(f"{label} ({what}) failed on {self.device}: {type(e).__name__}: {e}") from e
+                    raise ExecutionError(f"{noun} {label!r} ({what}) failed on {self.device}: "
+                                         f"{type(e).__name__}: {e}") from e
             return launch
         if isinstance(op, Record):
             def record(r: _Run, e: int = op.event, s: int = op.stream) -> None:
@@ -207,13 +208,13 @@ class CudaExecutor:
                 r.slots[slot] = None
         return release
 
-    def _label(self, s: int) -> tuple[str, str]:
-        """What launching step ``s`` runs, for messages: the step's node, or its segment."""
+    def _what(self, s: int) -> tuple[str, str, str]:
+        """What launching step ``s`` runs, as (label, op, category): its node, or its segment."""
         seg = self._head.get(s)
         if seg is not None:
-            return f"segment {seg.label!r}", seg.op
+            return seg.label, seg.op, "segment"
         step = self.plan.steps[s]
-        return f"node {step.label!r}", step.op
+        return step.label, step.op, step_category(step)
 
     def _walk(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         base = self.dev.current_stream()
@@ -302,9 +303,7 @@ class CudaExecutor:
         dev.synchronize()
         for s, (start, end) in sorted(marks.items(), key=lambda kv: dev.elapsed_ms(origin, kv[1][0])):
             phase, lane = self._phase_lane[s]
-            step, seg = self.plan.steps[s], self._head.get(s)
-            label, what, category = (step.label, step.op, step_category(step)) if seg is None else (
-                seg.label, seg.op, "segment")
+            label, what, category = self._what(s)
             trace.append(TraceEvent(phase, lane, label, what, dev.elapsed_ms(origin, start),
                                     dev.elapsed_ms(origin, end), category))
         return [run.slots[s] for s in self.plan.output_slots]
