@@ -73,7 +73,9 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
     graph = opsched.from_torch(model, inputs)
     import_s = time.perf_counter() - t
     proto, exporter = export_onnx(model, inputs)
+    t = time.perf_counter()
     onnx_graph = opsched.from_onnx(proto)
+    onnx_import_s = time.perf_counter() - t
     own = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {i.name: x.numpy() for i, x in zip(own.get_inputs(), inputs)}
     with ProfileStore(cache_dir) as store:
@@ -105,12 +107,14 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
     kinds = Counter(n.op for n in graph.nodes)
     record = {"model": name, "architecture": corpus()[name].architecture, "operators": len(graph.nodes),
               "generic_aten": generic(graph, "aten."), "opaque": kinds["opaque"], "import_s": import_s,
+              "onnx_mb": proto.ByteSize() / 1e6, "onnx_import_s": onnx_import_s,
               "onnx_exporter": exporter, "onnx_operators": len(onnx_graph.nodes),
               "generic_onnx": generic(onnx_graph, "onnx."), "sessions_sequential": sessions(sequential),
               "sessions_optimize": sessions(opt), "optimize_scheduler": opt.schedule.scheduler,
               "median_ms": med, "ratios": ratios, "optimize_s": optimize_s}
     row = [name, len(graph.nodes), record["generic_aten"], kinds["opaque"], f"{exporter}: {len(onnx_graph.nodes)}",
-           record["generic_onnx"], f"{sessions(sequential)} / {sessions(opt)}",
+           record["generic_onnx"], f"{proto.ByteSize() / 1e6:.1f} / {onnx_import_s:.2f}",
+           f"{sessions(sequential)} / {sessions(opt)}",
            *(f"{med[k]:.2f}" if k in med else "n/a" for k in COLUMNS), *(f"{v:.2f}" for v in ratios.values()),
            f"{optimize_s:.0f}"]
     return row, record
@@ -132,9 +136,9 @@ def main() -> None:
         records.append(record)
         print(" | ".join(map(str, row)), flush=True)
     headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
-               "ORT sessions seq / opt", "eager ms", "ORT own ms", "opsched session ms", "opsched seq ms",
-               "optimize() ms", "seq vs ORT", "session vs ORT", "optimize() vs ORT", "optimize() vs eager",
-               "optimize s"]
+               "ONNX MB / import s", "ORT sessions seq / opt", "eager ms", "ORT own ms", "opsched session ms",
+               "opsched seq ms", "optimize() ms", "seq vs ORT", "session vs ORT", "optimize() vs ORT",
+               "optimize() vs eager", "optimize s"]
     geo = {key: geomean(v for r in records if not math.isnan(v := r["ratios"][key]))  # type: ignore[index]
            for key in ("seq vs ORT", "session vs ORT", "optimize() vs ORT", "optimize() vs eager")}
     write_table(args.name, [
@@ -144,11 +148,13 @@ def main() -> None:
         "*generic ATen* run as their ATen overload and *opaque* as Python calls; *ONNX import*: the "
         "exporter that produced the file (torch.onnx's default dynamo exporter, else the TorchScript one) "
         "and the operators opsched imported from it, of which *generic ONNX* run through ONNX Runtime as "
-        "they are. *ORT sessions*: ONNX Runtime sessions of opsched's sequential plan and of optimize()'s "
+        "they are, the file's size and how long `opsched.from_onnx` took to import it. *ORT sessions*: "
+        "ONNX Runtime sessions of opsched's sequential plan and of optimize()'s "
         "plan (1: nothing cuts the model). Latency: medians over interleaved rounds in one process; ratios "
         "are medians of per-round ratios, > 1 where opsched is faster. *ORT own*: ONNX Runtime's session of "
         "the export with its default options; *opsched seq*: the sequential plan on the ONNX Runtime "
-        "backend, a drop-in module (torch tensors in, the model's own output structure out); *opsched "
+        "backend, a drop-in module (torch tensors in and out, the graph's outputs as they are: optimize() "
+        "also builds the model's own output structure); *opsched "
         "session*: that plan's one ONNX Runtime session called as ORT's own is, NumPy in and out (n/a where "
         "the plan is more than one session), so *session vs ORT* compares the graphs and *seq vs ORT* adds "
         "the module's call; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
