@@ -305,7 +305,8 @@ def _on_units(cost: CostModel, options: Any) -> CostModel:
 def _within(options: Any, memory_budget: int | None) -> Any:
     """A scheduler's options with ``memory_budget`` where it takes one (the IOS search then keeps
     every stage within it) and was not given its own."""
-    if memory_budget is None or getattr(options, "memory_budget", 0) is not None:
+    takes_one = any(f.name == "memory_budget" for f in dataclasses.fields(options))
+    if memory_budget is None or not takes_one or options.memory_budget is not None:
         return options
     return dataclasses.replace(options, memory_budget=memory_budget)
 
