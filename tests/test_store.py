@@ -136,19 +136,29 @@ def test_other_schema_version_is_moved_aside(tmp_path: Path) -> None:
     assert list(tmp_path.glob("profiles.sqlite.corrupt-*"))
 
 
-def _writer(args: tuple[str, int]) -> None:
-    cache, worker = args
+def _writer(args: tuple[str, int, mp.synchronize.Barrier]) -> int:
+    cache, worker, start = args
+    start.wait()  # every process opens the new store at once, the moment that once lost a writer
     with ProfileStore(cache) as store:
         for i in range(40):
             store.put(CTX, f"shared-{i}", float(worker))
             store.put(CTX, f"own-{worker}-{i}", float(i))
+        return int(store.writable)
 
 
 def test_several_processes_at_once(tmp_path: Path) -> None:
-    with mp.get_context("spawn").Pool(4) as pool:
-        pool.map(_writer, [(str(tmp_path), w) for w in range(4)])
-    with ProfileStore(tmp_path) as store:
-        assert store.status()["measurements"] == 40 + 4 * 40
+    # Opening a new store together, one process used to find SQLite refusing its switch to WAL
+    # ("database is locked", no wait) and kept all it measured in memory (6 processes: 39 of 300
+    # rounds); a store now stays writable in the journal mode it has.
+    workers, rounds = 4, 12
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(workers) as pool:
+        for r in range(rounds):
+            cache = str(tmp_path / str(r))
+            start = manager.Barrier(workers)
+            assert pool.map(_writer, [(cache, w, start) for w in range(workers)]) == [1] * workers, f"round {r}"
+            with ProfileStore(cache) as store:
+                assert store.status()["measurements"] == 40 + workers * 40, f"round {r}"
 
 
 def test_export_import_round_trip_and_bad_files(tmp_path: Path) -> None:

@@ -185,16 +185,30 @@ class ProfileStore:
         return True
 
     def _init(self, conn: sqlite3.Connection) -> None:
-        if self._check(conn):
-            return  # an existing store: reading it takes no lock
-        conn.execute("PRAGMA journal_mode = WAL")
-        # one transaction: a process opening the file meanwhile sees no tables or all of them (the
-        # tables created one by one, another saw 'meta' alone and refused the file as not a store)
-        with _transaction(conn):
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            if conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() is None:
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        if not self._check(conn):
+            # one transaction: a process opening the file meanwhile sees no tables or all of them (the
+            # tables created one by one, another saw 'meta' alone and refused the file as not a store)
+            with _transaction(conn):
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                if conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() is None:
+                    conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._use_wal(conn)
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Journal the file ahead of writing (WAL), so that readers never wait for a writer. The
+        mode is the file's, so one process's switch serves all. SQLite refuses the switch at once,
+        waiting for no lock, while another connection is using the file (processes opening a new
+        store together): the file then keeps its journal, as safe and only less concurrent, and
+        the next process to open it switches it."""
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            return
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as e:
+            if not _busy(e):
+                raise
+            log.debug("profile store %s stays in its journal mode for now: %s", self.path, e)
 
     def _move_aside(self, why: str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
