@@ -11,7 +11,9 @@ Beside the latencies:
 
 * whether the model's activations (the sequential plan's sum of intermediate values) exceed the
   last-level cache this machine reports;
-* the simulator's figures for the unsplit and the split plan (DRAM and cache bytes, latency);
+* the simulator's figures for the unsplit and the split plan (DRAM and cache bytes, latency),
+  under this machine's hierarchy with its bandwidths measured (``--hierarchy cpu`` for the
+  typical figures), which is also what the split plans are made for;
 * the profiler's: where the split plan's time goes, by category of kernel (ORT's own profiler),
   so that time in the slices and joins between sub-graphs shows beside the compute;
 * the ablation under the simulator, the shape of the paper's Fig. 15: layer by layer, + grouping
@@ -19,6 +21,7 @@ Beside the latencies:
 
     python benchmarks/memory.py                                  # the default models, batch 1 8 32
     python benchmarks/memory.py --models resnet18 --corpus --batch 8 --rounds 3
+    python benchmarks/memory.py --hierarchy cpu                  # preset bandwidths, not measured
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from _report import geomean, write_table  # noqa: E402
 
 from opsched import from_torch  # noqa: E402
 from opsched.cost import AnalyticCostModel, host_cpu_spec  # noqa: E402
-from opsched.cost.hierarchy import host_hierarchy  # noqa: E402
+from opsched.cost.hierarchy import hierarchy  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
@@ -54,10 +57,10 @@ DEFAULT_MODELS = ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "res
 DEFAULT_CORPUS = ["resnet", "regnet", "mobilenet_v2", "convnext"]
 
 
-def ablation(graph, cores: int) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
-    """Simulated DRAM bytes and latency of the paper's ablation steps."""
-    h = host_hierarchy()
-    grouped, _ = graphturbo_groups(graph, GraphTurboOptions(max_lanes=cores), "cpu")
+def ablation(graph, preset: str) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Simulated DRAM bytes and latency of the paper's ablation steps under the hierarchy ``preset``."""
+    grouped, h = graphturbo_groups(graph, GraphTurboOptions(hierarchy=preset), "cpu")
+    cores = h.cores
     steps = {
         "layer by layer": ([Group((n.name,)) for n in graph.nodes], breadth_first),
         "+ grouping": ([Group(g.nodes) for g in grouped], breadth_first),
@@ -98,16 +101,16 @@ def corpus_model(name: str, batch: int, size: int) -> tuple[torch.nn.Module, tup
     return model, inputs, proto.SerializeToString()
 
 
-def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onnx_bytes: bytes, rounds: int,
-        block: int) -> tuple[list[object], dict[str, object]]:
+def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onnx_bytes: bytes, preset: str,
+        rounds: int, block: int) -> tuple[list[object], dict[str, object]]:
     batch = inputs[0].shape[0]
     session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
     graph = from_torch(model, inputs)
     cost = AnalyticCostModel(host_cpu_spec())
-    cores = host_hierarchy().cores
+    h = hierarchy(preset)  # the measured one is measured once per process
     plans = {"unsplit": schedule(graph, "sequential", cost),
-             "split": schedule(graph, "graphturbo", cost, max_lanes=cores),
-             "split 1 lane": schedule(graph, "graphturbo", cost, max_lanes=1)}
+             "split": schedule(graph, "graphturbo", cost, max_lanes=h.cores, hierarchy=preset),
+             "split 1 lane": schedule(graph, "graphturbo", cost, max_lanes=1, hierarchy=preset)}
     modules = {k: ScheduledModule(graph, s, backend="ort") for k, s in plans.items()}
     feeds = {session.get_inputs()[0].name: inputs[0].numpy()}
     calls = {"ORT session": lambda: session.run(None, feeds),
@@ -123,8 +126,8 @@ def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onn
     ratios = {"split vs ORT": ratio("ORT session", best_split),
               "split vs unsplit": ratio("opsched unsplit", best_split)}
     activations = sum(n.out.nbytes for n in graph.nodes)
-    llc = host_hierarchy().levels[-2].capacity or 0
-    steps = ablation(graph, cores)
+    llc = h.levels[-2].capacity or 0
+    steps = ablation(graph, preset)
     split = plans["split"]
     record = {"model": name, "batch": batch, "median_ms": med, "ratios": ratios, "activations_mib": activations / MIB,
               "llc_mib": llc / MIB, "exceeds_llc": activations > llc, "split_stats": dict(split.stats),
@@ -150,15 +153,18 @@ def main() -> None:
     p.add_argument("--batch", nargs="*", type=int, default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--block", type=int, default=2)
+    p.add_argument("--hierarchy", default="cpu-measured", help="the hierarchy preset plans are made and simulated for")
     args = p.parse_args()
     torch.set_grad_enabled(False)
+    h = hierarchy(args.hierarchy)
+    print(h, flush=True)
     rows, records = [], []
     for batch in args.batch:
         models = [(name, lambda n=name, b=batch: zoo_model(n, b)) for name in args.models]
         models += [(f"{name} (corpus)", lambda n=name, b=batch: corpus_model(n, b, args.image_size))
                    for name in args.corpus]
         for name, make in models:
-            row, record = run(name, *make(), args.rounds, args.block)
+            row, record = run(name, *make(), args.hierarchy, args.rounds, args.block)
             rows.append(row)
             records.append(record)
             print(" | ".join(map(str, row)), flush=True)
@@ -173,8 +179,9 @@ def main() -> None:
              "Latency medians (interleaved) of ONNX Runtime's own session, opsched's unsplit plan and the "
              "graphturbo split plan (every core's lane, and one lane), all on ONNX Runtime kernels; ratios are "
              "medians of per-round ratios against the faster split plan. Simulated figures come from "
-             "`opsched.schedulers.memory.traffic` under this machine's hierarchy (layer by layer / split and "
-             "depth-first); the profile is ORT's own, of the split plan. The ablation per model is in the JSON. "
+             "`opsched.schedulers.memory.traffic` (layer by layer / split and depth-first) under this machine's "
+             f"hierarchy, which the split plans are made for: {h}. The profile is ORT's own, of the split plan. "
+             "The ablation per model is in the JSON. "
              "Models marked (corpus) are Hugging Face definitions from `opsched.testing.corpus` on "
              f"{args.image_size}-pixel images, their ORT session from their `torch.onnx.export` (dynamo)."]
     write_table("memory", intro, headers, rows, geo, {"results": records})

@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 
 import opsched
 from opsched import from_torch
+from opsched.api import measured_cost
 from opsched.backends.ort import JOIN_IN_PLACE
-from opsched.cost import AnalyticCostModel, host_cpu_spec
+from opsched.cost import AnalyticCostModel, ProfileStore, host_cpu_spec
+from opsched.cost import hierarchy as hierarchy_module
+from opsched.cost.bandwidth import copy_gbps
 from opsched.cost.hierarchy import (
     MIB,
     Hierarchy,
@@ -24,6 +27,8 @@ from opsched.cost.hierarchy import (
     hierarchy_for,
     hierarchy_names,
     host_hierarchy,
+    measured_host_hierarchy,
+    probe_sizes,
     read_cpu_caches,
     register_hierarchy,
 )
@@ -85,18 +90,67 @@ if SMALL_GPU not in hierarchy_names():
 
 
 # --- the hierarchy --------------------------------------------------------------------------
-def test_cpu_preset_reads_sysfs(tmp_path):
+def _sysfs(root):  # type: ignore[no-untyped-def]
+    """A CPU's cache directory: 48 KiB L1d (and an L1i), 2 MiB L2 per core, 32 MiB L3 for 4 cores."""
     for k, (level, kind, size, shared) in enumerate([(1, "Data", "48K", "0"), (1, "Instruction", "64K", "0"),
                                                      (2, "Unified", "2048K", "0"), (3, "Unified", "32M", "0-3")]):
-        d = tmp_path / f"index{k}"
+        d = root / f"index{k}"
         d.mkdir()
         for f, v in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
             (d / f).write_text(f"{v}\n")
+    return root
+
+
+def test_cpu_preset_reads_sysfs(tmp_path):
+    _sysfs(tmp_path)
     assert read_cpu_caches(tmp_path) == [(1, 48 * 1024, 1), (2, 2 * 2**20, 1), (3, 32 * 2**20, 4)]
     h = host_hierarchy(tmp_path)
     assert [lv.name for lv in h.levels] == ["L1", "L2", "L3", "DRAM"]
     assert h.fit == "L2" and h.fit_bytes == 2 * 2**20 and h.level("L3").shared_by == 4
     assert host_hierarchy(tmp_path / "missing").fit_bytes == 2 * 2**20  # the common server core
+
+
+def test_copy_bandwidth_is_a_measurement_or_nothing():
+    gbps = copy_gbps(8 * MIB)  # 4 MiB read, 4 MiB written: far above the call's own cost on any machine
+    assert gbps is not None and 0.1 < gbps < 10_000
+    assert copy_gbps(64) is None  # a copy of nothing is all call: no figure, rather than noise
+
+
+def test_measured_hierarchy_probes_each_level_once_per_store(tmp_path, monkeypatch):
+    (tmp_path / "cache").mkdir()
+    root = _sysfs(tmp_path / "cache")
+    preset = host_hierarchy(root)
+    sizes = probe_sizes(preset)
+    dram, cores = sizes["DRAM"]
+    assert sizes["L1"] == (24 * 1024, 1) and sizes["L2"] == (MIB, 1) and sizes["L3"] == (16 * MIB, 1)
+    assert cores == preset.cores and 64 * MIB <= dram <= 128 * MIB  # 4x the L3, unless memory is short
+    figures = {24 * 1024: 0.0, MIB: 90.0, 16 * MIB: 30.0, dram: 25.0}  # GB/s; 0: not measurable (the L1)
+    probed = []
+
+    def probe(nbytes: int, threads: int) -> float:
+        probed.append((nbytes, threads))
+        return figures[nbytes]
+    monkeypatch.setattr(hierarchy_module, "_probe", probe)
+    with ProfileStore(tmp_path / "store") as store:
+        h = measured_host_hierarchy(measured_cost(store=store), root)
+        assert sorted(probed) == sorted(sizes.values())
+        again = measured_host_hierarchy(measured_cost(store=store), root)  # a new model, the same store
+    assert len(probed) == len(sizes) and again == h
+    by = {lv.name: lv for lv in h.levels}
+    assert by["L1"] == preset.level("L1")  # kept: the preset's figure, not measured
+    assert (by["L2"].bandwidth_gbps, by["L2"].measured_at) == (90.0, MIB)
+    assert by["L3"].bandwidth_gbps == 30.0 * 4  # one core's figure, times the cores that share the L3
+    assert by["DRAM"].bandwidth_gbps == 25.0    # every core copying: the whole DRAM's figure
+    assert h.name.endswith("-measured") and "measured, 1 MiB copies" in str(h)
+
+
+def test_graphturbo_measures_the_hierarchy_with_a_measured_cost_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(hierarchy_module, "_probe", lambda nbytes, threads: 10.0)
+    model, inputs, g = _zoo_graph("squeezenet1_1", 2)
+    with ProfileStore(tmp_path) as store:
+        measured = schedule(g, "graphturbo", measured_cost(store=store))
+    assert measured.stats["hierarchy"].endswith("-measured")
+    assert schedule(g, "graphturbo", CPU).stats["hierarchy"] == host_hierarchy().name  # analytic: the preset
 
 
 def test_gpu_presets_and_lookup():

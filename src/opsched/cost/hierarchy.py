@@ -3,26 +3,34 @@ shared last-level cache, DRAM or HBM), their capacities and bandwidths.
 
 What the memory-aware scheduler (:mod:`opsched.schedulers.memory`) splits sub-graphs to fit and
 what its traffic simulator charges bytes to. The CPU preset reads this machine's caches from
-``/sys/devices/system/cpu/cpu0/cache`` (sizes and which cores share each); bandwidths are
-typical figures for a server core, not measured. GPU presets are vendor figures (shared memory
-per SM, L2, HBM). A GPU runs an instance's kernels on all of its SMs, so its instances fit L2
-and run one after another on one lane; a CPU runs an instance on one core, so its instances fit
-a core's L2 and run on several lanes at once.
+``/sys/devices/system/cpu/cpu0/cache`` (sizes and which cores share each), with bandwidths
+that are typical figures for a server core; ``cpu-measured`` (and a measured cost model's
+hierarchy, :func:`hierarchy_for`) measures them instead, by copying a working set sized for each
+level (:mod:`opsched.cost.bandwidth`), once per machine where a profile store keeps them. GPU
+presets are vendor figures (shared memory per SM, L2, HBM). A GPU runs an instance's kernels
+on all of its SMs, so its instances fit L2 and run one after another on one lane; a CPU runs an
+instance on one core, so its instances fit a core's L2 and run on several lanes at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from opsched.cost.bandwidth import copy_gbps
 from opsched.cost.devices import DEVICES, DeviceSpec, gpu_spec_named_in, host_cpu_spec
 from opsched.errors import CostModelError
 
+if TYPE_CHECKING:
+    from opsched.cost.measured import Calibrations
+
 __all__ = ["MemoryLevel", "Hierarchy", "register_hierarchy", "hierarchy", "hierarchy_names", "hierarchy_for",
-           "host_hierarchy", "read_cpu_caches"]
+           "host_hierarchy", "measured_host_hierarchy", "probe_sizes", "read_cpu_caches"]
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -33,13 +41,16 @@ class MemoryLevel:
     """One level: ``capacity`` bytes per instance of it (``None``: unbounded, the DRAM), each
     instance shared by ``shared_by`` cores and moving ``bandwidth_gbps`` GB/s. ``persists``:
     data stays in it from one kernel to the next (a cache does; a GPU's shared memory, which a
-    kernel fills and leaves, does not, so the traffic simulator passes over it)."""
+    kernel fills and leaves, does not, so the traffic simulator passes over it).
+    ``measured_at``: the working set (bytes) whose copies measured ``bandwidth_gbps`` on this
+    machine; None where the figure is a preset's."""
 
     name: str
     capacity: int | None
     bandwidth_gbps: float
     shared_by: int = 1
     persists: bool = True
+    measured_at: int | None = None
 
     def __post_init__(self) -> None:
         if self.capacity is not None and self.capacity <= 0:
@@ -50,7 +61,8 @@ class MemoryLevel:
     def __str__(self) -> str:
         size = "unbounded" if self.capacity is None else _size(self.capacity)
         share = "per core" if self.shared_by == 1 else f"shared by {self.shared_by}"
-        return f"{self.name} {size} {share}, {self.bandwidth_gbps:g} GB/s"
+        source = "" if self.measured_at is None else f" (measured, {_size(self.measured_at)} copies)"
+        return f"{self.name} {size} {share}, {self.bandwidth_gbps:.4g} GB/s{source}"
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,58 @@ def host_hierarchy(root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/
     return Hierarchy(f"cpu{cores}", cores, tuple(levels), fit, host_cpu_spec())
 
 
+#: The largest working set the bandwidth probe copies (source and destination together).
+_PROBE_MAX = 1024 * MIB
+
+
+def probe_sizes(h: Hierarchy) -> dict[str, tuple[int, int]]:
+    """Per level of ``h``, the working set (bytes) and the threads that measure its bandwidth:
+    for a cache, half its capacity but at least twice the level above's, copied on one core (a
+    cache's figure is per core, times the cores that share it, as the presets' are); for the
+    DRAM, four times the last cache's capacity (at most 1 GiB, or an eighth of the machine's
+    memory) copied on every core."""
+    sizes, above = {}, 0
+    for lv in h.levels[:-1]:
+        assert lv.capacity is not None  # only the last level is unbounded (checked by Hierarchy)
+        sizes[lv.name] = (max(lv.capacity // 2, 2 * above), 1)
+        above = lv.capacity
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        memory = 8 * _PROBE_MAX
+    sizes[h.dram.name] = (max(min(4 * above, _PROBE_MAX, memory // 8), 2 * above), h.cores)
+    return sizes
+
+
+@functools.cache
+def _probe(nbytes: int, threads: int) -> float:
+    return copy_gbps(nbytes, threads) or 0.0
+
+
+def measured_host_hierarchy(calibrations: Calibrations | None = None,
+                            root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> Hierarchy:
+    """This CPU (:func:`host_hierarchy`) with every level's bandwidth measured where a copy can
+    measure it (:func:`probe_sizes`, :func:`opsched.cost.bandwidth.copy_gbps`); a level whose copy
+    is mostly the call's own cost (the L1, typically) keeps the typical figure. With
+    ``calibrations`` (a measured cost model) each figure comes from its profile store, measured
+    the first time; without, once per process."""
+    h = host_hierarchy(root)
+    sizes = probe_sizes(h)
+    levels = []
+    for lv in h.levels:
+        nbytes, threads = sizes[lv.name]
+        if calibrations is None:
+            gbps = _probe(nbytes, threads)
+        else:
+            gbps = calibrations.remember(f"bandwidth/{lv.name}/{nbytes}B/{threads}t",
+                                         functools.partial(_probe, nbytes, threads))
+        if gbps > 0:  # 0: not measurable, the preset stays
+            total = gbps * lv.shared_by if threads == 1 else gbps
+            lv = dataclasses.replace(lv, bandwidth_gbps=total, measured_at=nbytes)
+        levels.append(lv)
+    return dataclasses.replace(h, name=f"{h.name}-measured", levels=tuple(levels))
+
+
 def _gpu(name: str, sms: int, smem_kib: int, l2_mib: int, l2_gbps: float, hbm_gbps: float) -> Callable[[], Hierarchy]:
     def make() -> Hierarchy:
         levels = (MemoryLevel("SMEM", smem_kib * KIB, 128.0 * 1.5, 1, persists=False),  # ~128 B/clk/SM, ~1.5 GHz
@@ -170,6 +234,7 @@ def _gpu(name: str, sms: int, smem_kib: int, l2_mib: int, l2_gbps: float, hbm_gb
 
 _PRESETS: dict[str, Callable[[], Hierarchy]] = {
     "cpu": host_hierarchy,
+    "cpu-measured": measured_host_hierarchy,
     # shared memory per SM, L2, L2 and HBM bandwidths: vendor whitepapers
     "H100": _gpu("H100", 132, 228, 50, 12_000, 3_350),
     "H200": _gpu("H200", 132, 228, 50, 12_000, 4_800),
@@ -190,7 +255,8 @@ def hierarchy_names() -> list[str]:
 
 
 def hierarchy(name: str) -> Hierarchy:
-    """The preset ``name`` (case-insensitive): ``cpu`` (this machine), ``H100``, ``H200``, ``A100``,
+    """The preset ``name`` (case-insensitive): ``cpu`` (this machine), ``cpu-measured`` (its
+    bandwidths measured), ``H100``, ``H200``, ``A100``,
     ``V100``, or one registered."""
     for key, make in _PRESETS.items():
         if key.lower() == name.lower():
@@ -198,14 +264,14 @@ def hierarchy(name: str) -> Hierarchy:
     raise CostModelError(f"no memory hierarchy {name!r}; presets: {', '.join(_PRESETS)}")
 
 
-def hierarchy_for(device: str, cores: int | None = None) -> Hierarchy:
+def hierarchy_for(device: str, cores: int | None = None, calibrations: Calibrations | None = None) -> Hierarchy:
     """The hierarchy of a cost model's device string: the GPU preset named in it ("NVIDIA H100
     80GB HBM3" -> H100, an unknown GPU's "cuda..." -> H100), else this CPU, with ``cores`` where
-    given."""
+    given, and its bandwidths measured where ``calibrations`` (a measured cost model) are given."""
     spec = gpu_spec_named_in(device)
     if spec is not None and spec.name in _PRESETS:
         return hierarchy(spec.name)
     if "cuda" in device.lower() or spec is not None:
         return hierarchy("H100")
-    made = host_hierarchy()
+    made = host_hierarchy() if calibrations is None else measured_host_hierarchy(calibrations)
     return made if cores is None else dataclasses.replace(made, cores=cores)

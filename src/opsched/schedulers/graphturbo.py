@@ -19,8 +19,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from opsched.cost import CostModel
+from opsched.cost import CostModel, MeasuredCostModel
 from opsched.cost.hierarchy import Hierarchy, hierarchy, hierarchy_for
+from opsched.cost.measured import Calibrations
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule import Schedule
@@ -34,7 +35,8 @@ ORDERS = ("depth-first", "breadth-first")
 
 @dataclass(frozen=True)
 class GraphTurboOptions:
-    hierarchy: str = option("", "memory hierarchy preset (cpu, H100, H200, A100, V100); '': the cost model's device")
+    hierarchy: str = option("", "memory hierarchy preset (cpu, cpu-measured, H100, H200, A100, V100); '': the cost "
+                                "model's device, its CPU bandwidths measured where the cost model measures")
     max_lanes: int | None = option(None, "cores to bind instances to, one lane each; None: the hierarchy's cores")
     order: str = option("depth-first", "instance order: depth-first (GraphTurbo) or breadth-first (layer by layer)")
     grouping: bool = option(True, "merge nodes into sub-graphs (off: every node its own sub-graph)")
@@ -48,9 +50,11 @@ class GraphTurboOptions:
             raise ScheduleError(f"option order of scheduler 'graphturbo' must be one of {ORDERS}, got {self.order!r}")
 
 
-def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str) -> tuple[list[Group], Hierarchy]:
-    """The sub-graphs with their factors, and the hierarchy they were made for."""
-    h = hierarchy(options.hierarchy) if options.hierarchy else hierarchy_for(device)
+def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str,
+                      calibrations: Calibrations | None = None) -> tuple[list[Group], Hierarchy]:
+    """The sub-graphs with their factors, and the hierarchy they were made for (``device``'s,
+    measured through ``calibrations`` where given, unless the options name one)."""
+    h = hierarchy(options.hierarchy) if options.hierarchy else hierarchy_for(device, calibrations=calibrations)
     if options.max_lanes is not None:
         h = dataclasses.replace(h, cores=options.max_lanes)
     found = group_nodes(graph, h, max_factor=options.max_factor, max_rounds=64 if options.grouping else 0)
@@ -59,7 +63,8 @@ def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str) -> 
 
 
 def _graphturbo(graph: Graph, cost: CostModel, options: GraphTurboOptions, progress: Progress | None) -> Schedule:
-    groups, h = graphturbo_groups(graph, options, cost.device)
+    calibrations = cost if isinstance(cost, MeasuredCostModel) else None
+    groups, h = graphturbo_groups(graph, options, cost.device, calibrations)
     dag = instance_dag(graph, groups)
     order = (depth_first if options.order == "depth-first" else breadth_first)(dag.preds)
     binding = bind(dag, order, h.cores)
