@@ -62,10 +62,11 @@ def scheduler_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def reference(markdown: bool = False) -> str:
-    """Every scheduler with its options (type, default, device default, meaning), every backend and
-    every analytic device preset, as text or as the Markdown of ``docs/options.md``."""
+    """Every scheduler with its options (type, default, device default, meaning), every backend,
+    every analytic device preset and memory hierarchy preset, as text or as the Markdown of ``docs/options.md``."""
     from opsched.backends import backend_names, get_backend
     from opsched.cost import DEVICES
+    from opsched.cost.hierarchy import BUILTIN, HOST_PRESETS, hierarchy
     from opsched.schedulers import scheduler_names, spec
 
     lines = ["# Options", "",
@@ -98,6 +99,11 @@ def reference(markdown: bool = False) -> str:
               "|---|---|---:|---:|---:|"]
     for name, d in DEVICES.items():
         lines.append(f"| `{name}` | {d.kind} | {d.peak_gflops:,.0f} | {d.mem_gbps:,.0f} | {d.slots} |")
+    lines += ["", "## Memory hierarchy presets", "", "The levels `graphturbo` fits instances to and its simulator "
+              "charges bytes to: `hierarchy=NAME`, `opsched.cost.hierarchy.hierarchy(NAME)`.", "",
+              "| preset | levels, fastest first |", "|---|---|"]
+    for name in BUILTIN:
+        lines.append(f"| `{name}` | {HOST_PRESETS.get(name) or '; '.join(map(str, hierarchy(name).levels))} |")
     text = "\n".join(lines) + "\n"
     if markdown:
         return text

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from opsched.cost.measured import Calibrations
 
 __all__ = ["MemoryLevel", "Hierarchy", "register_hierarchy", "hierarchy", "hierarchy_names", "hierarchy_for",
-           "host_hierarchy", "measured_host_hierarchy", "probe_sizes", "read_cpu_caches"]
+           "host_hierarchy", "measured_host_hierarchy", "probe_sizes", "read_cpu_caches", "BUILTIN", "HOST_PRESETS"]
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -60,9 +60,10 @@ class MemoryLevel:
 
     def __str__(self) -> str:
         size = "unbounded" if self.capacity is None else _size(self.capacity)
-        share = "per core" if self.shared_by == 1 else f"shared by {self.shared_by}"
+        share = "unshared" if self.shared_by == 1 else f"shared by {self.shared_by}"
         source = "" if self.measured_at is None else f" (measured, {_size(self.measured_at)} copies)"
-        return f"{self.name} {size} {share}, {self.bandwidth_gbps:.4g} GB/s{source}"
+        gbps = f"{self.bandwidth_gbps:,.0f}" if self.bandwidth_gbps >= 100 else f"{self.bandwidth_gbps:.3g}"
+        return f"{self.name} {size} {share}, {gbps} GB/s{source}"
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,16 @@ _PRESETS: dict[str, Callable[[], Hierarchy]] = {
     "H200": _gpu("H200", 132, 228, 50, 12_000, 4_800),
     "A100": _gpu("A100", 108, 164, 40, 7_000, 1_555),
     "V100": _gpu("V100", 80, 96, 6, 2_500, 900),
+}
+
+
+#: The presets opsched ships (others are registered by users and tests), and what the
+#: machine-dependent ones are, for the options reference.
+BUILTIN = tuple(_PRESETS)
+HOST_PRESETS = {
+    "cpu": "this machine: its caches from sysfs, typical bandwidths of a server core",
+    "cpu-measured": "this machine: its caches from sysfs, bandwidths measured by timed copies "
+                    "(a few seconds, once per profile store); what a measured cost model's graphturbo uses",
 }
 
 
