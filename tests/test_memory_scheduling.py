@@ -114,6 +114,7 @@ def test_copy_bandwidth_is_a_measurement_or_nothing():
     gbps = copy_gbps(8 * MIB)  # 4 MiB read, 4 MiB written: far above the call's own cost on any machine
     assert gbps is not None and 0.1 < gbps < 10_000
     assert copy_gbps(64) is None  # a copy of nothing is all call: no figure, rather than noise
+    assert copy_gbps(2**62) is None  # buffers no machine has: no figure, and no crash
 
 
 def test_measured_hierarchy_probes_each_level_once_per_store(tmp_path, monkeypatch):

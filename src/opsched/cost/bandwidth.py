@@ -14,11 +14,14 @@ business; this module only times copies.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["copy_gbps", "copy_seconds"]
 
@@ -65,9 +68,16 @@ def copy_seconds(nbytes: int, threads: int = 1) -> float:
 
 def copy_gbps(nbytes: int, threads: int = 1) -> float | None:
     """GB/s a working set of ``nbytes`` moves at (bytes read and written over the copy's time
-    beyond a near-empty copy's); None where that time is too small against the call's own."""
+    beyond a near-empty copy's); None where that time is too small against the call's own, or
+    where the buffers cannot be had (a machine short of memory keeps the typical figure)."""
+    log.info("measuring memory bandwidth: copies of a %.3g MiB working set on %d thread(s)", nbytes / 2**20, threads)
     empty = copy_seconds(64, threads)
-    spent = copy_seconds(nbytes, threads)
+    try:
+        spent = copy_seconds(nbytes, threads)
+    except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError
+        log.warning("cannot measure the bandwidth of a %.3g MiB working set (%s); keeping the typical figure",
+                    nbytes / 2**20, e)
+        return None
     if spent < SIGNAL * empty:
         return None
     return nbytes / (spent - empty) / 1e9
