@@ -33,6 +33,10 @@ BLOCKS = 5
 SIGNAL = 10.0
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KiB"
+
+
 @contextmanager
 def _threads(n: int) -> Iterator[None]:
     before = torch.get_num_threads()
@@ -70,13 +74,13 @@ def copy_gbps(nbytes: int, threads: int = 1) -> float | None:
     """GB/s a working set of ``nbytes`` moves at (bytes read and written over the copy's time
     beyond a near-empty copy's); None where that time is too small against the call's own, or
     where the buffers cannot be had (a machine short of memory keeps the typical figure)."""
-    log.info("measuring memory bandwidth: copies of a %.3g MiB working set on %d thread(s)", nbytes / 2**20, threads)
+    log.info("measuring memory bandwidth: copies of a %s working set on %d thread(s)", _size(nbytes), threads)
     empty = copy_seconds(64, threads)
     try:
         spent = copy_seconds(nbytes, threads)
     except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError
-        log.warning("cannot measure the bandwidth of a %.3g MiB working set (%s); keeping the typical figure",
-                    nbytes / 2**20, e)
+        log.warning("cannot measure the bandwidth of a %s working set (%s); keeping the typical figure",
+                    _size(nbytes), e)
         return None
     if spent < SIGNAL * empty:
         return None
