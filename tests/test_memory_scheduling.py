@@ -132,9 +132,13 @@ def test_measured_hierarchy_probes_each_level_once_per_store(tmp_path, monkeypat
         probed.append((nbytes, threads))
         return figures[nbytes]
     monkeypatch.setattr(hierarchy_module, "_probe", probe)
+    heard = []
     with ProfileStore(tmp_path / "store") as store:
-        h = measured_host_hierarchy(measured_cost(store=store), root)
+        h = measured_host_hierarchy(measured_cost(store=store), root,
+                                    progress=lambda done, total, text: heard.append((done, total, text)))
         assert sorted(probed) == sorted(sizes.values())
+        assert heard == [(0, 4, "L1 bandwidth"), (1, 4, "L2 bandwidth"), (2, 4, "L3 bandwidth"),
+                         (3, 4, "DRAM bandwidth"), (4, 4, "memory bandwidths")]
         again = measured_host_hierarchy(measured_cost(store=store), root)  # a new model, the same store
     assert len(probed) == len(sizes) and again == h
     by = {lv.name: lv for lv in h.levels}

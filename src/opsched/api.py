@@ -249,7 +249,7 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         if checked and graph_batch(graph) > 1 and "graphturbo" not in made:
             # at a batch, the cache-fitting split plan races too: kept only where it runs faster
             defaults = scheduler_options(["graphturbo"], dev.type, {})["graphturbo"]
-            split = schedule(graph, "graphturbo", cost_model, defaults)
+            split = schedule(graph, "graphturbo", cost_model, defaults, progress=progress("searching graphturbo"))
             if split.splits:
                 made["graphturbo"] = split
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,

@@ -28,6 +28,7 @@ from opsched.errors import CostModelError
 
 if TYPE_CHECKING:
     from opsched.cost.measured import Calibrations
+    from opsched.progress import Progress
 
 __all__ = ["MemoryLevel", "Hierarchy", "register_hierarchy", "hierarchy", "hierarchy_names", "hierarchy_for",
            "host_hierarchy", "measured_host_hierarchy", "probe_sizes", "read_cpu_caches", "BUILTIN", "HOST_PRESETS"]
@@ -201,17 +202,21 @@ def _probe(nbytes: int, threads: int) -> float:
 
 
 def measured_host_hierarchy(calibrations: Calibrations | None = None,
-                            root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> Hierarchy:
+                            root: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache",
+                            progress: Progress | None = None) -> Hierarchy:
     """This CPU (:func:`host_hierarchy`) with every level's bandwidth measured where a copy can
     measure it (:func:`probe_sizes`, :func:`opsched.cost.bandwidth.copy_gbps`); a level whose copy
     is mostly the call's own cost (the L1, typically) keeps the typical figure. With
     ``calibrations`` (a measured cost model) each figure comes from its profile store, measured
-    the first time; without, once per process."""
+    the first time; without, once per process. ``progress`` hears of each level (the first
+    measurement takes seconds)."""
     h = host_hierarchy(root)
     sizes = probe_sizes(h)
     levels = []
-    for lv in h.levels:
+    for k, lv in enumerate(h.levels):
         nbytes, threads = sizes[lv.name]
+        if progress:
+            progress(k, len(h.levels), f"{lv.name} bandwidth")
         if calibrations is None:
             gbps = _probe(nbytes, threads)
         else:
@@ -221,6 +226,8 @@ def measured_host_hierarchy(calibrations: Calibrations | None = None,
             total = gbps * lv.shared_by if threads == 1 else gbps
             lv = dataclasses.replace(lv, bandwidth_gbps=total, measured_at=nbytes)
         levels.append(lv)
+    if progress:
+        progress(len(h.levels), len(h.levels), "memory bandwidths")
     return dataclasses.replace(h, name=f"{h.name}-measured", levels=tuple(levels))
 
 
@@ -275,14 +282,16 @@ def hierarchy(name: str) -> Hierarchy:
     raise CostModelError(f"no memory hierarchy {name!r}; presets: {', '.join(_PRESETS)}")
 
 
-def hierarchy_for(device: str, cores: int | None = None, calibrations: Calibrations | None = None) -> Hierarchy:
+def hierarchy_for(device: str, cores: int | None = None, calibrations: Calibrations | None = None,
+                  progress: Progress | None = None) -> Hierarchy:
     """The hierarchy of a cost model's device string: the GPU preset named in it ("NVIDIA H100
     80GB HBM3" -> H100, an unknown GPU's "cuda..." -> H100), else this CPU, with ``cores`` where
-    given, and its bandwidths measured where ``calibrations`` (a measured cost model) are given."""
+    given, and its bandwidths measured where ``calibrations`` (a measured cost model) are given
+    (``progress`` hears of that)."""
     spec = gpu_spec_named_in(device)
     if spec is not None and spec.name in _PRESETS:
         return hierarchy(spec.name)
     if "cuda" in device.lower() or spec is not None:
         return hierarchy("H100")
-    made = host_hierarchy() if calibrations is None else measured_host_hierarchy(calibrations)
+    made = host_hierarchy() if calibrations is None else measured_host_hierarchy(calibrations, progress=progress)
     return made if cores is None else dataclasses.replace(made, cores=cores)

@@ -51,10 +51,12 @@ class GraphTurboOptions:
 
 
 def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str,
-                      calibrations: Calibrations | None = None) -> tuple[list[Group], Hierarchy]:
+                      calibrations: Calibrations | None = None,
+                      progress: Progress | None = None) -> tuple[list[Group], Hierarchy]:
     """The sub-graphs with their factors, and the hierarchy they were made for (``device``'s,
     measured through ``calibrations`` where given, unless the options name one)."""
-    h = hierarchy(options.hierarchy) if options.hierarchy else hierarchy_for(device, calibrations=calibrations)
+    h = (hierarchy(options.hierarchy) if options.hierarchy
+         else hierarchy_for(device, calibrations=calibrations, progress=progress))
     if options.max_lanes is not None:
         h = dataclasses.replace(h, cores=options.max_lanes)
     found = group_nodes(graph, h, max_factor=options.max_factor, max_rounds=64 if options.grouping else 0)
@@ -64,7 +66,7 @@ def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str,
 
 def _graphturbo(graph: Graph, cost: CostModel, options: GraphTurboOptions, progress: Progress | None) -> Schedule:
     calibrations = cost if isinstance(cost, MeasuredCostModel) else None
-    groups, h = graphturbo_groups(graph, options, cost.device, calibrations)
+    groups, h = graphturbo_groups(graph, options, cost.device, calibrations, progress)
     dag = instance_dag(graph, groups)
     order = (depth_first if options.order == "depth-first" else breadth_first)(dag.preds)
     binding = bind(dag, order, h.cores)
