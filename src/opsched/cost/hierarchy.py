@@ -274,8 +274,7 @@ def hierarchy_names() -> list[str]:
 
 def hierarchy(name: str) -> Hierarchy:
     """The preset ``name`` (case-insensitive): ``cpu`` (this machine), ``cpu-measured`` (its
-    bandwidths measured), ``H100``, ``H200``, ``A100``,
-    ``V100``, or one registered."""
+    bandwidths measured), ``H100``, ``H200``, ``A100``, ``V100``, or one registered."""
     for key, make in _PRESETS.items():
         if key.lower() == name.lower():
             return make()
