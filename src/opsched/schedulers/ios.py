@@ -161,7 +161,7 @@ def ios_stages(graph: Graph, cost: CostModel, *, max_group_size: int = 3, max_la
                 stats.parts_over_memory += 1
                 log.warning("no schedule of part %d of %d keeps its live activations within memory_budget=%d bytes; "
                             "it runs one unit at a time", k, len(parts), memory_budget)
-                stages += [Stage((ug.units[u],)) for u in part]
+                stages += _one_at_a_time(ug, part)
                 continue
         if solution is None:
             stats.parts_fallback += 1
@@ -197,11 +197,17 @@ register(SchedulerSpec("ios", _ios, IosOptions, "the IOS dynamic program over st
                        _defaults, summarize))
 
 
+def _one_at_a_time(ug: UnitGraph, part: list[int]) -> list[Stage]:
+    """A part's units in order, one stage each: what a part runs when nothing better is found
+    or fits."""
+    return [Stage((ug.units[u],)) for u in part]
+
+
 def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: int,
               memory: PartMemory | None) -> list[Stage]:
     """The cheaper of the greedy wavefront and the sequential order of a part; under a memory
     budget, the greedy wavefront only if every stage of it keeps within the budget."""
-    sequential = [Stage((ug.units[u],)) for u in part]
+    sequential = _one_at_a_time(ug, part)
     waves = wavefront(part, ug, max_lanes)
     local = {u: i for i, u in enumerate(part)}
     if memory is not None and not memory.admits([[local[u] for u in st] for st in waves]):
