@@ -15,6 +15,7 @@ import opsched
 from opsched.api import host_cpu_model
 from opsched.backends import Backend, CpuBackend, Executor, backend_names, base, get_backend, register_backend
 from opsched.backends.lanes import LaneExecutor
+from opsched.backends.ort_export import exportable
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, registered_ops
@@ -153,4 +154,46 @@ def test_adaptive_pooling_to_any_size_runs_in_an_ort_session(hw: tuple[int, int]
     assert_close(executor(inputs), opsched.run_graph(g, inputs))
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1  # nothing left the session
     assert "run with torch" not in executor.describe()
+    executor.close()
+
+
+class _PositionIds(torch.nn.Module):
+    """RoBERTa's position ids from token ids: a cast as ``torch.export`` decomposes it (``_to_copy``,
+    which torch.onnx cannot export) and an int32 ``cumsum`` (which ATen promotes to int64 and
+    torch.onnx exports as int32)."""
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = torch.ops.aten._to_copy.default(ids.ne(1), dtype=torch.int32)
+        counts = torch.cumsum(mask, dim=1)
+        return counts.type_as(mask) * mask + 1, counts
+
+
+def test_casts_and_type_promoting_ops_stay_in_an_ort_session() -> None:
+    ids = torch.tensor([[0, 1, 4, 1, 2, 3, 1]])
+    g = opsched.from_torch(_PositionIds(), ids)
+    assert {"aten::_to_copy.default", "aten::cumsum.default"} <= {n.attrs.get("target") for n in g.nodes}
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    positions, counts = executor([ids])
+    assert positions.dtype == torch.int32 and counts.dtype == torch.int64
+    assert all(torch.equal(a, b) for a, b in zip((positions, counts), _PositionIds()(ids)))
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1
+    assert "run with torch" not in executor.describe()
+    executor.close()
+
+
+def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    class Bessel(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.special.bessel_j0(x.relu()) + 1
+
+    x = torch.randn(2, 8)
+    g = opsched.from_torch(Bessel(), x)
+    bessel = next(n for n in g.nodes if n.attrs.get("target") == "aten::special_bessel_j0.default")
+    capfd.readouterr()
+    assert not exportable(g, bessel)
+    assert capfd.readouterr().out == ""  # torch.onnx's exporter would print the traced graph
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    assert_close(executor([x]), [Bessel()(x)])
+    assert "run with torch" in executor.describe()
     executor.close()

@@ -75,6 +75,9 @@ def corpus() -> dict[str, CorpusModel]:
     stages: dict[str, Any] = {"embedding_size": 16, "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1]}
     entries = [
         CorpusModel("bert", "BertModel", lambda: hf.BertModel(hf.BertConfig(hidden_size=64, **text)), tokens()),
+        # position ids from the token ids: a cast and an int32 cumsum that ATen promotes to int64
+        CorpusModel("roberta", "RobertaModel", lambda: hf.RobertaModel(hf.RobertaConfig(hidden_size=64, **text)),
+                    tokens()),
         CorpusModel("gpt2", "GPT2Model", lambda: hf.GPT2Model(hf.GPT2Config(
             vocab_size=100, n_embd=64, n_layer=2, n_head=4, use_cache=False)), tokens()),
         CorpusModel("vit", "ViTModel", lambda: hf.ViTModel(hf.ViTConfig(**vision)), image()),

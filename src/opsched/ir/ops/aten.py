@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -187,6 +187,8 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
 
     n_in = len(inputs)
     op = overload(target)
+    if not _has_symbolic(op._schema.name):
+        raise NotExportable(f"{target}: torch.onnx has no export for it at opset {OPSET}")
 
     def call(*tensors: torch.Tensor) -> Any:
         ins, ps = tensors[:n_in], tensors[n_in:]
@@ -215,11 +217,49 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
     return model
 
 
+def _cast(b: OnnxBuilder, node: Node) -> None:
+    """A copy to another dtype (``x.int()`` once decomposed): layout, device and memory format
+    do not change the values, so it is a Cast."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    if node.out.dtype not in ONNX_DTYPES:
+        raise NotExportable(f"{node.attrs['target']}: ONNX has no {node.out.dtype}")
+    b.add("Cast", [node.inputs[0]], node.name, to=ONNX_DTYPES[node.out.dtype])
+
+
+#: ONNX forms of overloads that torch.onnx cannot export on their own.
+_ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {"aten::_to_copy.default": _cast}
+
+
+@functools.cache
+def _has_symbolic(name: str) -> bool:
+    """Whether torch.onnx's TorchScript exporter has a symbolic for ``name`` (``aten::cumsum``).
+
+    Asked first because a failed export prints its whole traced graph to stdout: that exporter
+    turns its C++ log on for every export, and keeps it on. The registry is private: where it
+    moved, every call is tried."""
+    from opsched.ir.ops.onnx_builder import OPSET
+
+    try:
+        from torch.onnx._internal.torchscript_exporter.registration import registry
+    except ImportError:
+        return True
+    return bool(registry.is_registered_op(name, OPSET))
+
+
 def _export(b: OnnxBuilder, node: Node) -> None:
     """The call's exported nodes, spliced in: its inputs and parameters renamed to the
-    segment's values, its output to the node's, everything else fresh under the step's name."""
+    segment's values, its output to the node's, everything else fresh under the step's name.
+
+    Where the ONNX form gives another element type than the ATen op (torch.onnx exports
+    ``cumsum`` of int32 as an int32 CumSum, where ATen promotes to int64), a Cast to the op's
+    type follows, so the segment's declared types hold."""
     from onnx import helper, numpy_helper
 
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    if node.attrs["target"] in _ONNX_FORMS:
+        return _ONNX_FORMS[node.attrs["target"]](b, node)
     g = b.graph
     model = _exported(node.attrs["target"], node.attrs["args"], node.attrs["kwargs"], node.attrs.get("index"),
                       tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params))
@@ -229,8 +269,10 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     for init in model.graph.initializer:
         names[init.name] = b.init(numpy_helper.to_array(init), init.name)
     out = model.graph.output[0].name
+    exported_type, wanted_type = model.graph.output[0].type.tensor_type.elem_type, ONNX_DTYPES[node.out.dtype]
+    cast = exported_type not in (0, wanted_type)
     computed = {v for n in model.graph.node for v in n.output}
-    if out in computed:
+    if out in computed and not cast:
         names[out] = node.name
 
     def renamed(v: str) -> str:
@@ -243,7 +285,9 @@ def _export(b: OnnxBuilder, node: Node) -> None:
                                 name=b.fresh(n.op_type), domain=n.domain or None)
         made.attribute.extend(n.attribute)
         b.nodes.append(made)
-    if out not in computed:  # the call gives back an input or a constant: ONNX needs a node to name it
+    if cast:
+        b.add("Cast", [renamed(out)], node.name, to=wanted_type)
+    elif out not in computed:  # the call gives back an input or a constant: ONNX needs a node to name it
         b.add("Identity", [names[out]], node.name)
 
 
