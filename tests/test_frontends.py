@@ -290,3 +290,66 @@ def test_opset_versions_choose_their_converter() -> None:
         assert [n.op for n in graph.nodes] == ["relu6"]
         x = torch.randn(1, 4) * 10
         assert_close(run_graph(graph, [x]), [F.relu6(x)])
+
+
+def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> None:
+    """An opset-20 file as torch.onnx writes them (the converter cannot bring Gelu, new in 20,
+    down): its MatMul, Transpose, IsNaN (version 20, newer types only), Where and a Gather
+    of a 0-d index all run inside one ONNX Runtime session."""
+    import numpy as np
+    import onnxruntime
+
+    from opsched.backends.lanes import LaneExecutor
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1])
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.random.default_rng(0).random(16).tolist()),
+             helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+             helper.make_tensor("first", TensorProto.INT64, [], [0]),  # 0-d: Gather drops the axis
+             helper.make_tensor("axes", TensorProto.INT64, [1], [1])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("IsNaN", ["t"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "t"], ["clean"]),
+             helper.make_node("Gather", ["clean", "first"], ["g"], axis=0),
+             helper.make_node("Gelu", ["g"], ["act"]),
+             helper.make_node("ReduceMean", ["act", "axes"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "newer", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 20)])
+    graph = from_onnx(model)
+    assert {n.attrs["opset"] for n in graph.nodes if n.op.startswith("onnx.")} == {20}
+    inputs = torch.randn(2, 3, 4)
+    inputs[0, 1, 2] = float("nan")
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": inputs.numpy()})[0]
+    module = opsched.optimize_graph(graph, backend="ort", scheduler="sequential", cost="analytic", check=False)
+    np.testing.assert_allclose(module(inputs).numpy(), want, rtol=1e-6, atol=1e-6)
+    executor = module.executor
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+
+@pytest.mark.parametrize(("op", "opset", "attrs", "n_in", "dtypes", "refused"), [
+    ("Transpose", 20, {"perm": [1, 0]}, 1, ("float32",), None),  # version 13 at both opsets
+    ("IsNaN", 20, {}, 1, ("float32",), None),  # 20 added float8 types only
+    ("Cast", 19, {"to": TensorProto.INT64}, 1, ("float32",), None),
+    ("Cast", 19, {"to": TensorProto.FLOAT16, "saturate": 0}, 1, ("float32",), "attribute 'saturate' is newer"),
+    ("ReduceL2", 18, {}, 2, ("float32", "int64"), "2 inputs and 1 outputs do not fit version 13"),
+    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel"}, 3, ("float32", None, "float32"), None),
+    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel_symmetric"}, 3, ("float32", None, "float32"),
+     "coordinate_transformation_mode='half_pixel_symmetric' is newer"),
+    ("DFT", 20, {}, 1, ("float32",), "DFT changed after opset 17"),
+    ("Transpose", 23, {"perm": [1, 0]}, 1, ("float32",), "Transpose changed after opset 17"),  # unread versions
+    ("Equal", 19, {}, 2, ("float32", "float32"), None),
+    ("Squeeze", 11, {"axes": [0]}, 1, ("float32",), "Squeeze of opset 11 changed by opset 17"),  # axes: an input
+    ("Relu", 14, {}, 1, ("float32",), None),
+])
+def test_a_newer_node_joins_a_segment_only_where_it_means_the_same(
+        op: str, opset: int, attrs: dict[str, object], n_in: int, dtypes: tuple[str | None, ...],
+        refused: str | None) -> None:
+    from opsched.ir import TensorType
+    from opsched.ir.ops.onnx_opsets import refusal_at
+
+    node = helper.make_node(op, [f"i{k}" for k in range(n_in)], ["o"], **attrs)
+    types = [None if d is None else TensorType((2, 2), d) for d in dtypes]
+    why = refusal_at(17, op, opset, node.attribute, n_in, 1, types, None, 0)
+    assert why == refused if refused is None else refused in (why or "")

@@ -183,7 +183,7 @@ class _OrtSegments(SegmentBuilder):
         in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
 
         def run(slots: list[Any]) -> None:
-            feeds = {n: np.ascontiguousarray(slots[i]) for n, i in zip(in_names, ins)}
+            feeds = {n: np.asarray(slots[i], order="C") for n, i in zip(in_names, ins)}
             for slot, value in zip(outs, session.run(out_names, feeds)):
                 slots[slot] = value
             for f in frees:
@@ -192,7 +192,7 @@ class _OrtSegments(SegmentBuilder):
         def run_into_joins(slots: list[Any]) -> None:
             binding = session.io_binding()
             for n, i in zip(in_names, ins):
-                binding.bind_cpu_input(n, np.ascontiguousarray(slots[i]))
+                binding.bind_cpu_input(n, np.asarray(slots[i], order="C"))
             targets = [self._target(slots, o) for o in outs]
             for n, target in zip(out_names, targets):
                 if target is None:

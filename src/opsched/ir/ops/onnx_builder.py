@@ -54,7 +54,7 @@ class OnnxBuilder:
         if self.dry_run:
             return name
         arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))  # 0-d stays 0-d
         return name
 
     def param(self, node: Node, i: int) -> str:

@@ -144,7 +144,7 @@ def _bound(graph: Graph, node: Node) -> Kernel:
     params = [graph.params[p].detach().cpu().numpy() for p in node.params]
 
     def call(*inputs: torch.Tensor) -> torch.Tensor:
-        feed = dict(zip(names, [*(np.ascontiguousarray(t.detach().cpu().numpy()) for t in inputs), *params]))
+        feed = dict(zip(names, [*(np.asarray(t.detach().cpu().numpy(), order="C") for t in inputs), *params]))
         (out,) = session.run(None, feed)
         result = torch.from_numpy(np.asarray(out))
         device = inputs[0].device if inputs else next((p.device for p in graph.params.values()), result.device)
@@ -157,12 +157,19 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     import onnx
 
     from opsched.ir.ops.onnx_builder import OPSET
+    from opsched.ir.ops.onnx_opsets import refusal_at
 
     attrs = node.attrs
-    if attrs["domain"] or attrs["opset"] != OPSET:
-        raise NotExportable(f"{attrs['op_type']} is of {attrs['domain'] or 'ai.onnx'} opset {attrs['opset']}; "
-                            f"segments are exported at ai.onnx opset {OPSET}")
     proto = onnx.NodeProto.FromString(bytes.fromhex(attrs["proto"]))
+    if attrs["domain"]:
+        raise NotExportable(f"{attrs['op_type']} is of domain {attrs['domain']}; segments declare ai.onnx only")
+    g = b.graph
+    types = [g.types[node.inputs[k[0]]] if tag == "t" else g.param_types[node.params[k[0]]] if tag == "p" else None
+             for tag, *k in attrs["slots"]]
+    why = refusal_at(OPSET, attrs["op_type"], attrs["opset"], proto.attribute, len(attrs["slots"]),
+                     len(proto.output), types, node.out, attrs["index"])
+    if why is not None:
+        raise NotExportable(f"{why}; segments are exported at ai.onnx opset {OPSET}")
     ins = [node.inputs[k[0]] if tag == "t" else b.param(node, k[0]) if tag == "p" else ""
            for tag, *k in attrs["slots"]]
     outs = [node.name if i == attrs["index"] else (b.fresh(f"{attrs['op_type']}_out{i}") if o else "")
