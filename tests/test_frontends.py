@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import onnx
 import pytest
@@ -294,8 +295,9 @@ def test_opset_versions_choose_their_converter() -> None:
 
 def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> None:
     """An opset-20 file as torch.onnx writes them (the converter cannot bring Gelu, new in 20,
-    down): its MatMul, Transpose, IsNaN (version 20, newer types only), Where and a Gather
-    of a 0-d index all run inside one ONNX Runtime session."""
+    down): its MatMul, Transpose, IsNaN (version 20, newer types only), Where, a Gather of a 0-d
+    index, a Resize that sets version 19's antialias to its default and a ReduceL2 with version
+    18's axes input all run inside one ONNX Runtime session."""
     import numpy as np
     import onnxruntime
 
@@ -306,14 +308,18 @@ def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> 
     inits = [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.random.default_rng(0).random(16).tolist()),
              helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
              helper.make_tensor("first", TensorProto.INT64, [], [0]),  # 0-d: Gather drops the axis
-             helper.make_tensor("axes", TensorProto.INT64, [1], [1])]
+             helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("scales", TensorProto.FLOAT, [2], [1.0, 2.0])]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
              helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1]),
              helper.make_node("IsNaN", ["t"], ["nan"]),
              helper.make_node("Where", ["nan", "zero", "t"], ["clean"]),
              helper.make_node("Gather", ["clean", "first"], ["g"], axis=0),
              helper.make_node("Gelu", ["g"], ["act"]),
-             helper.make_node("ReduceMean", ["act", "axes"], ["y"])]
+             helper.make_node("Resize", ["act", "", "scales"], ["wide"], mode="linear", antialias=0),
+             helper.make_node("ReduceMean", ["wide", "axes"], ["mean"]),
+             helper.make_node("ReduceL2", ["act", "axes"], ["norm"], noop_with_empty_axes=0),
+             helper.make_node("Add", ["mean", "norm"], ["y"])]
     model = helper.make_model(helper.make_graph(nodes, "newer", [x], [y], inits),
                               opset_imports=[helper.make_opsetid("", 20)])
     graph = from_onnx(model)
@@ -328,28 +334,49 @@ def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> 
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
 
-@pytest.mark.parametrize(("op", "opset", "attrs", "n_in", "dtypes", "refused"), [
-    ("Transpose", 20, {"perm": [1, 0]}, 1, ("float32",), None),  # version 13 at both opsets
-    ("IsNaN", 20, {}, 1, ("float32",), None),  # 20 added float8 types only
-    ("Cast", 19, {"to": TensorProto.INT64}, 1, ("float32",), None),
-    ("Cast", 19, {"to": TensorProto.FLOAT16, "saturate": 0}, 1, ("float32",), "attribute 'saturate' is newer"),
-    ("ReduceL2", 18, {}, 2, ("float32", "int64"), "2 inputs and 1 outputs do not fit version 13"),
-    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel"}, 3, ("float32", None, "float32"), None),
-    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel_symmetric"}, 3, ("float32", None, "float32"),
-     "coordinate_transformation_mode='half_pixel_symmetric' is newer"),
-    ("DFT", 20, {}, 1, ("float32",), "DFT changed after opset 17"),
-    ("Transpose", 23, {"perm": [1, 0]}, 1, ("float32",), "Transpose changed after opset 17"),  # unread versions
-    ("Equal", 19, {}, 2, ("float32", "float32"), None),
-    ("Squeeze", 11, {"axes": [0]}, 1, ("float32",), "Squeeze of opset 11 changed by opset 17"),  # axes: an input
-    ("Relu", 14, {}, 1, ("float32",), None),
+@pytest.mark.parametrize(("op", "opset", "attrs", "dtypes", "constants", "refused", "declared"), [
+    ("Transpose", 20, {"perm": [1, 0]}, ("float32",), {}, None, ({"perm"}, (0,))),  # version 13 at both
+    ("IsNaN", 20, {}, ("float32",), {}, None, (set(), (0,))),  # 20 added float8 types only
+    ("Cast", 19, {"to": TensorProto.INT64}, ("float32",), {}, None, ({"to"}, (0,))),
+    ("Cast", 19, {"to": TensorProto.FLOAT16, "saturate": 0}, ("float32",), {}, "attribute 'saturate' is newer",
+     None),  # saturate defaults to 1: 0 is something version 13 cannot say
+    ("ReduceL2", 18, {}, ("float32", "int64"), {}, "input 'axes' is computed", None),
+    ("ReduceL2", 18, {"keepdims": 1, "noop_with_empty_axes": 0}, ("float32", "int64"), {1: [1, -1]}, None,
+     ({"keepdims", "axes"}, (0,))),  # axes back to an attribute; the default-valued newer one dropped
+    ("ReduceL2", 18, {}, ("float32",), {}, None, (set(), (0,))),  # no axes: all of them, at both versions
+    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel"}, ("float32", None, "float32"), {}, None,
+     ({"coordinate_transformation_mode"}, (0, 1, 2))),
+    ("Resize", 19, {"mode": "linear", "antialias": 0}, ("float32", None, "float32"), {}, None,
+     ({"mode"}, (0, 1, 2))),
+    ("Resize", 19, {"mode": "linear", "antialias": 1}, ("float32", None, "float32"), {},
+     "attribute 'antialias' is newer", None),
+    ("Resize", 19, {"coordinate_transformation_mode": "half_pixel_symmetric"}, ("float32", None, "float32"), {},
+     "coordinate_transformation_mode='half_pixel_symmetric' is newer", None),
+    ("DFT", 20, {}, ("float32",), {}, "DFT changed after opset 17", None),
+    ("Transpose", 23, {"perm": [1, 0]}, ("float32",), {}, "Transpose changed after opset 17", None),  # unread
+    ("Equal", 19, {}, ("float32", "float32"), {}, None, (set(), (0, 1))),
+    ("Squeeze", 11, {"axes": [0]}, ("float32",), {}, "Squeeze of opset 11 changed by opset 17", None),
+    ("Relu", 14, {}, ("float32",), {}, None, (set(), (0,))),
 ])
 def test_a_newer_node_joins_a_segment_only_where_it_means_the_same(
-        op: str, opset: int, attrs: dict[str, object], n_in: int, dtypes: tuple[str | None, ...],
-        refused: str | None) -> None:
-    from opsched.ir import TensorType
-    from opsched.ir.ops.onnx_opsets import refusal_at
+        op: str, opset: int, attrs: dict[str, object], dtypes: tuple[str | None, ...],
+        constants: dict[int, list[int]], refused: str | None, declared: tuple[set[str], tuple[int, ...]] | None,
+) -> None:
+    import numpy as np
 
-    node = helper.make_node(op, [f"i{k}" for k in range(n_in)], ["o"], **attrs)
+    from opsched.ir import TensorType
+    from opsched.ir.ops.onnx_opsets import declaration_at
+    from opsched.ir.ops.registry import NotExportable
+
+    node = helper.make_node(op, [f"i{k}" for k in range(len(dtypes))], ["o"], **attrs)
     types = [None if d is None else TensorType((2, 2), d) for d in dtypes]
-    why = refusal_at(17, op, opset, node.attribute, n_in, 1, types, None, 0)
-    assert why == refused if refused is None else refused in (why or "")
+    values = {k: np.array(v) for k, v in constants.items()}
+    if refused is not None:
+        with pytest.raises(NotExportable, match=re.escape(refused)):
+            declaration_at(17, op, opset, node.attribute, types, values, 1, None, 0)
+        return
+    assert declared is not None
+    got = declaration_at(17, op, opset, node.attribute, types, values, 1, None, 0)
+    assert ({a.name for a in got.attributes}, got.inputs) == declared
+    if "axes" in declared[0]:
+        assert next(list(a.ints) for a in got.attributes if a.name == "axes") == constants[1]

@@ -9,11 +9,14 @@ after the segments' opset, or changed only by admitting more element types. A no
 segment where, going by ``onnx.defs``:
 
 - its op's schema in force at the node's opset is the one in force at the segments' opset; or
-- the node fits the older schema: every attribute it sets exists there, its input and output
-  counts are within the older bounds, and its element types are among those the older schema
-  admits; the node's opset is one whose changes are known here (up to :data:`CHECKED_THROUGH`),
-  and it uses none of the attribute values the newer versions added (:data:`_ADDED_VALUES`),
-  nor is its op one whose meaning moved in a way no signature shows (:data:`_MOVED`).
+- the node fits the older schema once restated there: attributes the newer versions added are
+  dropped where the node leaves them at their default (Resize's ``antialias=0``), an input that
+  was an attribute before (the Reduce ops' ``axes`` from opset 18) becomes that attribute again
+  where it is a constant; then its input and output counts are within the older bounds, and its
+  element types are among those the older schema admits; the node's opset is one whose changes
+  are known here (up to :data:`CHECKED_THROUGH`), and it uses none of the attribute values the
+  newer versions added (:data:`_ADDED_VALUES`), nor is its op one whose meaning moved in a way no
+  signature shows (:data:`_MOVED`).
 
 Custom domains are never re-declared: their nodes keep one-node sessions.
 """
@@ -21,14 +24,18 @@ Custom domains are never re-declared: their nodes keep one-node sessions.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx.defs
+from onnx import helper
 
+from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
 
-__all__ = ["CHECKED_THROUGH", "refusal_at"]
+__all__ = ["CHECKED_THROUGH", "Declaration", "declaration_at"]
 
 #: The newest opset whose changes (against opset 17) were read for this module.
 CHECKED_THROUGH = 22
@@ -47,42 +54,91 @@ _ADDED_VALUES: dict[str, dict[str, frozenset[bytes]]] = {
 _MOVED = frozenset({"DFT"})
 
 
-def refusal_at(opset: int, op_type: str, node_opset: int, attributes: Sequence[onnx.AttributeProto],
-               n_inputs: int, n_outputs: int, input_types: Sequence[TensorType | None],
-               output_type: TensorType | None, output_index: int) -> str | None:
-    """Why a node of ``op_type`` at ``node_opset`` cannot be declared at ``opset``, or ``None``
-    where it means the same there. ``input_types``: per ONNX input, its type (``None`` for an
-    optional input left out)."""
+@dataclass(frozen=True)
+class Declaration:
+    """A node as declared at the segments' opset: its attributes, and which of its inputs it keeps
+    (by position)."""
+
+    attributes: tuple[onnx.AttributeProto, ...]
+    inputs: tuple[int, ...]
+
+
+def declaration_at(opset: int, op_type: str, node_opset: int, attributes: Sequence[onnx.AttributeProto],
+                   input_types: Sequence[TensorType | None], constants: Mapping[int, np.ndarray],
+                   n_outputs: int, output_type: TensorType | None, output_index: int) -> Declaration:
+    """How a node of ``op_type`` at ``node_opset`` is declared at ``opset`` to mean the same, or
+    :class:`NotExportable` saying why it cannot be. ``input_types``: per ONNX input, its type
+    (``None`` for an optional input left out); ``constants``: the values of those inputs that are
+    constants (an ``axes`` input that became an attribute again is read from there)."""
+    as_is = Declaration(tuple(attributes), tuple(range(len(input_types))))
     if node_opset == opset:
-        return None
+        return as_is
     try:
         old = onnx.defs.get_schema(op_type, opset)
         new = onnx.defs.get_schema(op_type, node_opset)
     except onnx.defs.SchemaError:
-        return f"{op_type} has no ai.onnx schema at opset {opset}"
+        raise NotExportable(f"{op_type} has no ai.onnx schema at opset {opset}") from None
     if old.since_version == new.since_version:
-        return None
+        return as_is
     if node_opset < opset:
-        return f"{op_type} of opset {node_opset} changed by opset {opset} (version {old.since_version})"
+        raise NotExportable(f"{op_type} of opset {node_opset} changed by opset {opset} (version {old.since_version})")
     where = f"{op_type} changed after opset {opset} (version {new.since_version})"
     if node_opset > CHECKED_THROUGH or op_type in _MOVED:
-        return where
-    known = {a.name for a in attributes}
-    if extra := sorted(known - set(old.attributes)):
-        return f"{where}: attribute {extra[0]!r} is newer"
+        raise NotExportable(where)
+    declared = _restated(old, new, where, attributes, input_types, constants)
+    _check_fits(old, _allowed(op_type, opset), where, declared, input_types, n_outputs, output_type, output_index)
+    return declared
+
+
+def _restated(old: onnx.defs.OpSchema, new: onnx.defs.OpSchema, where: str,
+              attributes: Sequence[onnx.AttributeProto], input_types: Sequence[TensorType | None],
+              constants: Mapping[int, np.ndarray]) -> Declaration:
+    """The node in the older schema's terms: newer attributes at their default dropped, inputs
+    that were attributes made attributes again; :class:`NotExportable` where that cannot be."""
+    declared = [a for a in attributes if a.name in old.attributes]
     for a in attributes:
-        added = _ADDED_VALUES.get(op_type, {}).get(a.name, frozenset())
+        if a.name in old.attributes:
+            continue
+        default = new.attributes[a.name].default_value if a.name in new.attributes else None
+        if default is None or default.type == onnx.AttributeProto.UNDEFINED or \
+                helper.get_attribute_value(a) != helper.get_attribute_value(default):
+            raise NotExportable(f"{where}: attribute {a.name!r} is newer")  # set to what the old op cannot do
+    kept = list(range(len(input_types)))
+    for name in _inputs_now_attributes(old, new):  # e.g. the Reduce ops' axes, an input from 18
+        k = next(i for i, f in enumerate(new.inputs) if f.name == name)
+        if k >= len(input_types) or input_types[k] is None:
+            continue
+        if k != len(input_types) - 1 or k not in constants:
+            raise NotExportable(f"{where}: input {name!r} is {'computed' if k not in constants else 'not last'}; "
+                                f"version {old.since_version} takes it as an attribute")
+        declared.append(helper.make_attribute(name, [int(v) for v in np.asarray(constants[k]).reshape(-1)]))
+        kept.remove(k)
+    for a in declared:
+        added = _ADDED_VALUES.get(old.name, {}).get(a.name, frozenset())
         if a.type == onnx.AttributeProto.STRING and a.s in added:
-            return f"{where}: {a.name}={a.s.decode()!r} is newer"
+            raise NotExportable(f"{where}: {a.name}={a.s.decode()!r} is newer")
+    return Declaration(tuple(declared), tuple(kept))
+
+
+def _check_fits(old: onnx.defs.OpSchema, allowed: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]],
+                where: str, declared: Declaration, input_types: Sequence[TensorType | None], n_outputs: int,
+                output_type: TensorType | None, output_index: int) -> None:
+    """:class:`NotExportable` unless the restated node's arity and element types fit ``old``."""
+    n_inputs = len(declared.inputs)
     if not old.min_input <= n_inputs <= old.max_input or not old.min_output <= n_outputs <= old.max_output:
-        return f"{where}: {n_inputs} inputs and {n_outputs} outputs do not fit version {old.since_version}"
-    allowed = _allowed(op_type, opset)
-    for k, t in enumerate(input_types):
+        raise NotExportable(f"{where}: {n_inputs} inputs and {n_outputs} outputs do not fit version "
+                            f"{old.since_version}")
+    for k in declared.inputs:
+        t = input_types[k]
         if t is not None and _type_string(t) not in allowed[0][min(k, len(allowed[0]) - 1)]:
-            return f"{where}: input {k} of type {t.dtype} is newer"
+            raise NotExportable(f"{where}: input {k} of type {t.dtype} is newer")
     if output_type is not None and _type_string(output_type) not in allowed[1][min(output_index, len(allowed[1]) - 1)]:
-        return f"{where}: output of type {output_type.dtype} is newer"
-    return None
+        raise NotExportable(f"{where}: output of type {output_type.dtype} is newer")
+
+
+def _inputs_now_attributes(old: onnx.defs.OpSchema, new: onnx.defs.OpSchema) -> list[str]:
+    """Inputs of the newer schema that the older one took as attributes of the same name."""
+    return [f.name for f in new.inputs if f.name in old.attributes and f.name not in new.attributes]
 
 
 @functools.cache
