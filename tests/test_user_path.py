@@ -180,6 +180,29 @@ def test_outputs_come_back_nested_as_the_model_returns_them(verify: bool) -> Non
     assert_close(tensors(out), tensors(want))
 
 
+@pytest.mark.parametrize(("example", "plain"), [
+    ("t", True), (("t", "t"), False), (("t",), False), (["t", "t"], None), (("t", None), None),
+    (("t", ("t",)), None), ({"a": "t"}, None),
+])
+def test_output_structures_rebuild_exactly_what_the_model_returned(example: object, plain: bool | None) -> None:
+    """A lone tensor and a flat tuple of tensors take the shortcut; anything else rebuilds its tree,
+    and both give what torch's pytree gives, containers' types included."""
+    import torch.utils._pytree as pytree
+
+    from opsched.module import OutputStructure
+
+    marker = torch.empty(0)
+    example = pytree.tree_map(lambda x: marker if x == "t" else x, example)
+    structure = OutputStructure.of(example)
+    outputs = [torch.full((1,), float(k)) for k in range(structure.tensors)]
+    got, (leaves, spec) = structure.build(outputs), pytree.tree_flatten(example)
+    it = iter(outputs)
+    want = pytree.tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    assert structure._plain is plain
+    assert pytree.tree_structure(got) == spec and type(got) is type(want)
+    assert all(a is b for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True))
+
+
 # --- bad input gets a named error ----------------------------------------------------------------
 def test_bad_inputs_and_arguments_are_named() -> None:
     model = Dilated().eval()
