@@ -266,8 +266,72 @@ def test_large_weights_stay_out_of_onnx_passes_and_import_exactly(listed_as_inpu
 
 def test_invalid_onnx_graph_is_malformed() -> None:
     model = _model([helper.make_node("Relu", ["nothing_defines_this"], ["y"])])
-    with pytest.raises(MalformedModelError, match="not a valid ONNX model"):
+    with pytest.raises(MalformedModelError, match="not a valid ONNX model: .*nothing_defines_this.*; ONNX Runtime "
+                                                  "refuses it too: .*nothing_defines_this"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("defect", ["output without a shape", "nodes out of order"])
+def test_a_file_the_checker_refuses_but_onnx_runtime_runs_imports_as_ort_reads_it(
+        defect: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Both defects are common in files from the wild; ORT runs them, so opsched must too (with
+    a warning), equal to ORT, leaving the caller's ModelProto as it was."""
+    import numpy as np
+    import onnxruntime
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    if defect == "nodes out of order":
+        nodes = nodes[::-1]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None if defect == "output without a shape" else [2, 4])
+    model = helper.make_model(helper.make_graph(nodes, "wild", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    feed = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    want = onnxruntime.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, {"x": feed})[0]
+    with caplog.at_level(logging.WARNING, logger="opsched"):
+        graph = from_onnx(model)
+    assert "ONNX Runtime loads it" in caplog.text
+    assert model.SerializeToString() == before
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("op", "opset", "mode", "scale"), [
+    ("Upsample", 7, "nearest", 1.25), ("Upsample", 9, "linear", 1.5), ("Resize", 10, "nearest", 0.75),
+    ("Resize", 10, "linear", 1.5),
+])
+def test_an_opset_10_resize_means_what_it_meant_after_the_upgrade(op: str, opset: int, mode: str,
+                                                                  scale: float) -> None:
+    """onnx.version_converter's 10 -> 11 adapter leaves Resize at 11's half-pixel defaults
+    (onnx/onnx#8480); the import restores what ONNX Runtime computes at 10: ``x / scale``,
+    nearest rounded down where the image grows and up where it shrinks. Every case here
+    differed from ORT before."""
+    import numpy as np
+    import onnxruntime
+    from onnx import numpy_helper
+
+    scales, side = [1.0, 1.0, scale, scale], int(7 * scale)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 7, 7])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, side, side])
+    if opset == 7:
+        nodes, inits = [helper.make_node(op, ["x"], ["y"], scales=scales, mode=mode)], []
+    else:
+        nodes = [helper.make_node(op, ["x", "scales"], ["y"], mode=mode)]
+        inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    model = helper.make_model(helper.make_graph(nodes, "upsample", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 4
+    feed = np.random.default_rng(0).standard_normal((1, 2, 7, 7)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed})[0]
+    graph = from_onnx(model)
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_onnx_dimension_needs_input_shapes() -> None:

@@ -11,6 +11,7 @@ exporters emit around reshapes).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import re
@@ -48,11 +49,10 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if not isinstance(model, onnx.ModelProto):
         source = os.fspath(model)
         model = _load(source)
-    model, weights = _skeleton(model)
-    try:
-        onnx.checker.check_model(model)
-    except Exception as e:
-        raise MalformedModelError(f"{source}: not a valid ONNX model: {e}") from e
+    model, weights, full = *_skeleton(model), model
+    strict = _checked(model, full, source)
+    if not strict:
+        model = _in_topological_order(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise MalformedModelError(f"{source}: the model imports no default-domain opset")
@@ -63,7 +63,7 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if unknown:
         raise FrontendError(f"{source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
                             f"{', '.join(map(repr, real_inputs))}")
-    model, opset = _at_our_opset(model, opset, source)
+    model, opset = _at_our_opset(model, opset, source, strict)
     converter = _OnnxConverter(model, opset, name, source, dict(input_shapes or {}), weights)
     graph = converter.run().verify()
     if canonical:
@@ -118,22 +118,136 @@ def _array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
                                   f"cannot be read: {_first_line(e)}") from e
 
 
-def _at_our_opset(model: onnx.ModelProto, opset: int, source: str) -> tuple[onnx.ModelProto, int]:
+def _checked(model: onnx.ModelProto, full: onnx.ModelProto, source: str) -> bool:
+    """Whether ``model`` passes ``onnx.checker``. One that does not is still imported where ONNX
+    Runtime loads it (``full``: the model with its weights), as files in the wild often do with a
+    graph output declared without a shape, or nodes out of topological order; where ONNX Runtime
+    refuses it too, :class:`MalformedModelError` gives both reasons."""
+    try:
+        onnx.checker.check_model(model)
+        return True
+    except Exception as e:
+        checker = " ".join(str(e).split())[:300]
+        refused = _ort_refusal(full)
+        if refused is not None:
+            raise MalformedModelError(f"{source}: not a valid ONNX model: {checker}; ONNX Runtime refuses it too: "
+                                      f"{refused}") from e
+        log.warning("%s: onnx.checker: %s; ONNX Runtime loads it, so it is imported as ONNX Runtime reads it",
+                    source, checker)
+        return False
+
+
+def _in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in topological order, each as early as the file has it (a copy;
+    ``model`` itself where they already are). ONNX Runtime sorts a graph it loads; ONNX's passes
+    and the converter read the nodes in file order."""
+    nodes = list(model.graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    needs = [{producer[i] for i in _reads(n) if i in producer} - {k} for k, n in enumerate(nodes)]
+    readers: dict[int, list[int]] = {}
+    for k, deps in enumerate(needs):
+        for d in deps:
+            readers.setdefault(d, []).append(k)
+    ready = [k for k, deps in enumerate(needs) if not deps]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers.get(k, ()):
+            needs[r].discard(k)
+            if not needs[r]:
+                heapq.heappush(ready, r)
+    placed = set(order)
+    order += [k for k in range(len(nodes)) if k not in placed]  # a cycle: left for the converter to name
+    if order == list(range(len(nodes))):
+        return model
+    sorted_model = onnx.ModelProto()
+    _copy_fields(model, sorted_model, skip="graph")
+    _copy_fields(model.graph, sorted_model.graph, skip="node")
+    sorted_model.graph.node.extend(nodes[k] for k in order)
+    return sorted_model
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The values a node reads: its inputs, and those its sub-graphs (If, Loop, Scan) read."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        for g in (*([a.g] if a.HasField("g") else []), *a.graphs):
+            for n in g.node:
+                names |= _reads(n)
+    return names
+
+
+def _ort_refusal(model: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime cannot load ``model``, or None where it can."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        return _first_line(e)
+    return None
+
+
+def _at_our_opset(model: onnx.ModelProto, opset: int, source: str,
+                  strict: bool = True) -> tuple[onnx.ModelProto, int]:
     """The model at the opset segments are exported at (:data:`OPSET`), by ``onnx.version_converter``:
     older files are upgraded (an upgrade that fails is an error naming why); newer ones are
     converted down where the converter can, and kept at their opset otherwise (their generic
-    nodes then run in sessions of their own rather than inside a segment's)."""
+    nodes then run in sessions of their own rather than inside a segment's). The result is
+    checked by ``onnx.checker`` where the model passed it (``strict``)."""
     if opset == OPSET:
         return model, opset
     try:
         converted = version_converter.convert_version(model, OPSET)
-        onnx.checker.check_model(converted)
+        if opset < 11:
+            _resize_10_semantics(model, converted, source)
+        if strict:
+            onnx.checker.check_model(converted)
     except Exception as e:
         if opset > OPSET:
             return model, opset
         raise FrontendError(f"{source}: opset {opset} cannot be upgraded to {OPSET} by onnx.version_converter: "
                             f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     return converted, OPSET
+
+
+def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, source: str) -> None:
+    """Give each Resize that ``onnx.version_converter`` made of an opset-10 Resize or an older
+    Upsample what ONNX Runtime computes for those: the source coordinate ``x_resized / scale``,
+    and for nearest its floor where the node enlarges, its ceiling where it shrinks. The
+    converter's 10 -> 11 adapter sets neither, so opset 11's defaults (half_pixel,
+    round_prefer_floor) silently change the values (onnx/onnx#8480: 0.3 off on a 2x linear
+    upsampling)."""
+    constants = {t.name: t for t in before.graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in before.graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    rounding: dict[str, str] = {}
+    for node in before.graph.node:
+        if node.op_type not in ("Upsample", "Resize"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        scales = (attrs.get("scales") if len(node.input) < 2 else
+                  numpy_helper.to_array(constants[node.input[1]]).tolist() if node.input[1] in constants else None)
+        resized = [s for s in scales or () if s != 1]
+        rounding[node.output[0]] = "ceil" if resized and all(s < 1 for s in resized) else "floor"
+        mixed = 0 < sum(s < 1 for s in resized) < len(resized)
+        if attrs.get("mode", b"nearest") == b"nearest" and (scales is None or mixed):
+            log.warning("%s: %s %r: its scales %s, so its nearest rounding is taken as floor (ONNX Runtime rounds "
+                        "up where it shrinks an axis)", source, node.op_type, node.name or node.output[0],
+                        "are computed" if scales is None else "enlarge one axis and shrink another")
+    for node in converted.graph.node:
+        if node.op_type != "Resize" or node.output[0] not in rounding:
+            continue
+        have = {a.name for a in node.attribute}
+        for name, value in (("coordinate_transformation_mode", "asymmetric"),
+                            ("nearest_mode", rounding[node.output[0]])):
+            if name not in have:
+                node.attribute.append(helper.make_attribute(name, value))
 
 
 def _load(path: str) -> onnx.ModelProto:
