@@ -357,6 +357,38 @@ def test_opset_versions_choose_their_converter() -> None:
         assert_close(run_graph(graph, [x]), [F.relu6(x)])
 
 
+class _Resizes(nn.Module):
+    def __init__(self, shrink: bool) -> None:
+        super().__init__()
+        self.shrink = shrink
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        wide = F.interpolate(x, size=(10, 10), mode="bilinear") + F.interpolate(x, scale_factor=1.5, mode="nearest")
+        return wide, F.interpolate(x, size=(5, 5) if self.shrink else (12, 12), mode="nearest")
+
+
+@pytest.mark.parametrize("opset", [9, 10, 11])
+def test_torch_onnx_exports_of_interpolate_at_old_opsets_run_equal_to_onnx_runtime(opset: int) -> None:
+    """As the TorchScript exporter writes them: Upsample (9; ORT cannot shrink with it), Resize
+    whose output the version converter renames (9, 10), Resize with sizes beside an empty scales
+    tensor (11), which opset 13 forbids."""
+    import io
+
+    import numpy as np
+    import onnxruntime
+
+    model, x = _Resizes(shrink=opset > 9), torch.randn(1, 2, 7, 7)
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=opset)
+    want = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})
+    graph = from_onnx(onnx.load_from_string(buffer.getvalue()))
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        for got, expected in zip(module(x), want, strict=True):
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> None:
     """An opset-20 file as torch.onnx writes them (the converter cannot bring Gelu, new in 20,
     down): its MatMul, Transpose, IsNaN (version 20, newer types only), Where, a Gather of a 0-d

@@ -206,6 +206,8 @@ def _at_our_opset(model: onnx.ModelProto, opset: int, source: str,
         converted = version_converter.convert_version(model, OPSET)
         if opset < 11:
             _resize_10_semantics(model, converted, source)
+        if opset < 13:
+            _resize_without_empty_scales(converted)
         if strict:
             onnx.checker.check_model(converted)
     except Exception as e:
@@ -226,7 +228,7 @@ def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, so
     constants = {t.name: t for t in before.graph.initializer}
     constants.update({n.output[0]: n.attribute[0].t for n in before.graph.node
                       if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    rounding: dict[str, str] = {}
+    rounding: list[str] = []  # per Upsample or Resize, in graph order
     for node in before.graph.node:
         if node.op_type not in ("Upsample", "Resize"):
             continue
@@ -234,20 +236,34 @@ def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, so
         scales = (attrs.get("scales") if len(node.input) < 2 else
                   numpy_helper.to_array(constants[node.input[1]]).tolist() if node.input[1] in constants else None)
         resized = [s for s in scales or () if s != 1]
-        rounding[node.output[0]] = "ceil" if resized and all(s < 1 for s in resized) else "floor"
+        rounding.append("ceil" if resized and all(s < 1 for s in resized) else "floor")
         mixed = 0 < sum(s < 1 for s in resized) < len(resized)
         if attrs.get("mode", b"nearest") == b"nearest" and (scales is None or mixed):
             log.warning("%s: %s %r: its scales %s, so its nearest rounding is taken as floor (ONNX Runtime rounds "
                         "up where it shrinks an axis)", source, node.op_type, node.name or node.output[0],
                         "are computed" if scales is None else "enlarge one axis and shrink another")
-    for node in converted.graph.node:
-        if node.op_type != "Resize" or node.output[0] not in rounding:
-            continue
+    resizes = [n for n in converted.graph.node if n.op_type == "Resize"]  # the converter keeps their order,
+    if len(resizes) != len(rounding):  # not always their outputs' names
+        raise FrontendError(f"{source}: onnx.version_converter made {len(resizes)} Resize nodes of "
+                            f"{len(rounding)} Upsample and Resize nodes; their opset-10 meaning cannot be kept")
+    for node, nearest in zip(resizes, rounding):
         have = {a.name for a in node.attribute}
-        for name, value in (("coordinate_transformation_mode", "asymmetric"),
-                            ("nearest_mode", rounding[node.output[0]])):
+        for name, value in (("coordinate_transformation_mode", "asymmetric"), ("nearest_mode", nearest)):
             if name not in have:
                 node.attribute.append(helper.make_attribute(name, value))
+
+
+def _resize_without_empty_scales(converted: onnx.ModelProto) -> None:
+    """Resize 11 and 12 took an empty ``scales`` tensor beside ``sizes``; from 13, where the
+    converter puts them, only one of the two may be given (onnx/onnx#5266), and ONNX Runtime
+    refuses the node. This is the form torch.onnx writes ``interpolate(size=...)`` in at opset
+    11: the empty scales become an absent input."""
+    empty = {t.name for t in converted.graph.initializer if 0 in t.dims}
+    empty |= {n.output[0] for n in converted.graph.node if n.op_type == "Constant" and n.attribute
+              and n.attribute[0].name == "value" and 0 in n.attribute[0].t.dims}
+    for node in converted.graph.node:
+        if node.op_type == "Resize" and len(node.input) == 4 and node.input[3] and node.input[2] in empty:
+            node.input[2] = ""
 
 
 def _load(path: str) -> onnx.ModelProto:
