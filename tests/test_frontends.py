@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 
@@ -173,6 +174,33 @@ def test_missing_empty_garbage_and_truncated_onnx_files(tmp_path) -> None:  # ty
     (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 2])
     with pytest.raises(MalformedModelError, match="truncated.onnx"):
         from_onnx(tmp_path / "truncated.onnx")
+
+
+def test_weights_stored_beside_the_file_are_read_from_its_directory(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """torch.onnx.export(model, args, "model.onnx") writes the weights to model.onnx.data by default;
+    the file imports from any working directory. Without its data: one error saying where it is."""
+    import numpy as np
+    import onnxruntime
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (x,), buffer, dynamo=False, input_names=["x"])
+    path = tmp_path / "model" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save_model(onnx.load_from_string(buffer.getvalue()), str(path), save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=0)
+    assert (path.parent / "model.onnx.data").stat().st_size > 0
+    want = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    monkeypatch.chdir(tmp_path)
+    module = opsched.optimize_graph(from_onnx(path), backend="ort", scheduler="sequential", cost="analytic",
+                                    check=False)
+    np.testing.assert_allclose(module(x).numpy(), want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(MalformedModelError, match="stored outside the model, in 'model.onnx.data'.*file's path"):
+        from_onnx(onnx.load(str(path), load_external_data=False))
+    (path.parent / "model.onnx.data").unlink()
+    with pytest.raises(MalformedModelError, match="model.onnx: its weights are stored in files beside it"):
+        from_onnx(path)
 
 
 def _model(nodes: list[onnx.NodeProto], opset: int = 17, dims: list[object] | None = None) -> onnx.ModelProto:

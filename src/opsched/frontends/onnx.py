@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx.reference
 import torch
-from onnx import helper, numpy_helper, version_converter
+from onnx import external_data_helper, helper, numpy_helper, version_converter
 
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
@@ -49,6 +49,11 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     if not isinstance(model, onnx.ModelProto):
         source = os.fspath(model)
         model = _load(source)
+    elif outside := [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]:
+        where = next((e.value for e in outside[0].external_data if e.key == "location"), "?")
+        raise MalformedModelError(f"{source}: {len(outside)} initializer(s), {outside[0].name!r} first, are stored "
+                                  f"outside the model, in {where!r}, which was not read: pass the file's path, or "
+                                  f"load it with onnx.load(path)")
     model, weights, full = *_skeleton(model), model
     strict = _checked(model, full, source)
     if not strict:
@@ -280,6 +285,13 @@ def _load(path: str) -> onnx.ModelProto:
         raise MalformedModelError(f"{path}: not an ONNX protobuf, or truncated ({len(data)} bytes): {e}") from e
     if not model.graph.node and not model.graph.output:
         raise MalformedModelError(f"{path}: parsed as an empty model: truncated, or not an ONNX file")
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        # torch.onnx.export(model, args, "model.onnx") writes its weights to model.onnx.data by default
+        try:
+            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except Exception as e:
+            raise MalformedModelError(f"{path}: its weights are stored in files beside it, which cannot be read: "
+                                      f"{_first_line(e)}") from e
     return model
 
 
