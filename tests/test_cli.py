@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from opsched.cli.main import main
 
@@ -78,6 +79,48 @@ def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixtur
     torch.onnx.export(get_model("squeezenet1_1"), example_inputs("squeezenet1_1"), str(path), dynamo=False)
     assert main(["optimize", str(path), "--cost", "analytic", "--rounds", "1", "--out", str(tmp_path / "o")]) == 0
     assert "eager PyTorch" not in capsys.readouterr().out  # no module to compare with, for a file
+
+
+def _token_model(path, seq: int | str) -> None:  # type: ignore[no-untyped-def]
+    """An .onnx file as a text model exports: int64 token ids and a float mask, the batch dynamic."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", seq])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", seq])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("Unsqueeze", ["mask", "two"], ["m"]), helper.make_node("Mul", ["emb", "m"], ["out"])]
+    two = numpy_helper.from_array(np.array([2], np.int64), "two")
+    graph = helper.make_graph(nodes, "tokens", [ids, mask], [out], [table, two])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_an_onnx_files_open_sizes_come_from_batch_and_input_shape(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from opsched.cli.models import load_model
+    from opsched.errors import OpschedError
+
+    fixed, open_ = tmp_path / "fixed.onnx", tmp_path / "open.onnx"
+    _token_model(fixed, 5)
+    _token_model(open_, "seq")
+    loaded = load_model(str(fixed), batch=3)  # only the batch is dynamic
+    assert [t.shape for t in loaded.inputs] == [(3, 5), (3, 5)]
+    assert loaded.inputs[0].dtype == torch.int64 and set(loaded.inputs[0].unique().tolist()) <= {0, 1}
+    loaded = load_model(str(open_), input_shapes=["ids=2,7", "mask=2,7"])
+    assert [t.shape for t in loaded.inputs] == [(2, 7), (2, 7)]
+    for shapes, why in [((), r"sizes of 'ids' \(\[batch, seq\]\), 'mask' .* --input-shape ids=\.\.\. --input-sh"),
+                        (("2,7",), r"has 2 inputs \(ids, mask\): give each shape as --input-shape NAME="),
+                        (("idz=2,7",), "names 'idz', but its inputs are 'ids', 'mask'"),
+                        (("ids=2,x",), "expected sizes separated by commas")]:
+        with pytest.raises(OpschedError, match=why):
+            load_model(str(open_), input_shapes=shapes)
+    args = ["optimize", str(open_), "--input-shape", "ids=1,4", "--input-shape", "mask=1,4", "--cost", "analytic",
+            "--rounds", "1", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    assert main(["schedule", str(open_), "--quiet", "--input-shape", "ids=1,4"]) == 1
+    assert "--input-shape mask=..." in capsys.readouterr().err
 
 
 def test_bad_model_spec_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -364,10 +364,17 @@ def test_an_opset_10_resize_means_what_it_meant_after_the_upgrade(op: str, opset
 
 def test_dynamic_onnx_dimension_needs_input_shapes() -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], dims=["batch", 4])
-    with pytest.raises(FrontendError, match="dynamic dimension 'batch'.*input_shapes"):
+    with pytest.raises(FrontendError, match=r"dynamic dimension\(s\) 'batch' \(dimensions \[batch, 4\]\).*input_sh"):
         from_onnx(model)
     graph = from_onnx(model, input_shapes={"x": (3, 4)})
     assert graph.inputs[0].type.shape == (3, 4)
+    for wrong in ((3, 5), (3, 4, 1)):  # a fixed dimension changed, or another rank
+        with pytest.raises(FrontendError, match=rf"gives input 'x' the shape \({wrong[0]}, .*declares dimensions"):
+            from_onnx(model, input_shapes={"x": wrong})
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(FrontendError, match="input 'x' declares no shape"):
+        from_onnx(model)
+    assert from_onnx(model, input_shapes={"x": (2, 4)}).inputs[0].type.shape == (2, 4)
 
 
 def test_opset_versions_choose_their_converter() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from opsched.errors import OpschedError
 
-__all__ = ["main", "subcommand", "positive_int", "subcommand_parser"]
+__all__ = ["INPUT_SHAPE_HELP", "main", "subcommand", "positive_int", "subcommand_parser"]
 
 Handler = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Handler]
@@ -27,6 +27,12 @@ def subcommand(name: str, help: str) -> Callable[[Setup], Setup]:  # noqa: A002 
         _SUBCOMMANDS[name] = (help, setup)
         return setup
     return deco
+
+
+#: The help of ``--input-shape``, shared by the commands that load a model.
+INPUT_SHAPE_HELP = ("an input's shape, e.g. 1,3,224,224 (a package.module:factory model, or an .onnx file of one "
+                    "input); NAME=1,128 for an .onnx file's named input, once per input whose sizes the file leaves "
+                    "open (a dynamic first dimension is --batch)")
 
 
 def positive_int(text: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,17 +23,27 @@ class LoadedModel:
     module: nn.Module | None  # None for ONNX files
 
 
-def load_model(spec: str, batch: int = 1, input_shape: tuple[int, ...] | None = None) -> LoadedModel:
+def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> LoadedModel:
+    """The model ``spec`` names, imported, with example inputs: for a zoo model at ``batch``; for
+    a factory at its one ``input_shapes`` entry (``"1,3,224,224"``) or its ``example_input_shape``;
+    for an ONNX file at its declared shapes, a dynamic first dimension set to ``batch`` and other
+    dynamic ones from ``input_shapes`` (``"NAME=1,128"``, or unnamed for a file of one input).
+    ONNX inputs are random: normal floats, integers and booleans of 0 and 1 (valid token ids,
+    masks and segment ids alike)."""
     from opsched.frontends import from_onnx, from_torch
     from opsched.models import MODELS, example_inputs, get_model
 
+    unnamed, named = _parse_shapes(input_shapes)
     if spec in MODELS:
+        if input_shapes:
+            raise OpschedError(f"{spec} is a zoo model: its shape is fixed but for --batch; --input-shape is for "
+                               f".onnx files and package.module:factory models")
         module, inputs = get_model(spec), example_inputs(spec, batch)
         return LoadedModel(spec, from_torch(module, inputs, name=spec), inputs, module)
     if spec.endswith(".onnx"):
-        graph = from_onnx(spec)
+        graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named))
         gen = torch.Generator().manual_seed(0)
-        inputs = tuple(torch.randn(i.type.shape, generator=gen) for i in graph.inputs)
+        inputs = tuple(_random(i.type.shape, getattr(torch, i.type.dtype), gen) for i in graph.inputs)
         return LoadedModel(graph.name, graph, inputs, None)
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
@@ -41,10 +52,71 @@ def load_model(spec: str, batch: int = 1, input_shape: tuple[int, ...] | None = 
         except (ImportError, AttributeError) as e:
             raise OpschedError(f"cannot load {spec!r}: {e}") from None
         module = factory().eval()
-        shape = input_shape or getattr(module, "example_input_shape", None)
+        if named:
+            raise OpschedError(f"{spec}: a module takes one unnamed --input-shape (e.g. 1,3,224,224)")
+        shape = unnamed or getattr(module, "example_input_shape", None)
         if shape is None:
             raise OpschedError(f"{spec}: give the input shape with --input-shape (e.g. 1,3,224,224) or an "
                                f"example_input_shape attribute on the module")
         inputs = (torch.randn(*shape),)
         return LoadedModel(attr, from_torch(module, inputs, name=attr), inputs, module)
     raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file or package.module:factory")
+
+
+def _parse_shapes(values: Sequence[str]) -> tuple[tuple[int, ...] | None, dict[str, tuple[int, ...]]]:
+    """``--input-shape`` values: the one unnamed shape, if any, and the named ones."""
+    unnamed: tuple[int, ...] | None = None
+    named: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        name, _, dims = value.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise OpschedError(f"--input-shape {value!r}: expected sizes separated by commas, as 1,3,224,224 or "
+                               f"NAME=1,128") from None
+        if any(d < 1 for d in shape):
+            raise OpschedError(f"--input-shape {value!r}: sizes must be positive")
+        if name:
+            named[name] = shape
+        elif unnamed is not None:
+            raise OpschedError("--input-shape: give several inputs' shapes as NAME=1,128, one per input")
+        else:
+            unnamed = shape
+    return unnamed, named
+
+
+def _onnx_shapes(path: str, batch: int, unnamed: tuple[int, ...] | None,
+                 named: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The shapes to fix the file's inputs at (see :func:`load_model`), or an error naming every
+    input whose dynamic dimensions are still open and how to give them."""
+    from opsched.frontends.onnx import onnx_input_dims
+
+    declared = onnx_input_dims(path)
+    if unnamed is not None:
+        if len(declared) != 1:
+            raise OpschedError(f"{path} has {len(declared)} inputs ({', '.join(declared)}): give each shape as "
+                               f"--input-shape NAME=...")
+        named = {next(iter(declared)): unnamed, **named}
+    if unknown := sorted(set(named) - set(declared)):
+        raise OpschedError(f"{path}: --input-shape names {', '.join(map(repr, unknown))}, but its inputs are "
+                           f"{', '.join(map(repr, declared))}")
+    shapes, open_ = dict(named), []
+    for name, dims in declared.items():
+        if name in shapes or (dims is not None and all(isinstance(d, int) for d in dims)):
+            continue
+        if dims and isinstance(dims[0], str) and all(isinstance(d, int) for d in dims[1:]):
+            shapes[name] = (batch, *(int(d) for d in dims[1:]))  # the batch dimension
+        else:
+            shown = "no declared shape" if dims is None else f"[{', '.join(map(str, dims))}]"
+            open_.append(f"{name!r} ({shown})")
+    if open_:
+        example = " ".join(f"--input-shape {n}=..." for n in declared if n not in shapes)
+        raise OpschedError(f"{path}: the sizes of {', '.join(open_)} are not fixed by the file: give them, e.g. "
+                           f"{example}")
+    return shapes
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(0, 2, shape, generator=gen).to(dtype)

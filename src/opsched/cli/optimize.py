@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from opsched._text import mib
-from opsched.cli.main import Handler, positive_int, subcommand
+from opsched.cli.main import INPUT_SHAPE_HELP, Handler, positive_int, subcommand
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
@@ -33,7 +33,7 @@ BASELINES = ("sequential", "greedy")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--input-shape", help="for package.module:factory models, e.g. 1,3,224,224")
+    p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (lanes on CUDA streams, one CUDA graph)")
     p.add_argument("--dtype", help="float32 (default), float16 or bfloat16: the precision the model runs in")
     p.add_argument("--channels-last", action="store_true", help="4-D weights and inputs in channels-last layout")
@@ -62,9 +62,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         names = [name.strip() for name in args.scheduler.split(",")]
         options = scheduler_values(args)
         check_request(device=args.device, scheduler=names, backend=args.backend, dtype=args.dtype, **options)
-        shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
         progress = phases(True)
-        loaded = load_model(args.model, args.batch, shape)
+        loaded = load_model(args.model, args.batch, args.input_shape)
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
                                 channels_last=args.channels_last, scheduler=names, cost=args.cost,
                                 backend=args.backend, cache_dir=args.cache_dir, rounds=args.rounds,

@@ -33,7 +33,7 @@ from opsched.ir.ops.onnx_node import ONNX_GENERIC_OPS, encode_proto, one_node_se
 from opsched.ir.types import FrozenAttrs, TensorType
 from opsched.transforms import canonicalize
 
-__all__ = ["from_onnx", "supported_onnx_ops"]
+__all__ = ["from_onnx", "onnx_input_dims", "supported_onnx_ops"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -271,7 +271,24 @@ def _resize_without_empty_scales(converted: onnx.ModelProto) -> None:
             node.input[2] = ""
 
 
-def _load(path: str) -> onnx.ModelProto:
+def onnx_input_dims(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, tuple[int | str, ...] | None]:
+    """Per input of an ONNX model that is not an initializer: its declared dimensions, an int where
+    fixed and the dimension's name (``"?"`` if unnamed) where dynamic; ``None`` where the file
+    declares no shape. A file's weights stored beside it are not read."""
+    if not isinstance(model, onnx.ModelProto):
+        model = _load(os.fspath(model), external=False)
+    initializers = {t.name for t in model.graph.initializer}
+    return {i.name: _declared_dims(i) for i in model.graph.input if i.name not in initializers}
+
+
+def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
+
+
+def _load(path: str, external: bool = True) -> onnx.ModelProto:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -285,7 +302,7 @@ def _load(path: str) -> onnx.ModelProto:
         raise MalformedModelError(f"{path}: not an ONNX protobuf, or truncated ({len(data)} bytes): {e}") from e
     if not model.graph.node and not model.graph.output:
         raise MalformedModelError(f"{path}: parsed as an empty model: truncated, or not an ONNX file")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    if external and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         # torch.onnx.export(model, args, "model.onnx") writes its weights to model.onnx.data by default
         try:
             external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
@@ -364,16 +381,23 @@ class _OnnxConverter:
         return known
 
     def _input_shape(self, inp: onnx.ValueInfoProto) -> tuple[int, ...]:
+        dims = _declared_dims(inp)
+        shown = "no declared shape" if dims is None else f"dimensions [{', '.join(map(str, dims))}]"
         if inp.name in self.input_shapes:
-            return tuple(int(d) for d in self.input_shapes[inp.name])
-        dims = inp.type.tensor_type.shape.dim
-        shape = []
-        for d in dims:
-            if not d.HasField("dim_value"):
-                raise FrontendError(f"{self.source}: input {inp.name!r} has a dynamic dimension "
-                                    f"{d.dim_param or '?'!r}; fix it with input_shapes={{{inp.name!r}: (...)}}")
-            shape.append(int(d.dim_value))
-        return tuple(shape)
+            given = tuple(int(d) for d in self.input_shapes[inp.name])
+            if dims is not None and (len(given) != len(dims) or
+                                     any(isinstance(d, int) and d != g for d, g in zip(dims, given))):
+                raise FrontendError(f"{self.source}: input_shapes gives input {inp.name!r} the shape {given}, but the "
+                                    f"file declares {shown}: only its dynamic ones can be chosen")
+            return given
+        if dims is None:
+            raise FrontendError(f"{self.source}: input {inp.name!r} declares no shape; give it with "
+                                f"input_shapes={{{inp.name!r}: (...)}}")
+        if dynamic := [d for d in dims if isinstance(d, str)]:
+            raise FrontendError(f"{self.source}: input {inp.name!r} has dynamic dimension(s) "
+                                f"{', '.join(map(repr, dynamic))} ({shown}); fix them with "
+                                f"input_shapes={{{inp.name!r}: (...)}}")
+        return tuple(int(d) for d in dims)
 
     def _convert(self, node: onnx.NodeProto) -> None:
         ins = [self.env[i] if i else None for i in node.input]
