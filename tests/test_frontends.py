@@ -100,6 +100,60 @@ def test_functional_model_converts_and_matches(tracer: str) -> None:
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class _EmptyCache(nn.Module):
+    """A decoder step with its key-value cache still empty: ``cat`` skips the 1-D empty tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("past", torch.empty(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keys = torch.cat([self.past, self.proj(x)], dim=-2)
+        return keys.softmax(-1)
+
+
+class _NoGradRegion(nn.Module):
+    """Llama's rotary embedding computes its angles under ``torch.no_grad()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("freq", torch.arange(1, 5, dtype=torch.float32) / 4)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            angles = x[..., :1] * self.freq
+        return self.proj(x) * angles.cos() + angles.sin()
+
+
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+@pytest.mark.parametrize("model_type", [_EmptyCache, _NoGradRegion])
+def test_decoder_idioms_import_whole_and_equal_eager(tracer: str, model_type: type[nn.Module]) -> None:
+    model, x = model_type().eval(), torch.randn(2, 3, 8 if model_type is _EmptyCache else 4)
+    graph = from_torch(model, x, tracer=tracer)  # type: ignore[arg-type]
+    assert tracer == "fx" or not [n for n in graph.nodes if n.op == "opaque"]  # fx lacks cos, sin, getitem
+    if model_type is _EmptyCache:
+        assert [len(n.inputs) for n in graph.nodes if n.op == "concat"] in ([], [1])  # the empty one skipped
+    with torch.no_grad():
+        assert_close(run_graph(graph, [x]), [model(x)])
+
+
+class _ReturnsACache(nn.Module):
+    class KeyValueCache:
+        def __init__(self, keys: torch.Tensor) -> None:
+            self.keys = keys
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, _ReturnsACache.KeyValueCache]:
+        return x.relu(), self.KeyValueCache(x * 2)
+
+
+def test_a_model_returning_a_cache_object_is_told_how_to_return_tensors() -> None:
+    with pytest.raises(FrontendError, match=r"returns a KeyValueCache, whose tensors torch.export cannot see: "
+                                            r"model.config.use_cache = False"):
+        from_torch(_ReturnsACache(), torch.randn(2, 3), tracer="export")
+
+
 def test_canonical_graph_folds_and_fuses() -> None:
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(), nn.Flatten()).eval()
     with torch.no_grad():

@@ -134,7 +134,7 @@ _on(aten.mul.Tensor)(_binary("mul"))
 
 @_on(aten.cat.default)
 def _cat(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
-    return c.ctx.add("concat", [c.value(t) for t in args[0]], name=c.name(n), axis=arg(args, kwargs, 1, "dim", 0))
+    return emit.concat(c.ctx, c.name(n), [c.value(t) for t in args[0]], arg(args, kwargs, 1, "dim", 0))
 
 
 @_on(aten.max_pool2d.default)

@@ -15,7 +15,8 @@ from typing import Any
 from opsched.frontends._common import ConversionContext, Unsupported
 from opsched.ir.ops._common import pair
 
-__all__ = ["arg", "tensor_arg", "conv2d", "linear", "batch_norm", "pool", "adaptive_avg_pool", "gelu", "slices", "pad"]
+__all__ = ["arg", "tensor_arg", "conv2d", "linear", "batch_norm", "pool", "adaptive_avg_pool", "gelu", "slices", "pad",
+           "concat"]
 
 
 def arg(args: Sequence[Any], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
@@ -99,3 +100,12 @@ def slices(ctx: ConversionContext, name: str, x: str, sizes: Sequence[int], dim:
 
 def pad(ctx: ConversionContext, name: str, x: str, pads: Sequence[int], value: float | None) -> str:
     return ctx.add("pad", [x], name=name, pads=tuple(int(p) for p in pads), value=float(value or 0.0))
+
+
+def concat(ctx: ConversionContext, name: str, values: Sequence[str], dim: int) -> str:
+    """``torch.cat``: a 1-D tensor of size 0 among the inputs is skipped, as torch skips it
+    whatever the others' rank (an empty key-value cache before its first step)."""
+    kept = [v for v in values if ctx.type(v).shape != (0,)]
+    if not kept:
+        raise Unsupported
+    return ctx.add("concat", kept, name=name, axis=dim)

@@ -19,6 +19,7 @@ as torch.fx names them), others as torch.export does.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,15 +57,27 @@ def export_graph(module: nn.Module, inputs: Sequence[torch.Tensor], name: str) -
     """``module`` traced by torch.export and converted (module docstring); raises
     :class:`FrontendError` with torch.export's reason where it cannot trace."""
     try:
-        with warnings.catch_warnings():  # torch's own deprecation of its pytree internals, not the user's
+        # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
+        # embedding) is then not wrapped in a higher-order set_grad_enabled call
+        with warnings.catch_warnings(), torch.no_grad():  # torch's own deprecation of its pytree internals
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             program = torch.export.export(module, tuple(inputs), strict=False)
             if not _functional(program):
                 program = program.run_decompositions({})
     except Exception as e:  # torch.export raises many types for the same root causes
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from e
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
     return ExportConverter(program, name).run()
+
+
+def _hint(reason: str) -> str:
+    """What to do about a torch.export failure users meet often, where there is one thing to do."""
+    if found := re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", reason):
+        kind = found.group(1).rpartition(".")[2]
+        fix = ("model.config.use_cache = False (a Hugging Face model's key-value cache)" if "Cache" in kind else
+               "return its tensors instead")
+        return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
+    return ""
 
 
 def _functional(program: torch.export.ExportedProgram) -> bool:

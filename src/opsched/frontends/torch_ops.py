@@ -218,7 +218,7 @@ def _mul(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str,
 def _cat(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     tensors = arg(args, kwargs, 0, "tensors")
     dim = arg(args, kwargs, 1, "dim", 0)
-    return c.ctx.add("concat", [tensor_arg(t) for t in tensors], name=n.name, axis=dim)
+    return emit.concat(c.ctx, n.name, [tensor_arg(t) for t in tensors], dim)
 
 
 @_register(FUNCTION_CONVERTERS, torch.mean)

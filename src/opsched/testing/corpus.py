@@ -80,6 +80,10 @@ def corpus() -> dict[str, CorpusModel]:
                     tokens()),
         CorpusModel("gpt2", "GPT2Model", lambda: hf.GPT2Model(hf.GPT2Config(
             vocab_size=100, n_embd=64, n_layer=2, n_head=4, use_cache=False)), tokens()),
+        # a decoder LM as users load them: rotary embeddings computed under no_grad, RMS norms,
+        # grouped-query attention, a gated MLP; no key-value cache (the hint torch.export's error gets)
+        CorpusModel("llama", "LlamaForCausalLM", lambda: hf.LlamaForCausalLM(hf.LlamaConfig(
+            hidden_size=64, num_key_value_heads=2, max_position_embeddings=64, use_cache=False, **text)), tokens()),
         CorpusModel("vit", "ViTModel", lambda: hf.ViTModel(hf.ViTConfig(**vision)), image()),
         CorpusModel("deit", "DeiTModel", lambda: hf.DeiTModel(hf.DeiTConfig(**vision)), image()),
         CorpusModel("swin", "SwinModel", lambda: hf.SwinModel(hf.SwinConfig(
