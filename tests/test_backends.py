@@ -182,6 +182,31 @@ def test_casts_and_type_promoting_ops_stay_in_an_ort_session() -> None:
     executor.close()
 
 
+class _MaskTypeAs(torch.nn.Module):
+    """Funnel's attention mask: a buffer ``type_as`` the hidden states, whose values the exported
+    Cast (or Identity) never reads, so torch.onnx drops that input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("mask", torch.tensor([[1.0, 0.0, 1.0]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return h * self.mask.type_as(h).unsqueeze(-1) + self.mask.type_as(x.half()).float().sum()
+
+
+def test_a_call_whose_export_drops_an_input_is_wired_by_name() -> None:
+    x = torch.randn(1, 3, 8)
+    g = opsched.from_torch(_MaskTypeAs().eval(), x)
+    assert [n.attrs["target"] for n in g.nodes if n.op.startswith("aten.")].count("aten::type_as.default") == 2
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    assert_close(executor([x]), opsched.run_graph(g, [x]))
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1
+    executor.close()
+
+
 def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     class Bessel(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

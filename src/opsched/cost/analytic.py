@@ -117,7 +117,7 @@ class AnalyticCostModel:
             return OpCost(0.0, 0.0, 0.0)
         ins, params = graph.input_types(node), graph.node_param_types(node)
         category = _category(node)
-        channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1]
+        channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1] if node.out.shape else 1  # 0-d
         # a reduction's threads share out its input, not its (small) output: a global average pool
         # of 4 channels over 64x64 keeps 16,384 threads busy, not 4
         parallel = sum(t.numel for t in ins) if category == "reduce" else node.out.numel

@@ -263,8 +263,11 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     g = b.graph
     model = _exported(node.attrs["target"], node.attrs["args"], node.attrs["kwargs"], node.attrs.get("index"),
                       tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params))
-    names = {i.name: v for i, v in zip(model.graph.input, node.inputs)}
-    names.update({i.name: b.param(node, k) for k, i in enumerate(model.graph.input[len(node.inputs):])})
+    # by name: the exporter drops inputs the call does not read (type_as reads only its other's dtype)
+    present = {i.name for i in model.graph.input}
+    names = {f"in{k}": v for k, v in enumerate(node.inputs)}
+    names.update({f"in{len(node.inputs) + k}": b.param(node, k) for k in range(len(node.params))
+                  if f"in{len(node.inputs) + k}" in present})
     names[""] = ""  # an optional input left out
     for init in model.graph.initializer:
         names[init.name] = b.init(numpy_helper.to_array(init), init.name)
