@@ -207,6 +207,67 @@ def test_a_call_whose_export_drops_an_input_is_wired_by_name() -> None:
     executor.close()
 
 
+class _Scatters(torch.nn.Module):
+    """Writes as models make them: ``slice_scatter``, ``select_scatter`` and ``fill`` (in-place
+    slice assignments once functionalised: Funnel's relative positions), and aliases such as
+    ``torch.multiply`` (ConvBERT): torch.onnx has no symbolic for any of them."""
+
+    def __init__(self, dim: int, start: int | None, end: int | None, step: int) -> None:
+        super().__init__()
+        self.where = (dim, start, end, step)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dim, start, end, step = self.where
+        base = torch.multiply(x, 2.0)
+        width = len(range(*slice(start, end, step).indices(x.shape[dim])))
+        src = torch.subtract(x.narrow(dim, 0, width), 1.0)
+        written = base.clone()
+        written.narrow(dim, 0, 1).fill_(0.0)  # writes through views: slice_scatter of a fill
+        written.select(dim, -1).fill_(x.amax())  # select_scatter of a fill by a 0-d tensor
+        return torch.slice_scatter(written, torch.true_divide(src, 3.0), dim, start, end, step)
+
+
+@pytest.mark.parametrize(("dim", "start", "end", "step"), [(1, 2, 6, 1), (-1, None, None, 2), (2, 1, None, 3),
+                                                           (0, 0, 1, 1)])
+def test_slice_writes_and_aliases_stay_in_an_ort_session(dim: int, start: int | None, end: int | None,
+                                                         step: int) -> None:
+    model, x = _Scatters(dim, start, end, step), torch.randn(2, 8, 7)
+    g = opsched.from_torch(model, x)
+    targets = {n.attrs.get("target") for n in g.nodes}
+    assert {"aten::slice_scatter.default", "aten::select_scatter.default", "aten::fill.Scalar", "aten::fill.Tensor",
+            "aten::multiply.Tensor"} <= targets
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    assert_close(executor([x]), [model(x)])
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+    executor.close()
+
+
+class _IndexWrites(torch.nn.Module):
+    """Index assignments on integer and half tensors: ``copy`` (a scalar or a tensor broadcast
+    into a slice, with a cast), ``fill`` and the scatters around them."""
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        marked = ids.clone()
+        marked[:, 0] = 7
+        marked[:, 2:4] = 3
+        half = x.clone().half()
+        half[0, 1] = 2.5
+        half[1, 2:5] = x[0, :3]
+        return marked * 2, half.float() + 1
+
+
+def test_index_assignments_of_every_dtype_stay_in_an_ort_session_exactly() -> None:
+    model, inputs = _IndexWrites(), (torch.randint(0, 5, (2, 6)), torch.randn(2, 6))
+    g = opsched.from_torch(model, inputs)
+    assert "aten::copy.default" in {n.attrs.get("target") for n in g.nodes}
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    assert all(torch.equal(a, b) for a, b in zip(executor(list(inputs)), model(*inputs), strict=True))
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+    executor.close()
+
+
 def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     class Bessel(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from opsched.ir.graph import Graph
@@ -187,14 +188,17 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
 
     n_in = len(inputs)
     op = overload(target)
-    if not _has_symbolic(op._schema.name):
+    # an alias or other composite (aten::multiply) without a symbolic of its own is exported as
+    # what it is made of (aten::mul)
+    run = op if _has_symbolic(op._schema.name) else op.decompose if _composite(op) else None
+    if run is None:
         raise NotExportable(f"{target}: torch.onnx has no export for it at opset {OPSET}")
 
     def call(*tensors: torch.Tensor) -> Any:
         ins, ps = tensors[:n_in], tensors[n_in:]
         a = [_decode(x, ins, ps, torch.device("cpu"), None) for x in args]
         k = {key: _decode(v, ins, ps, torch.device("cpu"), None) for key, v in kwargs}
-        out = op(*a, **k)
+        out = run(*a, **k)
         return out if index is None else out[index]
 
     examples = tuple(_example(t) for t in (*inputs, *params))
@@ -227,8 +231,100 @@ def _cast(b: OnnxBuilder, node: Node) -> None:
     b.add("Cast", [node.inputs[0]], node.name, to=ONNX_DTYPES[node.out.dtype])
 
 
+def _slice_scatter(b: OnnxBuilder, node: Node) -> None:
+    """``base`` with ``src`` written over ``base[..., start:end:step, ...]`` (what an in-place
+    slice assignment becomes once functionalised): a ScatterElements whose indices are the
+    slice's positions along ``dim``."""
+    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    dim = given.get("dim", 0) % base.rank
+    start, _, step = slice(given.get("start"), given.get("end"), given.get("step", 1)).indices(base.shape[dim])
+    _scatter_along(b, node, dim, start + step * np.arange(src.shape[dim], dtype=np.int64), src.shape,
+                   _operand(b, node, 1))
+
+
+def _select_scatter(b: OnnxBuilder, node: Node) -> None:
+    """``base`` with ``src`` written over ``base.select(dim, index)`` (``x[:, 0] = y``): ``src``
+    given its dimension back, then scattered at ``index``."""
+    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    dim = given["dim"] % base.rank
+    shape = (*src.shape[:dim], 1, *src.shape[dim:])
+    axes = b.init(np.array([dim], dtype=np.int64), f"{node.name}_axes")
+    unsqueezed = b.add("Unsqueeze", [_operand(b, node, 1), axes], b.fresh(f"{node.name}_src"))
+    _scatter_along(b, node, dim, np.array([given["index"] % base.shape[dim]], dtype=np.int64), shape, unsqueezed)
+
+
+def _scatter_along(b: OnnxBuilder, node: Node, dim: int, positions: np.ndarray, shape: Sequence[int],
+                   updates: str) -> None:
+    """The node's output: its first operand with ``updates`` (of ``shape``) written at
+    ``positions`` along ``dim``."""
+    along = [1] * len(shape)
+    along[dim] = len(positions)
+    indices = b.init(np.ascontiguousarray(np.broadcast_to(positions.reshape(along), shape)), f"{node.name}_indices")
+    b.add("ScatterElements", [_operand(b, node, 0), indices, updates], node.name, axis=dim)
+
+
+def _fill(b: OnnxBuilder, node: Node) -> None:
+    """A tensor of the input's shape holding one value (``x.fill_(0)`` once functionalised)."""
+    from onnx import helper
+
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    _tensor_types(b, node, 1)
+    shape = b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")
+    if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
+        b.add("Expand", [_operand(b, node, 1), shape], node.name)
+        return
+    value = np.array([_arguments(node)["value"]], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: float
+    b.add("ConstantOfShape", [shape], node.name, value=helper.make_tensor("value", ONNX_DTYPES[node.out.dtype], [1],
+                                                                          value))
+
+
+def _copy(b: OnnxBuilder, node: Node) -> None:
+    """``self`` overwritten by ``src`` (``y[:, 2:4] = 3`` once functionalised): ``src`` cast to the
+    output's type and broadcast to its shape."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    _tensor_types(b, node, 2)
+    cast = b.add("Cast", [_operand(b, node, 1)], b.fresh(f"{node.name}_src"), to=ONNX_DTYPES[node.out.dtype])
+    b.add("Expand", [cast, b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")], node.name)
+
+
+def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
+    """The types of a generic node's first ``n`` arguments, all tensors."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    types = []
+    for tag, k in node.attrs["args"][:n]:
+        types.append(b.graph.types[node.inputs[k]] if tag == "t" else b.graph.param_types[node.params[k]])
+    if any(t.dtype not in ONNX_DTYPES for t in types):
+        raise NotExportable(f"{node.attrs['target']}: ONNX has no {types[0].dtype}")
+    return types
+
+
+def _operand(b: OnnxBuilder, node: Node, position: int) -> str:
+    """The ONNX value of a generic node's tensor argument at ``position``."""
+    tag, k = node.attrs["args"][position]
+    return b.param(node, k) if tag == "p" else node.inputs[k]
+
+
+def _arguments(node: Node) -> dict[str, Any]:
+    """A generic node's scalar arguments by their schema names (tensors left out)."""
+    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
+    bound = {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
+    return {k: enc[1] for k, enc in bound.items() if enc[0] == "v"}
+
+
 #: ONNX forms of overloads that torch.onnx cannot export on their own.
-_ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {"aten::_to_copy.default": _cast}
+_ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
+    "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
+    "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
+    "aten::copy.default": _copy}
+
+
+def _composite(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` is defined as other ATen calls (CompositeImplicitAutograd), which
+    ``op.decompose`` makes."""
+    return bool(op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd))
 
 
 @functools.cache
