@@ -7,8 +7,9 @@ then, interleaved in one process in a fresh order each round (:func:`opsched.tim
 50 ms of sleep and one untimed call before five timed ones, their median the round's sample):
 eager PyTorch, ONNX Runtime's own session of the export with its default options, opsched's
 sequential plan on the ONNX Runtime backend (the torch import's graph), that plan's session
-alone where it is one (what the plan costs without the drop-in module's call), and what
-``opsched.optimize`` returns with its defaults but the search budget. Ratios are medians of
+alone where it is one (what the plan costs without the drop-in module's call), the sequential
+plan of the ONNX import (the file as a user would bring it; its outputs checked against ONNX
+Runtime's first), and what ``opsched.optimize`` returns with its defaults but the search budget. Ratios are medians of
 per-round ratios, > 1 where the second contender is faster.
 
     python benchmarks/corpus.py                       # every corpus model
@@ -50,7 +51,8 @@ def sessions(module: ScheduledModule) -> int:
 
 
 #: The latency columns, in the table's order.
-COLUMNS = ("eager", "ORT own session", "opsched session", "opsched sequential", "optimize()")
+COLUMNS = ("eager", "ORT own session", "opsched session", "opsched sequential", "ONNX-file sequential",
+           "optimize()")
 
 
 def sole_session(module: ScheduledModule) -> Any:
@@ -61,6 +63,18 @@ def sole_session(module: ScheduledModule) -> Any:
         return None
     found = [s for s in executor.program.sessions if s is not None]
     return found[0] if len(found) == 1 and executor.program.n_items == 1 else None
+
+
+def check_against(own: Any, feeds: dict[str, Any], module: ScheduledModule, inputs: tuple[torch.Tensor, ...],
+                  name: str) -> None:
+    """Raise where the module's outputs differ from ONNX Runtime's own session's on the same file."""
+    want = own.run(None, feeds)
+    with torch.no_grad():
+        got = module(*inputs)
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(g, torch.from_numpy(w), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, k=k: f"{name}: ONNX import's output {k} differs from ORT's: {m}")
 
 
 def generic(graph: opsched.Graph, prefix: str) -> int:
@@ -80,6 +94,9 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
     feeds = {i.name: x.numpy() for i, x in zip(own.get_inputs(), inputs)}
     with ProfileStore(cache_dir) as store:
         sequential = ScheduledModule(graph, schedule(graph, "sequential", measured_cost(store=store)), backend="ort")
+        from_file = ScheduledModule(onnx_graph, schedule(onnx_graph, "sequential", measured_cost(store=store)),
+                                    backend="ort")
+    check_against(own, feeds, from_file, inputs, name)
     t = time.perf_counter()
     opt = opsched.optimize(model, inputs, cache_dir=cache_dir, budget_s=budget)
     optimize_s = time.perf_counter() - t
@@ -87,6 +104,7 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
         "eager": lambda: model(*inputs),
         "ORT own session": lambda: own.run(None, feeds),
         "opsched sequential": lambda: sequential(*inputs),
+        "ONNX-file sequential": lambda: from_file(*inputs),
         "optimize()": lambda: opt(*inputs),
     }
     alone = sole_session(sequential)
@@ -101,6 +119,7 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
     def ratio(slow: str, fast: str) -> float:
         return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
     ratios = {"seq vs ORT": ratio("ORT own session", "opsched sequential"),
+              "ONNX-file seq vs ORT": ratio("ORT own session", "ONNX-file sequential"),
               "session vs ORT": ratio("ORT own session", "opsched session") if alone else float("nan"),
               "optimize() vs ORT": ratio("ORT own session", "optimize()"),
               "optimize() vs eager": ratio("eager", "optimize()")}
@@ -110,11 +129,12 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
               "onnx_mb": proto.ByteSize() / 1e6, "onnx_import_s": onnx_import_s,
               "onnx_exporter": exporter, "onnx_operators": len(onnx_graph.nodes),
               "generic_onnx": generic(onnx_graph, "onnx."), "sessions_sequential": sessions(sequential),
-              "sessions_optimize": sessions(opt), "optimize_scheduler": opt.schedule.scheduler,
+              "sessions_optimize": sessions(opt), "sessions_onnx_file": sessions(from_file),
+              "optimize_scheduler": opt.schedule.scheduler,
               "median_ms": med, "ratios": ratios, "optimize_s": optimize_s}
     row = [name, len(graph.nodes), record["generic_aten"], kinds["opaque"], f"{exporter}: {len(onnx_graph.nodes)}",
            record["generic_onnx"], f"{proto.ByteSize() / 1e6:.1f} / {onnx_import_s:.2f}",
-           f"{sessions(sequential)} / {sessions(opt)}",
+           f"{sessions(sequential)} / {sessions(opt)} / {sessions(from_file)}",
            *(f"{med[k]:.2f}" if k in med else "n/a" for k in COLUMNS), *(f"{v:.2f}" for v in ratios.values()),
            f"{optimize_s:.0f}"]
     return row, record
@@ -136,11 +156,11 @@ def main() -> None:
         records.append(record)
         print(" | ".join(map(str, row)), flush=True)
     headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
-               "ONNX MB / import s", "ORT sessions seq / opt", "eager ms", "ORT own ms", "opsched session ms",
-               "opsched seq ms", "optimize() ms", "seq vs ORT", "session vs ORT", "optimize() vs ORT",
-               "optimize() vs eager", "optimize s"]
+               "ONNX MB / import s", "ORT sessions seq / opt / ONNX-file", "eager ms", "ORT own ms",
+               "opsched session ms", "opsched seq ms", "ONNX-file seq ms", "optimize() ms", "seq vs ORT",
+               "ONNX-file seq vs ORT", "session vs ORT", "optimize() vs ORT", "optimize() vs eager", "optimize s"]
     geo = {key: geomean(v for r in records if not math.isnan(v := r["ratios"][key]))  # type: ignore[index]
-           for key in ("seq vs ORT", "session vs ORT", "optimize() vs ORT", "optimize() vs eager")}
+           for key in headers if key in records[0]["ratios"]}  # type: ignore[operator]
     write_table(args.name, [
         "# The corpus: third-party models on this CPU", "",
         "Hugging Face `transformers` models built from shrunk configs (random weights; "
@@ -149,15 +169,16 @@ def main() -> None:
         "exporter that produced the file (torch.onnx's default dynamo exporter, else the TorchScript one) "
         "and the operators opsched imported from it, of which *generic ONNX* run through ONNX Runtime as "
         "they are, the file's size and how long `opsched.from_onnx` took to import it. *ORT sessions*: "
-        "ONNX Runtime sessions of opsched's sequential plan and of optimize()'s "
-        "plan (1: nothing cuts the model). Latency: medians over interleaved rounds in one process; ratios "
+        "ONNX Runtime sessions of opsched's sequential plan, of optimize()'s plan and of the ONNX import's "
+        "sequential plan (1: nothing cuts the model). Latency: medians over interleaved rounds in one process; ratios "
         "are medians of per-round ratios, > 1 where opsched is faster. *ORT own*: ONNX Runtime's session of "
         "the export with its default options; *opsched seq*: the sequential plan on the ONNX Runtime "
         "backend, a drop-in module (torch tensors in and out, the graph's outputs as they are: optimize() "
         "also builds the model's own output structure); *opsched "
         "session*: that plan's one ONNX Runtime session called as ORT's own is, NumPy in and out (n/a where "
         "the plan is more than one session), so *session vs ORT* compares the graphs and *seq vs ORT* adds "
-        "the module's call; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
+        "the module's call; *ONNX-file seq*: the ONNX import's sequential plan on the ONNX Runtime backend, "
+        "its outputs checked against ORT's own; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
         f"{args.budget:g} s.",
     ], headers, rows, geo, {"rows": records, "budget_s": args.budget})
 
