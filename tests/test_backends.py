@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import opsched
 from opsched.api import host_cpu_model
@@ -264,6 +265,38 @@ def test_index_assignments_of_every_dtype_stay_in_an_ort_session_exactly() -> No
     plan = lower(g, schedule(g, "sequential", host_cpu_model()))
     executor = get_backend("ort").prepare(g, plan, RunOptions())
     assert all(torch.equal(a, b) for a, b in zip(executor(list(inputs)), model(*inputs), strict=True))
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+    executor.close()
+
+
+class _Unfold(torch.nn.Module):
+    """``F.unfold`` (``im2col``) and ``F.fold`` (``col2im``), as MobileViTV2 cuts an image into
+    patches and folds them back."""
+
+    def __init__(self, kernel: tuple[int, int], dilation: tuple[int, int], padding: tuple[int, int],
+                 stride: tuple[int, int]) -> None:
+        super().__init__()
+        self.window = {"kernel_size": kernel, "dilation": dilation, "padding": padding, "stride": stride}
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cols = F.unfold(image, **self.window)
+        return cols, F.fold(cols.relu(), image.shape[-2:], **self.window) * 2
+
+
+@pytest.mark.parametrize(("size", "kernel", "dilation", "padding", "stride"), [
+    ((8, 8), (2, 2), (1, 1), (0, 0), (2, 2)),  # MobileViTV2's: blocks side by side
+    ((7, 9), (3, 2), (1, 2), (1, 0), (2, 1)),  # overlapping, dilated, padded on one axis
+    ((6, 6), (3, 3), (1, 1), (1, 1), (1, 1)),  # every pixel the sum of 9 columns
+])
+def test_unfold_and_fold_stay_in_an_ort_session(size: tuple[int, int], kernel: tuple[int, int],
+                                                dilation: tuple[int, int], padding: tuple[int, int],
+                                                stride: tuple[int, int]) -> None:
+    model, image = _Unfold(kernel, dilation, padding, stride), torch.randn(2, 3, *size)
+    g = opsched.from_torch(model, image)
+    assert {"aten::im2col.default", "aten::col2im.default"} <= {n.attrs.get("target") for n in g.nodes}
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    assert_close(executor([image]), list(model(image)))
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
     executor.close()
 

@@ -289,6 +289,74 @@ def _copy(b: OnnxBuilder, node: Node) -> None:
     b.add("Expand", [cast, b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")], node.name)
 
 
+def _col2im(b: OnnxBuilder, node: Node) -> None:
+    """``F.fold``: every column's values added into the (padded) image at the positions their
+    sliding block covers, as a ScatterElements with ``reduction="add"``, then the padding cut
+    off. (ONNX's own Col2Im is opset 18, beyond the segments'.)"""
+    from onnx import helper
+
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    size, kernel, dilation, padding, stride = _window_arguments(node)
+    (cols,) = _tensor_types(b, node, 1)
+    if cols.rank != 3:
+        raise NotExportable(f"{node.attrs['target']}: an unbatched fold")
+    n, c = node.out.shape[:2]
+    padded = [s + 2 * p for s, p in zip(size, padding)]
+    positions = _block_positions(padded, kernel, dilation, stride)
+    flat = (n, c, len(positions))
+    indices = b.init(np.ascontiguousarray(np.broadcast_to(positions, flat)), f"{node.name}_indices")
+    updates = b.add("Reshape", [_operand(b, node, 0), b.init(np.array(flat, np.int64), f"{node.name}_cols")],
+                    b.fresh(f"{node.name}_cols"))
+    image_size = b.init(np.array([n, c, padded[0] * padded[1]], np.int64), f"{node.name}_image")
+    zeros = b.add("ConstantOfShape", [image_size], b.fresh(f"{node.name}_zeros"),
+                  value=helper.make_tensor("value", ONNX_DTYPES[cols.dtype], [1], [0]))
+    summed = b.add("ScatterElements", [zeros, indices, updates], b.fresh(f"{node.name}_sum"), axis=2,
+                   reduction="add")
+    image = b.add("Reshape", [summed, b.init(np.array([n, c, *padded], np.int64), f"{node.name}_padded")],
+                  b.fresh(f"{node.name}_padded"))
+    b.add("Slice", [image, b.init(np.array(padding, np.int64), f"{node.name}_starts"),
+                    b.init(np.array([p + s for p, s in zip(padding, size)], np.int64), f"{node.name}_ends"),
+                    b.init(np.array([2, 3], np.int64), f"{node.name}_axes")], node.name)
+
+
+def _im2col(b: OnnxBuilder, node: Node) -> None:
+    """``F.unfold``: the (padded) image's pixels gathered at the positions each sliding block
+    covers, block by block, into columns."""
+    kernel, dilation, padding, stride = _window_arguments(node)
+    (image,) = _tensor_types(b, node, 1)
+    if image.rank != 4:
+        raise NotExportable(f"{node.attrs['target']}: an unbatched unfold")
+    n, c, *size = image.shape
+    x = _operand(b, node, 0)
+    if any(padding):
+        pads = b.init(np.array([0, 0, *padding, 0, 0, *padding], np.int64), f"{node.name}_pads")
+        x = b.add("Pad", [x, pads], b.fresh(f"{node.name}_pad"))
+    padded = [s + 2 * p for s, p in zip(size, padding)]
+    positions = _block_positions(padded, kernel, dilation, stride)
+    flat = b.add("Reshape", [x, b.init(np.array([n, c, padded[0] * padded[1]], np.int64), f"{node.name}_flat")],
+                 b.fresh(f"{node.name}_flat"))
+    picked = b.add("Gather", [flat, b.init(positions, f"{node.name}_indices")], b.fresh(f"{node.name}_blocks"),
+                   axis=2)
+    b.add("Reshape", [picked, b.init(np.array(node.out.shape, np.int64), f"{node.name}_cols")], node.name)
+
+
+def _window_arguments(node: Node) -> list[tuple[int, ...]]:
+    """``col2im``'s output size, kernel, dilation, padding and stride, each a pair (``im2col``'s
+    the same but the output size)."""
+    return [tuple(v[1] for v in enc[1]) for enc in node.attrs["args"][1:]]
+
+
+def _block_positions(padded: Sequence[int], kernel: Sequence[int], dilation: Sequence[int],
+                     stride: Sequence[int]) -> np.ndarray:
+    """Per column entry of an unfolded image, in ``im2col``'s (kernel offset, block) order, the
+    flat index of the padded image's pixel it holds."""
+    blocks = [(p - d * (k - 1) - 1) // s + 1 for p, d, k, s in zip(padded, dilation, kernel, stride)]
+    ki, kj, bi, bj = np.meshgrid(*(np.arange(e) for e in (*kernel, *blocks)), indexing="ij")
+    rows, columns = bi * stride[0] + ki * dilation[0], bj * stride[1] + kj * dilation[1]
+    return np.ascontiguousarray((rows * padded[1] + columns).reshape(-1), dtype=np.int64)
+
+
 def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
     """The types of a generic node's first ``n`` arguments, all tensors."""
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
@@ -318,7 +386,7 @@ def _arguments(node: Node) -> dict[str, Any]:
 _ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
-    "aten::copy.default": _copy}
+    "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col}
 
 
 def _composite(op: torch._ops.OpOverload) -> bool:
