@@ -178,8 +178,8 @@ def main() -> None:
         "session*: that plan's one ONNX Runtime session called as ORT's own is, NumPy in and out (n/a where "
         "the plan is more than one session), so *session vs ORT* compares the graphs and *seq vs ORT* adds "
         "the module's call; *ONNX-file seq*: the ONNX import's sequential plan on the ONNX Runtime backend, "
-        "its outputs checked against ORT's own; *optimize()*: `opsched.optimize` with its defaults and an IOS budget of "
-        f"{args.budget:g} s.",
+        "its outputs checked against ORT's own; *optimize()*: `opsched.optimize` with its defaults and an IOS "
+        f"budget of {args.budget:g} s.",
     ], headers, rows, geo, {"rows": records, "budget_s": args.budget})
 
 
