@@ -6,7 +6,11 @@ argument (ints, floats, lists, strings, dtypes, devices) by value. Its output ty
 frontend (fake-tensor propagation), its FLOPs from PyTorch's own flop counter where it has a
 rule (an ``flops`` attribute, computed at import), its bytes from the types. It runs as the
 ATen overload itself on the torch backends (CPU and CUDA, capturable in a CUDA graph), and it
-exports to ONNX through the overload's own ONNX symbolic (torch.onnx run on the one call).
+exports to ONNX through the overload's own ONNX symbolic (torch.onnx run on the one call), or
+through the calls a composite overload is made of where it has none (``aten::multiply``). The
+overloads torch.onnx cannot export that models use often have an ONNX form here
+(:data:`_ONNX_FORMS`): casts, the writes an index assignment becomes once functionalised
+(``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), ``F.unfold`` and ``F.fold``.
 
 One op kind per category (``aten.elementwise``, ``aten.gemm``, ...), so that cost models,
 schedulers and pictures treat a generic matrix product as a matrix product; the category comes
