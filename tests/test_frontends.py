@@ -519,6 +519,39 @@ def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> 
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
 
+def test_onnx_runtimes_own_ops_join_its_segments() -> None:
+    """A file as ONNX Runtime's transformer optimizer writes it: com.microsoft's BiasGelu and
+    SkipLayerNormalization between standard ops, all in one session, equal to ORT's own."""
+    import numpy as np
+    import onnxruntime
+    from onnx import numpy_helper
+
+    from opsched.backends.lanes import LaneExecutor
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 8)), "bias": rng.standard_normal(8), "gamma": rng.random(8) + 0.5,
+               "beta": rng.standard_normal(8)}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("BiasGelu", ["m", "bias"], ["g"], domain="com.microsoft"),
+             helper.make_node("SkipLayerNormalization", ["g", "x", "gamma", "beta"], ["n"], domain="com.microsoft",
+                              epsilon=1e-5),
+             helper.make_node("Relu", ["n"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])
+    model = helper.make_model(helper.make_graph(nodes, "optimized", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    feed = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed})[0]
+    graph = from_onnx(model)
+    assert {n.attrs.get("domain") for n in graph.nodes if n.op.startswith("onnx.")} == {"com.microsoft"}
+    module = opsched.optimize_graph(graph, backend="ort", scheduler="sequential", cost="analytic", check=False)
+    np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-5, atol=1e-5)
+    executor = module.executor
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+
 @pytest.mark.parametrize(("op", "opset", "attrs", "dtypes", "constants", "refused", "declared"), [
     ("Transpose", 20, {"perm": [1, 0]}, ("float32",), {}, None, ({"perm"}, (0,))),  # version 13 at both
     ("IsNaN", 20, {}, ("float32",), {}, None, (set(), (0,))),  # 20 added float8 types only

@@ -43,6 +43,7 @@ class OnnxBuilder:
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
         self.owner = ""  # the step being exported: a prefix of every name made for it
+        self.domains: dict[str, int] = {}  # operator sets besides ai.onnx that the nodes use: their versions
 
     def fresh(self, hint: str) -> str:
         self._n += 1
@@ -60,6 +61,13 @@ class OnnxBuilder:
     def param(self, node: Node, i: int) -> str:
         """The node's i-th parameter as an initializer."""
         return self.init(self.graph.params[node.params[i]], f"{node.name}_p{i}")
+
+    def declare(self, domain: str, version: int) -> None:
+        """Have the model import ``domain`` (``com.microsoft``) at ``version``; a segment holds
+        one version of each."""
+        if self.domains.setdefault(domain, version) != version:
+            raise NotExportable(f"operator set {domain} at version {version}, where the segment uses version "
+                                f"{self.domains[domain]}")
 
     def add(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: Any) -> str:
         """An ONNX node ``op`` reading ``inputs``; returns its (one) output's name."""
@@ -79,4 +87,5 @@ class OnnxBuilder:
 
         g = helper.make_graph(self.nodes, "segment", [info(v) for v in inputs], [info(v) for v in outputs],
                               self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
+        opsets = [helper.make_opsetid("", OPSET), *(helper.make_opsetid(d, v) for d, v in self.domains.items())]
+        return helper.make_model(g, opset_imports=opsets, ir_version=8)

@@ -157,27 +157,30 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     import onnx
 
     from opsched.ir.ops.onnx_builder import OPSET
-    from opsched.ir.ops.onnx_opsets import declaration_at
+    from opsched.ir.ops.onnx_opsets import Declaration, declaration_at
 
     attrs = node.attrs
     proto = onnx.NodeProto.FromString(bytes.fromhex(attrs["proto"]))
-    if attrs["domain"]:
-        raise NotExportable(f"{attrs['op_type']} is of domain {attrs['domain']}; segments declare ai.onnx only")
     g = b.graph
     types = [g.types[node.inputs[k[0]]] if tag == "t" else g.param_types[node.params[k[0]]] if tag == "p" else None
              for tag, *k in attrs["slots"]]
-    constants = {j: g.params[node.params[k[0]]].detach().cpu().numpy()
-                 for j, (tag, *k) in enumerate(attrs["slots"]) if tag == "p"}
-    try:
-        declared = declaration_at(OPSET, attrs["op_type"], attrs["opset"], proto.attribute, types, constants,
-                                  len(proto.output), node.out, attrs["index"])
-    except NotExportable as e:
-        raise NotExportable(f"{e}; segments are exported at ai.onnx opset {OPSET}") from None
+    if attrs["domain"]:  # an operator set of its own (com.microsoft): the segment imports it as the file did
+        b.declare(attrs["domain"], attrs["domain_version"])
+        declared = Declaration(tuple(proto.attribute), tuple(range(len(types))))
+    else:
+        constants = {j: g.params[node.params[k[0]]].detach().cpu().numpy()
+                     for j, (tag, *k) in enumerate(attrs["slots"]) if tag == "p"}
+        try:
+            declared = declaration_at(OPSET, attrs["op_type"], attrs["opset"], proto.attribute, types, constants,
+                                      len(proto.output), node.out, attrs["index"])
+        except NotExportable as e:
+            raise NotExportable(f"{e}; segments are exported at ai.onnx opset {OPSET}") from None
     slots = [attrs["slots"][j] for j in declared.inputs]
     ins = [node.inputs[k[0]] if tag == "t" else b.param(node, k[0]) if tag == "p" else "" for tag, *k in slots]
     outs = [node.name if i == attrs["index"] else (b.fresh(f"{attrs['op_type']}_out{i}") if o else "")
             for i, o in enumerate(proto.output)]
     b.add_multi(attrs["op_type"], ins, outs)
+    b.nodes[-1].domain = attrs["domain"]
     b.nodes[-1].attribute.extend(declared.attributes)
 
 

@@ -18,7 +18,9 @@ segment where, going by ``onnx.defs``:
   newer versions added (:data:`_ADDED_VALUES`), nor is its op one whose meaning moved in a way no
   signature shows (:data:`_MOVED`).
 
-Custom domains are never re-declared: their nodes keep one-node sessions.
+Nodes of other operator sets (``com.microsoft``, as ONNX Runtime's transformer optimizer writes
+them) are not restated: a segment imports their set at the file's version
+(:meth:`~opsched.ir.ops.onnx_builder.OnnxBuilder.declare`).
 """
 
 from __future__ import annotations
