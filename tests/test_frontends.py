@@ -519,6 +519,72 @@ def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> 
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
 
+def _control_flow(case: str, opset: int) -> onnx.ModelProto:
+    """Models whose If and Loop sub-graphs read the model's input ``x`` from outside."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    def info(name: str, elem: int = TensorProto.FLOAT, shape: list[int] | None = None) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, [2, 4] if shape is None else shape)
+
+    def branches(tag: str) -> dict[str, onnx.GraphProto]:
+        return {"then_branch": helper.make_graph([helper.make_node("Relu", ["x"], [f"{tag}t"])], "then", [],
+                                                 [info(f"{tag}t")]),
+                "else_branch": helper.make_graph([helper.make_node("Neg", ["x"], [f"{tag}e"])], "else", [],
+                                                 [info(f"{tag}e")])}
+
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "yes")]
+    if case == "if on a computed condition":
+        reduce, greater = helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node(
+            "Greater", ["s", "zero"], ["c"])
+        nodes = [reduce, greater, helper.make_node("If", ["c"], ["r"], **branches("a"))]
+    elif case == "if on a constant condition":
+        nodes = [helper.make_node("If", ["yes"], ["r"], **branches("a"))]
+    else:  # a loop whose body halves its carried value, adds x, and branches on x: x read two levels deep
+        sign = helper.make_node("ReduceMax", ["acc_in"], ["top"], keepdims=0)
+        body = helper.make_graph(
+            [helper.make_node("Mul", ["acc_in", "half"], ["m"]), sign,
+             helper.make_node("Greater", ["top", "zero"], ["c"]), helper.make_node("If", ["c"], ["b"], **branches("b")),
+             helper.make_node("Add", ["m", "b"], ["acc_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+            "body",
+            [info("i", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []), info("acc_in")],
+            [info("cond_out", TensorProto.BOOL, []), info("acc_out")],
+            [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+        nodes = [helper.make_node("Loop", ["n", "yes", "x"], ["r"], body=body)]
+    nodes.append(helper.make_node("Add", ["r", "x"], ["y" if opset < 20 else "sum"]))
+    if opset >= 20:  # Gelu is new in 20: the version converter cannot bring the file down
+        nodes.append(helper.make_node("Gelu", ["sum"], ["y"]))
+    return helper.make_model(helper.make_graph(nodes, "control", [info("x")], [info("y")], inits),
+                             opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("case", ["if on a computed condition", "if on a constant condition", "a nested loop"])
+def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, opset: int) -> None:
+    """Their sub-graphs read ``x`` by name from outside: a session that runs them must define it,
+    renamed to its own value names. At the segments' opset they join the segment; in a file the
+    converter cannot bring down their sub-graphs keep the file's opset, in a session of their own."""
+    import numpy as np
+    import onnxruntime
+
+    from opsched.backends.lanes import LaneExecutor
+
+    model = _control_flow(case, opset)
+    graph = from_onnx(model)
+    for sign in (1.0, -1.0):  # both branches
+        feed = sign * np.abs(np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32))
+        want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": feed})[0]
+        for backend in ("torch", "ort"):
+            module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic",
+                                            check=False)
+            np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-6, atol=1e-6)
+    executor = module.executor
+    assert isinstance(executor, LaneExecutor)
+    assert executor.sessions == 1 if opset == 17 else "r (onnx.data)" in executor.describe(), executor.describe()
+
+
 def test_onnx_runtimes_own_ops_join_its_segments() -> None:
     """A file as ONNX Runtime's transformer optimizer writes it: com.microsoft's BiasGelu and
     SkipLayerNormalization between standard ops, all in one session, equal to ORT's own."""

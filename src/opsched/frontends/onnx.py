@@ -29,7 +29,14 @@ from opsched.frontends._common import ConversionContext, Unsupported, report_opa
 from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.onnx_builder import OPSET
-from opsched.ir.ops.onnx_node import ONNX_GENERIC_OPS, encode_proto, one_node_session, onnx_category, ort_errors
+from opsched.ir.ops.onnx_node import (
+    ONNX_GENERIC_OPS,
+    captured,
+    encode_proto,
+    one_node_session,
+    onnx_category,
+    ort_errors,
+)
 from opsched.ir.types import FrozenAttrs, TensorType
 from opsched.transforms import canonicalize
 
@@ -176,12 +183,7 @@ def _in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _reads(node: onnx.NodeProto) -> set[str]:
     """The values a node reads: its inputs, and those its sub-graphs (If, Loop, Scan) read."""
-    names = {i for i in node.input if i}
-    for a in node.attribute:
-        for g in (*([a.g] if a.HasField("g") else []), *a.graphs):
-            for n in g.node:
-                names |= _reads(n)
-    return names
+    return {i for i in node.input if i} | set(captured(node))
 
 
 def _ort_refusal(model: onnx.ModelProto) -> str | None:
@@ -401,18 +403,22 @@ class _OnnxConverter:
 
     def _convert(self, node: onnx.NodeProto) -> None:
         ins = [self.env[i] if i else None for i in node.input]
-        if any(i is _FAILED for i in ins):  # downstream of a reported failure
+        outer = {v: self.env[v] for v in captured(node)}  # what its sub-graphs read from here
+        if any(i is _FAILED for i in (*ins, *outer.values())):  # downstream of a reported failure
             self.env.update({o: _FAILED for o in node.output})
             return
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
         where = f"{self.source}: node {node.name or node.output[0]!r} ({node.op_type})"
-        if _foldable(node, ins):
+        if _foldable(node, [*ins, *outer.values()]):
             try:
-                folded = self._fold(node, ins, attrs)
+                folded = self._fold(node, ins, attrs, outer)
             except Exception as e:
                 raise FrontendError(f"{where}: constant folding failed: {e}") from e
             self.env.update({o: np.asarray(v) for o, v in zip(node.output, folded) if o})
+            return
+        if outer:  # no converter of ours models a sub-graph
+            self._generic(node, ins, outer)
             return
         if node.op_type == "Shape" and not node.domain:
             x = ins[0]
@@ -433,12 +439,14 @@ class _OnnxConverter:
                 return
         self._generic(node, ins)
 
-    def _fold(self, node: onnx.NodeProto, ins: list[Value], attrs: dict[str, Any]) -> list[np.ndarray]:
-        """A node whose inputs are all constants, evaluated now: by our NumPy rule where there is
-        one, else by ONNX's reference implementation, else (where that fails) by ONNX Runtime."""
+    def _fold(self, node: onnx.NodeProto, ins: list[Value], attrs: dict[str, Any],
+              outer: Mapping[str, Value]) -> list[np.ndarray]:
+        """A node whose inputs (and the outer values its sub-graphs read) are all constants,
+        evaluated now: by our NumPy rule where there is one, else by ONNX's reference
+        implementation, else (where that fails) by ONNX Runtime."""
         if node.op_type in FOLDABLE and not node.domain:
             return [FOLDABLE[node.op_type](self, ins, attrs)]
-        feeds = {i: np.asarray(v) for i, v in zip(node.input, ins) if i}
+        feeds = {i: np.asarray(v) for i, v in (*zip(node.input, ins), *outer.items()) if i}
         inputs = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                   for i, v in feeds.items()]
         one = helper.make_graph([node], "fold", inputs, [onnx.ValueInfoProto(name=o) for o in node.output if o])
@@ -451,13 +459,14 @@ class _OnnxConverter:
             session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             return list(session.run(None, feeds))
 
-    def _generic(self, node: onnx.NodeProto, ins: list[Value]) -> None:
-        """``node`` as a generic ONNX node (:mod:`opsched.ir.ops.onnx_node`), one per output;
-        what ONNX Runtime cannot run is recorded for the error :meth:`run` raises."""
+    def _generic(self, node: onnx.NodeProto, ins: list[Value], outer: Mapping[str, Value] | None = None) -> None:
+        """``node`` as a generic ONNX node (:mod:`opsched.ir.ops.onnx_node`), one per output, the
+        ``outer`` values its sub-graphs read as inputs after its own; what ONNX Runtime cannot
+        run is recorded for the error :meth:`run` raises."""
         inputs: list[str] = []
         params: list[str] = []
         slots: list[tuple[Any, ...]] = []
-        for k, v in enumerate(ins):
+        for k, v in enumerate([*ins, *(outer or {}).values()]):
             if v is None:
                 slots.append(("-",))
             elif isinstance(v, str):
@@ -468,6 +477,8 @@ class _OnnxConverter:
                 params.append(self.param(np.asarray(v), f"{node.output[0]}_in{k}"))
         base: dict[str, Any] = {"op_type": node.op_type, "domain": node.domain, "proto": encode_proto(node),
                                 "opset": self._opsets.get("", self.opset), "slots": tuple(slots)}
+        if outer:
+            base["captures"] = tuple(outer)
         if node.domain:
             base["domain_version"] = self._opsets.get(node.domain, 1)
         types = [*(self.ctx.type(v) for v in inputs), *(tensor_type(self.ctx.b.params[p]) for p in params)]

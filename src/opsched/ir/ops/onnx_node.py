@@ -3,8 +3,11 @@
 A generic node keeps the ONNX node itself (its type, domain, opset and attributes, serialised as
 ``proto``), how its ONNX inputs map to the node's inputs and parameters (``slots``: ``("t", k)``
 the k-th input, ``("p", k)`` the k-th parameter, ``("-",)`` an optional input left out) and which
-of its outputs it is (``index``). Its type comes from ONNX shape inference (or from running it
-once), its FLOPs are an estimate by category (:func:`_estimate`), its bytes from the types.
+of its outputs it is (``index``). A node with sub-graphs (If, Loop, Scan) lists the outer values
+its sub-graphs read (``captures``, by their names in the file), each with a slot after its own
+inputs': wherever the node is exported, the sub-graphs' references are renamed to those slots.
+Its type comes from ONNX shape inference (or from running it once), its FLOPs are an estimate by
+category (:func:`_estimate`), its bytes from the types.
 
 It runs through ONNX Runtime everywhere: on the ONNX Runtime backend it is spliced into the
 segment's model like any exported op; on the torch backends its kernel is a one-node ONNX
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["ONNX_GENERIC_OPS", "ort_errors", "encode_proto", "onnx_category", "one_node_model", "one_node_session"]
+__all__ = ["ONNX_GENERIC_OPS", "captured", "encode_proto", "onnx_category", "one_node_model", "one_node_session",
+           "ort_errors", "with_captures"]
 
 #: Generic op kinds, by the category each is costed and drawn as.
 ONNX_GENERIC_OPS: dict[str, str] = {
@@ -98,7 +102,11 @@ def one_node_model(attrs: FrozenAttrs, types: Sequence[TensorType]) -> onnx.Mode
     node = onnx.NodeProto.FromString(bytes.fromhex(attrs["proto"]))
     n_inputs = len({s[1] for s in attrs["slots"] if s[0] == "t"})
     offset = {"t": 0, "p": n_inputs}
-    node.input.extend(f"in{offset[tag] + k[0]}" if tag != "-" else "" for tag, *k in attrs["slots"])
+    names = [f"in{offset[tag] + k[0]}" if tag != "-" else "" for tag, *k in attrs["slots"]]
+    captures = attrs.get("captures", ())
+    node.input.extend(names[:len(names) - len(captures)])
+    if captures:
+        node = with_captures(node, dict(zip(captures, names[len(names) - len(captures):])))
     outputs = [f"out{i}" if out else "" for i, out in enumerate(node.output)]
     del node.output[:]
     node.output.extend(outputs)
@@ -153,6 +161,53 @@ def _bound(graph: Graph, node: Node) -> Kernel:
     return call
 
 
+# --- sub-graphs: the outer values they read --------------------------------------------------------
+def captured(node: onnx.NodeProto) -> list[str]:
+    """The values from outside a node that its sub-graphs read (an If branch's use of the
+    model's input), in order of first use; empty for a node without sub-graphs."""
+    found: list[str] = []
+    for graph in _subgraphs(node):
+        found += [v for v in _free(graph) if v not in found]
+    return found
+
+
+def with_captures(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
+    """A copy of ``node`` whose sub-graphs read each outer value ``v`` as ``names[v]``."""
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for graph in _subgraphs(copy):
+        _rename_free(graph, names)
+    return copy
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _free(graph: onnx.GraphProto) -> list[str]:
+    """Names ``graph`` reads but does not define (its inputs, initializers and nodes' outputs)."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    free: list[str] = []
+    for n in graph.node:
+        free += [v for v in (*n.input, *captured(n)) if v and v not in defined and v not in free]
+        defined.update(n.output)
+    return free + [o.name for o in graph.output if o.name not in defined and o.name not in free]
+
+
+def _rename_free(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for n in graph.node:
+        n.input[:] = [names[v] if v in names and v not in defined else v for v in n.input]
+        for inner in _subgraphs(n):
+            _rename_free(inner, {k: v for k, v in names.items() if k not in defined})
+        defined.update(n.output)
+    for o in graph.output:
+        if o.name in names and o.name not in defined:
+            o.name = names[o.name]
+
+
 def _export(b: OnnxBuilder, node: Node) -> None:
     import onnx
 
@@ -162,20 +217,29 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     attrs = node.attrs
     proto = onnx.NodeProto.FromString(bytes.fromhex(attrs["proto"]))
     g = b.graph
+    captures = attrs.get("captures", ())
+    own_slots = attrs["slots"][:len(attrs["slots"]) - len(captures)]
+    outer = attrs["slots"][len(own_slots):]
+    if _subgraphs(proto) and attrs["opset"] != OPSET:  # their nodes mean what they mean at the file's opset
+        raise NotExportable(f"{attrs['op_type']}'s sub-graphs are of opset {attrs['opset']}; segments are "
+                            f"exported at ai.onnx opset {OPSET}")
+    if captures:
+        proto = with_captures(proto, {c: node.inputs[k[0]] if tag == "t" else b.param(node, k[0])
+                                      for c, (tag, *k) in zip(captures, outer)})
     types = [g.types[node.inputs[k[0]]] if tag == "t" else g.param_types[node.params[k[0]]] if tag == "p" else None
-             for tag, *k in attrs["slots"]]
+             for tag, *k in own_slots]
     if attrs["domain"]:  # an operator set of its own (com.microsoft): the segment imports it as the file did
         b.declare(attrs["domain"], attrs["domain_version"])
         declared = Declaration(tuple(proto.attribute), tuple(range(len(types))))
     else:
         constants = {j: g.params[node.params[k[0]]].detach().cpu().numpy()
-                     for j, (tag, *k) in enumerate(attrs["slots"]) if tag == "p"}
+                     for j, (tag, *k) in enumerate(own_slots) if tag == "p"}
         try:
             declared = declaration_at(OPSET, attrs["op_type"], attrs["opset"], proto.attribute, types, constants,
                                       len(proto.output), node.out, attrs["index"])
         except NotExportable as e:
             raise NotExportable(f"{e}; segments are exported at ai.onnx opset {OPSET}") from None
-    slots = [attrs["slots"][j] for j in declared.inputs]
+    slots = [own_slots[j] for j in declared.inputs]
     ins = [node.inputs[k[0]] if tag == "t" else b.param(node, k[0]) if tag == "p" else "" for tag, *k in slots]
     outs = [node.name if i == attrs["index"] else (b.fresh(f"{attrs['op_type']}_out{i}") if o else "")
             for i, o in enumerate(proto.output)]
