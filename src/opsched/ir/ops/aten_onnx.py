@@ -1,0 +1,195 @@
+"""ONNX forms of the ATen overloads that torch.onnx cannot export and models use often.
+
+A generic ATen node (:mod:`opsched.ir.ops.aten`) exports through its overload's own torch.onnx
+symbolic. These overloads have none at the segments' opset, and each would otherwise cut an ONNX
+Runtime segment: casts (``_to_copy``); the writes an in-place index assignment becomes once
+functionalised (``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), as ScatterElements
+over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.fold`` (``im2col``,
+``col2im``), as a Gather and a summing ScatterElements over the pixel positions of their blocks.
+Each form is exact for every dtype ONNX has; it raises :class:`NotExportable` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from opsched.ir.node import Node
+from opsched.ir.ops.aten import overload
+from opsched.ir.ops.registry import NotExportable
+from opsched.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
+
+__all__ = ["ONNX_FORMS"]
+
+
+def _cast(b: OnnxBuilder, node: Node) -> None:
+    """A copy to another dtype (``x.int()`` once decomposed): layout, device and memory format
+    do not change the values, so it is a Cast."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    if node.out.dtype not in ONNX_DTYPES:
+        raise NotExportable(f"{node.attrs['target']}: ONNX has no {node.out.dtype}")
+    b.add("Cast", [node.inputs[0]], node.name, to=ONNX_DTYPES[node.out.dtype])
+
+
+def _slice_scatter(b: OnnxBuilder, node: Node) -> None:
+    """``base`` with ``src`` written over ``base[..., start:end:step, ...]`` (what an in-place
+    slice assignment becomes once functionalised): a ScatterElements whose indices are the
+    slice's positions along ``dim``."""
+    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    dim = given.get("dim", 0) % base.rank
+    start, _, step = slice(given.get("start"), given.get("end"), given.get("step", 1)).indices(base.shape[dim])
+    _scatter_along(b, node, dim, start + step * np.arange(src.shape[dim], dtype=np.int64), src.shape,
+                   _operand(b, node, 1))
+
+
+def _select_scatter(b: OnnxBuilder, node: Node) -> None:
+    """``base`` with ``src`` written over ``base.select(dim, index)`` (``x[:, 0] = y``): ``src``
+    given its dimension back, then scattered at ``index``."""
+    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    dim = given["dim"] % base.rank
+    shape = (*src.shape[:dim], 1, *src.shape[dim:])
+    axes = b.init(np.array([dim], dtype=np.int64), f"{node.name}_axes")
+    unsqueezed = b.add("Unsqueeze", [_operand(b, node, 1), axes], b.fresh(f"{node.name}_src"))
+    _scatter_along(b, node, dim, np.array([given["index"] % base.shape[dim]], dtype=np.int64), shape, unsqueezed)
+
+
+def _scatter_along(b: OnnxBuilder, node: Node, dim: int, positions: np.ndarray, shape: Sequence[int],
+                   updates: str) -> None:
+    """The node's output: its first operand with ``updates`` (of ``shape``) written at
+    ``positions`` along ``dim``."""
+    along = [1] * len(shape)
+    along[dim] = len(positions)
+    indices = b.init(np.ascontiguousarray(np.broadcast_to(positions.reshape(along), shape)), f"{node.name}_indices")
+    b.add("ScatterElements", [_operand(b, node, 0), indices, updates], node.name, axis=dim)
+
+
+def _fill(b: OnnxBuilder, node: Node) -> None:
+    """A tensor of the input's shape holding one value (``x.fill_(0)`` once functionalised)."""
+    from onnx import helper
+
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    _tensor_types(b, node, 1)
+    shape = b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")
+    if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
+        b.add("Expand", [_operand(b, node, 1), shape], node.name)
+        return
+    value = np.array([_arguments(node)["value"]], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: float
+    b.add("ConstantOfShape", [shape], node.name, value=helper.make_tensor("value", ONNX_DTYPES[node.out.dtype], [1],
+                                                                          value))
+
+
+def _copy(b: OnnxBuilder, node: Node) -> None:
+    """``self`` overwritten by ``src`` (``y[:, 2:4] = 3`` once functionalised): ``src`` cast to the
+    output's type and broadcast to its shape."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    _tensor_types(b, node, 2)
+    cast = b.add("Cast", [_operand(b, node, 1)], b.fresh(f"{node.name}_src"), to=ONNX_DTYPES[node.out.dtype])
+    b.add("Expand", [cast, b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")], node.name)
+
+
+def _col2im(b: OnnxBuilder, node: Node) -> None:
+    """``F.fold``: every column's values added into the (padded) image at the positions their
+    sliding block covers, as a ScatterElements with ``reduction="add"``, then the padding cut
+    off. (ONNX's own Col2Im is opset 18, beyond the segments'.)"""
+    from onnx import helper
+
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    size, kernel, dilation, padding, stride = _window_arguments(node)
+    (cols,) = _tensor_types(b, node, 1)
+    if cols.rank != 3:
+        raise NotExportable(f"{node.attrs['target']}: an unbatched fold")
+    n, c = node.out.shape[:2]
+    padded = [s + 2 * p for s, p in zip(size, padding)]
+    positions = _block_positions(padded, kernel, dilation, stride)
+    flat = (n, c, len(positions))
+    indices = b.init(np.ascontiguousarray(np.broadcast_to(positions, flat)), f"{node.name}_indices")
+    updates = b.add("Reshape", [_operand(b, node, 0), b.init(np.array(flat, np.int64), f"{node.name}_cols")],
+                    b.fresh(f"{node.name}_cols"))
+    image_size = b.init(np.array([n, c, padded[0] * padded[1]], np.int64), f"{node.name}_image")
+    zeros = b.add("ConstantOfShape", [image_size], b.fresh(f"{node.name}_zeros"),
+                  value=helper.make_tensor("value", ONNX_DTYPES[cols.dtype], [1], [0]))
+    summed = b.add("ScatterElements", [zeros, indices, updates], b.fresh(f"{node.name}_sum"), axis=2,
+                   reduction="add")
+    image = b.add("Reshape", [summed, b.init(np.array([n, c, *padded], np.int64), f"{node.name}_padded")],
+                  b.fresh(f"{node.name}_padded"))
+    b.add("Slice", [image, b.init(np.array(padding, np.int64), f"{node.name}_starts"),
+                    b.init(np.array([p + s for p, s in zip(padding, size)], np.int64), f"{node.name}_ends"),
+                    b.init(np.array([2, 3], np.int64), f"{node.name}_axes")], node.name)
+
+
+def _im2col(b: OnnxBuilder, node: Node) -> None:
+    """``F.unfold``: the (padded) image's pixels gathered at the positions each sliding block
+    covers, block by block, into columns."""
+    kernel, dilation, padding, stride = _window_arguments(node)
+    (image,) = _tensor_types(b, node, 1)
+    if image.rank != 4:
+        raise NotExportable(f"{node.attrs['target']}: an unbatched unfold")
+    n, c, *size = image.shape
+    x = _operand(b, node, 0)
+    if any(padding):
+        pads = b.init(np.array([0, 0, *padding, 0, 0, *padding], np.int64), f"{node.name}_pads")
+        x = b.add("Pad", [x, pads], b.fresh(f"{node.name}_pad"))
+    padded = [s + 2 * p for s, p in zip(size, padding)]
+    positions = _block_positions(padded, kernel, dilation, stride)
+    flat = b.add("Reshape", [x, b.init(np.array([n, c, padded[0] * padded[1]], np.int64), f"{node.name}_flat")],
+                 b.fresh(f"{node.name}_flat"))
+    picked = b.add("Gather", [flat, b.init(positions, f"{node.name}_indices")], b.fresh(f"{node.name}_blocks"),
+                   axis=2)
+    b.add("Reshape", [picked, b.init(np.array(node.out.shape, np.int64), f"{node.name}_cols")], node.name)
+
+
+def _window_arguments(node: Node) -> list[tuple[int, ...]]:
+    """``col2im``'s output size, kernel, dilation, padding and stride, each a pair (``im2col``'s
+    the same but the output size)."""
+    return [tuple(v[1] for v in enc[1]) for enc in node.attrs["args"][1:]]
+
+
+def _block_positions(padded: Sequence[int], kernel: Sequence[int], dilation: Sequence[int],
+                     stride: Sequence[int]) -> np.ndarray:
+    """Per column entry of an unfolded image, in ``im2col``'s (kernel offset, block) order, the
+    flat index of the padded image's pixel it holds."""
+    blocks = [(p - d * (k - 1) - 1) // s + 1 for p, d, k, s in zip(padded, dilation, kernel, stride)]
+    ki, kj, bi, bj = np.meshgrid(*(np.arange(e) for e in (*kernel, *blocks)), indexing="ij")
+    rows, columns = bi * stride[0] + ki * dilation[0], bj * stride[1] + kj * dilation[1]
+    return np.ascontiguousarray((rows * padded[1] + columns).reshape(-1), dtype=np.int64)
+
+
+def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
+    """The types of a generic node's first ``n`` arguments, all tensors."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    types = []
+    for tag, k in node.attrs["args"][:n]:
+        types.append(b.graph.types[node.inputs[k]] if tag == "t" else b.graph.param_types[node.params[k]])
+    if any(t.dtype not in ONNX_DTYPES for t in types):
+        raise NotExportable(f"{node.attrs['target']}: ONNX has no {types[0].dtype}")
+    return types
+
+
+def _operand(b: OnnxBuilder, node: Node, position: int) -> str:
+    """The ONNX value of a generic node's tensor argument at ``position``."""
+    tag, k = node.attrs["args"][position]
+    return b.param(node, k) if tag == "p" else node.inputs[k]
+
+
+def _arguments(node: Node) -> dict[str, Any]:
+    """A generic node's scalar arguments by their schema names (tensors left out)."""
+    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
+    bound = {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
+    return {k: enc[1] for k, enc in bound.items() if enc[0] == "v"}
+
+
+#: ONNX forms of overloads that torch.onnx cannot export on their own, by target.
+ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
+    "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
+    "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
+    "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col}
