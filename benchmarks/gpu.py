@@ -25,6 +25,8 @@ rows already in the JSON).
     python benchmarks/gpu.py --device cpu --models squeezenet1_1 --contenders eager sequential ios
     python benchmarks/gpu.py --batches 1 --contenders graph compile compile-max compile-ro ios opsched-compile
     python benchmarks/gpu.py --batches 16 64 128 --contenders graph ios graphturbo --name memory-gpu
+    python benchmarks/gpu.py --corpus --batches 1 --contenders eager graph compile sequential optimize \
+        --name corpus-gpu                                              # the corpus against the graph
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph  # noqa: E402
+from opsched.testing.corpus import corpus  # noqa: E402
 from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
@@ -131,11 +134,19 @@ def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: s
     return critical_path(graph, per_node)[0]
 
 
+def load(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A zoo model, or a corpus one (``corpus:bert``: its batch-1 inputs repeated to ``batch``)."""
+    if name.startswith("corpus:"):
+        model, inputs = corpus()[name.removeprefix("corpus:")].build()
+        return model.eval(), tuple(t.repeat(batch, *[1] * (t.dim() - 1)) for t in inputs)
+    return get_model(name).eval(), example_inputs(name, batch)
+
+
 def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
     device = torch.device(args.device)
     dt = getattr(torch, dtype)
-    model, x_cpu = get_model(name).eval(), example_inputs(name, batch)
-    x = tuple(t.to(device, dt) for t in x_cpu)
+    model, x_cpu = load(name, batch)
+    x = tuple(t.to(device, dt if t.is_floating_point() else t.dtype) for t in x_cpu)  # token ids stay integers
 
     def placed() -> torch.nn.Module:  # each contender holds its own weights, as opsched's modules do
         return copy.deepcopy(model).to(device, dt)
@@ -258,7 +269,9 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="*", default=list_models())
+    p.add_argument("--models", nargs="*", help="zoo names, or corpus:NAME (default: the zoo)")
+    p.add_argument("--corpus", action="store_true", help="the real-model corpus (opsched.testing.corpus) but its "
+                                                         "slow models, as corpus:NAME models")
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16, 128])
     p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
     p.add_argument("--contenders", nargs="*", default=list(CONTENDERS), choices=CONTENDERS)
@@ -270,6 +283,8 @@ def main() -> None:
     p.add_argument("--name", help="results name (default gpu-<device name>)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
+    args.models = args.models or ([f"corpus:{n}" for n, e in corpus().items() if not e.slow] if args.corpus
+                                  else list_models())
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no GPU here (torch.cuda.is_available() is False); --device cpu runs the CPU subset")
