@@ -34,7 +34,7 @@ def _cast(b: OnnxBuilder, node: Node) -> None:
 
     if node.out.dtype not in ONNX_DTYPES:
         raise NotExportable(f"{node.attrs['target']}: ONNX has no {node.out.dtype}")
-    b.add("Cast", [node.inputs[0]], node.name, to=ONNX_DTYPES[node.out.dtype])
+    b.add("Cast", [_operand(b, node, 0)], node.name, to=ONNX_DTYPES[node.out.dtype])
 
 
 def _slice_scatter(b: OnnxBuilder, node: Node) -> None:
@@ -167,18 +167,16 @@ def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
     """The types of a generic node's first ``n`` arguments, all tensors."""
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 
-    types = []
-    for tag, k in node.attrs["args"][:n]:
-        types.append(b.graph.types[node.inputs[k]] if tag == "t" else b.graph.param_types[node.params[k]])
-    if any(t.dtype not in ONNX_DTYPES for t in types):
-        raise NotExportable(f"{node.attrs['target']}: ONNX has no {types[0].dtype}")
-    return types
+    types = [b.operand_type(node, ref) for ref in node.attrs["args"][:n]]
+    for t in types:
+        if t is None or t.dtype not in ONNX_DTYPES:
+            raise NotExportable(f"{node.attrs['target']}: ONNX has no {t.dtype if t else 'such operand'}")
+    return [t for t in types if t is not None]
 
 
 def _operand(b: OnnxBuilder, node: Node, position: int) -> str:
     """The ONNX value of a generic node's tensor argument at ``position``."""
-    tag, k = node.attrs["args"][position]
-    return b.param(node, k) if tag == "p" else node.inputs[k]
+    return b.operand(node, node.attrs["args"][position])
 
 
 def _arguments(node: Node) -> dict[str, Any]:

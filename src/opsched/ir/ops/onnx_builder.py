@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 from opsched.ir.ops.registry import NotExportable
+from opsched.ir.types import TensorType
 
 __all__ = ["NotExportable", "OnnxBuilder", "ONNX_DTYPES", "OPSET"]
 
@@ -61,6 +62,18 @@ class OnnxBuilder:
     def param(self, node: Node, i: int) -> str:
         """The node's i-th parameter as an initializer."""
         return self.init(self.graph.params[node.params[i]], f"{node.name}_p{i}")
+
+    def operand(self, node: Node, ref: Sequence[Any]) -> str:
+        """The ONNX value a node's operand reference names: ``("t", k)`` its k-th input,
+        ``("p", k)`` its k-th parameter (as an initializer), ``("-",)`` an input left out ("")."""
+        tag = ref[0]
+        return node.inputs[ref[1]] if tag == "t" else self.param(node, ref[1]) if tag == "p" else ""
+
+    def operand_type(self, node: Node, ref: Sequence[Any]) -> TensorType | None:
+        """The type of the operand ``ref`` names (:meth:`operand`); None for one left out."""
+        tag = ref[0]
+        return self.graph.types[node.inputs[ref[1]]] if tag == "t" else \
+            self.graph.param_types[node.params[ref[1]]] if tag == "p" else None
 
     def declare(self, domain: str, version: int) -> None:
         """Have the model import ``domain`` (``com.microsoft``) at ``version``; a segment holds

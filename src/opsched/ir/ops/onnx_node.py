@@ -224,10 +224,8 @@ def _export(b: OnnxBuilder, node: Node) -> None:
         raise NotExportable(f"{attrs['op_type']}'s sub-graphs are of opset {attrs['opset']}; segments are "
                             f"exported at ai.onnx opset {OPSET}")
     if captures:
-        proto = with_captures(proto, {c: node.inputs[k[0]] if tag == "t" else b.param(node, k[0])
-                                      for c, (tag, *k) in zip(captures, outer)})
-    types = [g.types[node.inputs[k[0]]] if tag == "t" else g.param_types[node.params[k[0]]] if tag == "p" else None
-             for tag, *k in own_slots]
+        proto = with_captures(proto, {c: b.operand(node, ref) for c, ref in zip(captures, outer)})
+    types = [b.operand_type(node, ref) for ref in own_slots]
     if attrs["domain"]:  # an operator set of its own (com.microsoft): the segment imports it as the file did
         b.declare(attrs["domain"], attrs["domain_version"])
         declared = Declaration(tuple(proto.attribute), tuple(range(len(types))))
@@ -239,8 +237,7 @@ def _export(b: OnnxBuilder, node: Node) -> None:
                                       len(proto.output), node.out, attrs["index"])
         except NotExportable as e:
             raise NotExportable(f"{e}; segments are exported at ai.onnx opset {OPSET}") from None
-    slots = [own_slots[j] for j in declared.inputs]
-    ins = [node.inputs[k[0]] if tag == "t" else b.param(node, k[0]) if tag == "p" else "" for tag, *k in slots]
+    ins = [b.operand(node, own_slots[j]) for j in declared.inputs]
     outs = [node.name if i == attrs["index"] else (b.fresh(f"{attrs['op_type']}_out{i}") if o else "")
             for i, o in enumerate(proto.output)]
     b.add_multi(attrs["op_type"], ins, outs)
