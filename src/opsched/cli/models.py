@@ -89,7 +89,7 @@ def _onnx_shapes(path: str, batch: int, unnamed: tuple[int, ...] | None,
                  named: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The shapes to fix the file's inputs at (see :func:`load_model`), or an error naming every
     input whose dynamic dimensions are still open and how to give them."""
-    from opsched.frontends.onnx import onnx_input_dims
+    from opsched.frontends.onnx_file import onnx_input_dims
 
     declared = onnx_input_dims(path)
     if unnamed is not None:

@@ -11,7 +11,6 @@ exporters emit around reshapes).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import re
@@ -22,13 +21,13 @@ import numpy as np
 import onnx
 import onnx.reference
 import torch
-from onnx import external_data_helper, helper, numpy_helper, version_converter
+from onnx import helper, numpy_helper
 
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
+from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line, read_onnx
 from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph, tensor_type
-from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_node import (
     ONNX_GENERIC_OPS,
     captured,
@@ -40,9 +39,10 @@ from opsched.ir.ops.onnx_node import (
 from opsched.ir.types import FrozenAttrs, TensorType
 from opsched.transforms import canonicalize
 
-__all__ = ["from_onnx", "onnx_input_dims", "supported_onnx_ops"]
+__all__ = ["from_onnx", "supported_onnx_ops"]
 
 log = logging.getLogger("opsched.frontends")
+
 
 def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | None = None,
               input_shapes: Mapping[str, Sequence[int]] | None = None, canonical: bool = True) -> Graph:
@@ -52,31 +52,17 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     Raises :class:`MalformedModelError` for a file that is missing, truncated or invalid, and
     :class:`UnsupportedOpError` listing every op the model uses that opsched cannot convert.
     """
-    source = "<ModelProto>"
-    if not isinstance(model, onnx.ModelProto):
-        source = os.fspath(model)
-        model = _load(source)
-    elif outside := [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]:
-        where = next((e.value for e in outside[0].external_data if e.key == "location"), "?")
-        raise MalformedModelError(f"{source}: {len(outside)} initializer(s), {outside[0].name!r} first, are stored "
-                                  f"outside the model, in {where!r}, which was not read: pass the file's path, or "
-                                  f"load it with onnx.load(path)")
-    model, weights, full = *_skeleton(model), model
-    strict = _checked(model, full, source)
-    if not strict:
-        model = _in_topological_order(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        raise MalformedModelError(f"{source}: the model imports no default-domain opset")
-    name = name or model.graph.name or "onnx_model"
-    initializers = {init.name for init in model.graph.initializer} | set(weights)
-    real_inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    file = read_onnx(model)
+    name = name or file.model.graph.name or "onnx_model"
+    initializers = {init.name for init in file.model.graph.initializer} | set(file.weights)
+    real_inputs = [i.name for i in file.model.graph.input if i.name not in initializers]
     unknown = sorted(set(input_shapes or {}) - set(real_inputs))
     if unknown:
-        raise FrontendError(f"{source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's inputs are "
-                            f"{', '.join(map(repr, real_inputs))}")
-    model, opset = _at_our_opset(model, opset, source, strict)
-    converter = _OnnxConverter(model, opset, name, source, dict(input_shapes or {}), weights)
+        raise FrontendError(f"{file.source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's "
+                            f"inputs are {', '.join(map(repr, real_inputs))}")
+    file = at_our_opset(file)
+    source = file.source
+    converter = _OnnxConverter(file.model, file.opset, name, source, dict(input_shapes or {}), file.weights)
     graph = converter.run().verify()
     if canonical:
         graph = canonicalize(graph)
@@ -84,234 +70,12 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     return graph
 
 
-#: Initializers larger than this (bytes) stay out of the copy of the model that ONNX's checker,
-#: version converter and shape inference work on: each serialises the model it is given, and
-#: the weights of a 256 MB EfficientNet export made them take 4.6 of its import's 6 s.
-_SKELETON_BYTES = 4096
-
-
-def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
-    """``model`` with its large initializers turned into graph inputs of their type (all that
-    ONNX's passes need of them), and those initializers by name; the model itself where it has
-    none. The converter reads them as constants, as it does initializers listed as inputs."""
-    weights = {t.name: t for t in model.graph.initializer
-               if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > _SKELETON_BYTES}
-    if not weights:
-        return model, {}
-    skeleton = onnx.ModelProto()
-    _copy_fields(model, skeleton, skip="graph")
-    _copy_fields(model.graph, skeleton.graph, skip="initializer")
-    skeleton.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
-    listed = {i.name for i in model.graph.input}
-    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                                for t in weights.values() if t.name not in listed)
-    return skeleton, weights
-
-
-def _copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Every field of the protobuf message ``src`` that is set, but ``skip``, copied into ``dst``."""
-    for field, value in src.ListFields():
-        if field.name == skip:
-            continue
-        target = getattr(dst, field.name)
-        if hasattr(target, "extend"):  # a repeated field
-            target.extend(value)
-        elif hasattr(target, "CopyFrom"):  # a message
-            target.CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
-
-
 def _array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
     try:
         return numpy_helper.to_array(tensor)
     except Exception as e:
         raise MalformedModelError(f"{source}: initializer {tensor.name!r} (shape {list(tensor.dims)}): its data "
-                                  f"cannot be read: {_first_line(e)}") from e
-
-
-def _checked(model: onnx.ModelProto, full: onnx.ModelProto, source: str) -> bool:
-    """Whether ``model`` passes ``onnx.checker``. One that does not is still imported where ONNX
-    Runtime loads it (``full``: the model with its weights), as files in the wild often do with a
-    graph output declared without a shape, or nodes out of topological order; where ONNX Runtime
-    refuses it too, :class:`MalformedModelError` gives both reasons."""
-    try:
-        onnx.checker.check_model(model)
-        return True
-    except Exception as e:
-        checker = " ".join(str(e).split())[:300]
-        refused = _ort_refusal(full)
-        if refused is not None:
-            raise MalformedModelError(f"{source}: not a valid ONNX model: {checker}; ONNX Runtime refuses it too: "
-                                      f"{refused}") from e
-        log.warning("%s: onnx.checker: %s; ONNX Runtime loads it, so it is imported as ONNX Runtime reads it",
-                    source, checker)
-        return False
-
-
-def _in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its nodes in topological order, each as early as the file has it (a copy;
-    ``model`` itself where they already are). ONNX Runtime sorts a graph it loads; ONNX's passes
-    and the converter read the nodes in file order."""
-    nodes = list(model.graph.node)
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    needs = [{producer[i] for i in _reads(n) if i in producer} - {k} for k, n in enumerate(nodes)]
-    readers: dict[int, list[int]] = {}
-    for k, deps in enumerate(needs):
-        for d in deps:
-            readers.setdefault(d, []).append(k)
-    ready = [k for k, deps in enumerate(needs) if not deps]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        k = heapq.heappop(ready)
-        order.append(k)
-        for r in readers.get(k, ()):
-            needs[r].discard(k)
-            if not needs[r]:
-                heapq.heappush(ready, r)
-    placed = set(order)
-    order += [k for k in range(len(nodes)) if k not in placed]  # a cycle: left for the converter to name
-    if order == list(range(len(nodes))):
-        return model
-    sorted_model = onnx.ModelProto()
-    _copy_fields(model, sorted_model, skip="graph")
-    _copy_fields(model.graph, sorted_model.graph, skip="node")
-    sorted_model.graph.node.extend(nodes[k] for k in order)
-    return sorted_model
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The values a node reads: its inputs, and those its sub-graphs (If, Loop, Scan) read."""
-    return {i for i in node.input if i} | set(captured(node))
-
-
-def _ort_refusal(model: onnx.ModelProto) -> str | None:
-    """Why ONNX Runtime cannot load ``model``, or None where it can."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        return _first_line(e)
-    return None
-
-
-def _at_our_opset(model: onnx.ModelProto, opset: int, source: str,
-                  strict: bool = True) -> tuple[onnx.ModelProto, int]:
-    """The model at the opset segments are exported at (:data:`OPSET`), by ``onnx.version_converter``:
-    older files are upgraded (an upgrade that fails is an error naming why); newer ones are
-    converted down where the converter can, and kept at their opset otherwise (their generic
-    nodes then run in sessions of their own rather than inside a segment's). The result is
-    checked by ``onnx.checker`` where the model passed it (``strict``)."""
-    if opset == OPSET:
-        return model, opset
-    try:
-        converted = version_converter.convert_version(model, OPSET)
-        if opset < 11:
-            _resize_10_semantics(model, converted, source)
-        if opset < 13:
-            _resize_without_empty_scales(converted)
-        if strict:
-            onnx.checker.check_model(converted)
-    except Exception as e:
-        if opset > OPSET:
-            return model, opset
-        raise FrontendError(f"{source}: opset {opset} cannot be upgraded to {OPSET} by onnx.version_converter: "
-                            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
-    return converted, OPSET
-
-
-def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, source: str) -> None:
-    """Give each Resize that ``onnx.version_converter`` made of an opset-10 Resize or an older
-    Upsample what ONNX Runtime computes for those: the source coordinate ``x_resized / scale``,
-    and for nearest its floor where the node enlarges, its ceiling where it shrinks. The
-    converter's 10 -> 11 adapter sets neither, so opset 11's defaults (half_pixel,
-    round_prefer_floor) silently change the values (onnx/onnx#8480: 0.3 off on a 2x linear
-    upsampling)."""
-    constants = {t.name: t for t in before.graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in before.graph.node
-                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    rounding: list[str] = []  # per Upsample or Resize, in graph order
-    for node in before.graph.node:
-        if node.op_type not in ("Upsample", "Resize"):
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        scales = (attrs.get("scales") if len(node.input) < 2 else
-                  numpy_helper.to_array(constants[node.input[1]]).tolist() if node.input[1] in constants else None)
-        resized = [s for s in scales or () if s != 1]
-        rounding.append("ceil" if resized and all(s < 1 for s in resized) else "floor")
-        mixed = 0 < sum(s < 1 for s in resized) < len(resized)
-        if attrs.get("mode", b"nearest") == b"nearest" and (scales is None or mixed):
-            log.warning("%s: %s %r: its scales %s, so its nearest rounding is taken as floor (ONNX Runtime rounds "
-                        "up where it shrinks an axis)", source, node.op_type, node.name or node.output[0],
-                        "are computed" if scales is None else "enlarge one axis and shrink another")
-    resizes = [n for n in converted.graph.node if n.op_type == "Resize"]  # the converter keeps their order,
-    if len(resizes) != len(rounding):  # not always their outputs' names
-        raise FrontendError(f"{source}: onnx.version_converter made {len(resizes)} Resize nodes of "
-                            f"{len(rounding)} Upsample and Resize nodes; their opset-10 meaning cannot be kept")
-    for node, nearest in zip(resizes, rounding):
-        have = {a.name for a in node.attribute}
-        for name, value in (("coordinate_transformation_mode", "asymmetric"), ("nearest_mode", nearest)):
-            if name not in have:
-                node.attribute.append(helper.make_attribute(name, value))
-
-
-def _resize_without_empty_scales(converted: onnx.ModelProto) -> None:
-    """Resize 11 and 12 took an empty ``scales`` tensor beside ``sizes``; from 13, where the
-    converter puts them, only one of the two may be given (onnx/onnx#5266), and ONNX Runtime
-    refuses the node. This is the form torch.onnx writes ``interpolate(size=...)`` in at opset
-    11: the empty scales become an absent input."""
-    empty = {t.name for t in converted.graph.initializer if 0 in t.dims}
-    empty |= {n.output[0] for n in converted.graph.node if n.op_type == "Constant" and n.attribute
-              and n.attribute[0].name == "value" and 0 in n.attribute[0].t.dims}
-    for node in converted.graph.node:
-        if node.op_type == "Resize" and len(node.input) == 4 and node.input[3] and node.input[2] in empty:
-            node.input[2] = ""
-
-
-def onnx_input_dims(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, tuple[int | str, ...] | None]:
-    """Per input of an ONNX model that is not an initializer: its declared dimensions, an int where
-    fixed and the dimension's name (``"?"`` if unnamed) where dynamic; ``None`` where the file
-    declares no shape. A file's weights stored beside it are not read."""
-    if not isinstance(model, onnx.ModelProto):
-        model = _load(os.fspath(model), external=False)
-    initializers = {t.name for t in model.graph.initializer}
-    return {i.name: _declared_dims(i) for i in model.graph.input if i.name not in initializers}
-
-
-def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
-    tensor = value.type.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
-
-
-def _load(path: str, external: bool = True) -> onnx.ModelProto:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise MalformedModelError(f"cannot read ONNX file {path!r}: {e.strerror}") from e
-    if not data:
-        raise MalformedModelError(f"{path}: the file is empty")
-    try:
-        model = onnx.load_model_from_string(data)
-    except Exception as e:
-        raise MalformedModelError(f"{path}: not an ONNX protobuf, or truncated ({len(data)} bytes): {e}") from e
-    if not model.graph.node and not model.graph.output:
-        raise MalformedModelError(f"{path}: parsed as an empty model: truncated, or not an ONNX file")
-    if external and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        # torch.onnx.export(model, args, "model.onnx") writes its weights to model.onnx.data by default
-        try:
-            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-        except Exception as e:
-            raise MalformedModelError(f"{path}: its weights are stored in files beside it, which cannot be read: "
-                                      f"{_first_line(e)}") from e
-    return model
+                                  f"cannot be read: {first_line(e)}") from e
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -383,7 +147,7 @@ class _OnnxConverter:
         return known
 
     def _input_shape(self, inp: onnx.ValueInfoProto) -> tuple[int, ...]:
-        dims = _declared_dims(inp)
+        dims = declared_dims(inp)
         shown = "no declared shape" if dims is None else f"dimensions [{', '.join(map(str, dims))}]"
         if inp.name in self.input_shapes:
             given = tuple(int(d) for d in self.input_shapes[inp.name])
@@ -485,7 +249,7 @@ class _OnnxConverter:
         try:
             outs = self._generic_types(node, base, types, [self.ctx.b.params[p].numpy() for p in params])
         except ort_errors() as e:
-            self.failures.append((node, f"ONNX Runtime cannot run it: {_first_line(e)}"))
+            self.failures.append((node, f"ONNX Runtime cannot run it: {first_line(e)}"))
             self.env.update({o: _FAILED for o in node.output})
             return
         kind = ONNX_GENERIC_OPS[onnx_category(node.op_type)]
@@ -545,11 +309,6 @@ def _dtype(inp: onnx.ValueInfoProto) -> str:
 
 def _op(node: onnx.NodeProto) -> str:
     return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def _foldable(node: onnx.NodeProto, ins: list[Value]) -> bool:
