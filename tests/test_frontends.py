@@ -23,6 +23,7 @@ from opsched.errors import (
     UntraceableModuleError,
 )
 from opsched.frontends import TRACERS
+from opsched.ir.ops.onnx_builder import OPSET
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
 
@@ -552,19 +553,21 @@ def _control_flow(case: str, opset: int) -> onnx.ModelProto:
             [info("cond_out", TensorProto.BOOL, []), info("acc_out")],
             [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
         nodes = [helper.make_node("Loop", ["n", "yes", "x"], ["r"], body=body)]
-    nodes.append(helper.make_node("Add", ["r", "x"], ["y" if opset < 20 else "sum"]))
-    if opset >= 20:  # Gelu is new in 20: the version converter cannot bring the file down
-        nodes.append(helper.make_node("Gelu", ["sum"], ["y"]))
+    nodes.append(helper.make_node("Add", ["r", "x"], ["y" if opset <= OPSET else "sum"]))
+    if opset > OPSET:  # RMSNormalization is new in 23: the version converter cannot bring the file down
+        inits.append(numpy_helper.from_array(np.ones(4, np.float32), "scale"))
+        nodes.append(helper.make_node("RMSNormalization", ["sum", "scale"], ["y"]))
     return helper.make_model(helper.make_graph(nodes, "control", [info("x")], [info("y")], inits),
                              opset_imports=[helper.make_opsetid("", opset)])
 
 
-@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("opset", [17, OPSET, 23])
 @pytest.mark.parametrize("case", ["if on a computed condition", "if on a constant condition", "a nested loop"])
 def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, opset: int) -> None:
     """Their sub-graphs read ``x`` by name from outside: a session that runs them must define it,
-    renamed to its own value names. At the segments' opset they join the segment; in a file the
-    converter cannot bring down their sub-graphs keep the file's opset, in a session of their own."""
+    renamed to its own value names. In a file at or upgraded to the segments' opset they join the
+    segment; in a file the converter cannot bring down their sub-graphs keep the file's opset, in a
+    session of their own."""
     import numpy as np
     import onnxruntime
 
@@ -582,7 +585,7 @@ def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, o
             np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-6, atol=1e-6)
     executor = module.executor
     assert isinstance(executor, LaneExecutor)
-    assert executor.sessions == 1 if opset == 17 else "r (onnx.data)" in executor.describe(), executor.describe()
+    assert executor.sessions == 1 if opset <= OPSET else "r (onnx.data)" in executor.describe(), executor.describe()
 
 
 def test_onnx_runtimes_own_ops_join_its_segments() -> None:
@@ -637,7 +640,7 @@ def test_onnx_runtimes_own_ops_join_its_segments() -> None:
     ("Resize", 19, {"coordinate_transformation_mode": "half_pixel_symmetric"}, ("float32", None, "float32"), {},
      "coordinate_transformation_mode='half_pixel_symmetric' is newer", None),
     ("DFT", 20, {}, ("float32",), {}, "DFT changed after opset 17", None),
-    ("Transpose", 23, {"perm": [1, 0]}, ("float32",), {}, "Transpose changed after opset 17", None),  # unread
+    ("Transpose", 24, {"perm": [1, 0]}, ("float32",), {}, "Transpose changed after opset 17", None),  # unread
     ("Equal", 19, {}, ("float32", "float32"), {}, None, (set(), (0, 1))),
     ("Squeeze", 11, {"axes": [0]}, ("float32",), {}, "Squeeze of opset 11 changed by opset 17", None),
     ("Relu", 14, {}, ("float32",), {}, None, (set(), (0,))),
@@ -664,3 +667,28 @@ def test_a_newer_node_joins_a_segment_only_where_it_means_the_same(
     assert ({a.name for a in got.attributes}, got.inputs) == declared
     if "axes" in declared[0]:
         assert next(list(a.ints) for a in got.attributes if a.name == "axes") == constants[1]
+
+
+@pytest.mark.parametrize(("op", "opset", "attrs", "target", "refused"), [
+    ("GridSample", 22, {"mode": "linear"}, 20, None),  # "linear" is 20's name for 16's "bilinear"
+    ("GridSample", 22, {"mode": "linear"}, 17, "mode='linear' is newer"),
+    ("DFT", 22, {}, 20, None),  # version 20 at both
+    ("DFT", 22, {}, 19, "DFT changed after opset 19"),  # its axis moved at 20
+    ("GroupNormalization", 21, {"num_groups": 2}, 20, "GroupNormalization changed after opset 20"),  # per channel
+    ("GroupNormalization", 21, {"num_groups": 2}, 21, None),
+])
+def test_what_a_version_changed_is_refused_only_below_that_version(
+        op: str, opset: int, attrs: dict[str, object], target: int, refused: str | None) -> None:
+    from opsched.ir import TensorType
+    from opsched.ir.ops.onnx_opsets import declaration_at
+    from opsched.ir.ops.registry import NotExportable
+
+    n_inputs = 2 if op == "GridSample" else 1  # GridSample's grid
+    node = helper.make_node(op, [f"i{k}" for k in range(n_inputs)], ["o"], **attrs)
+    types = [TensorType((2, 2), "float32")] * n_inputs
+    if refused is not None:
+        with pytest.raises(NotExportable, match=re.escape(refused)):
+            declaration_at(target, op, opset, node.attribute, types, {}, 1, None, 0)
+        return
+    got = declaration_at(target, op, opset, node.attribute, types, {}, 1, None, 0)
+    assert {a.name for a in got.attributes} == set(attrs)

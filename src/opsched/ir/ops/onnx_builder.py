@@ -22,8 +22,10 @@ from opsched.ir.types import TensorType
 
 __all__ = ["NotExportable", "OnnxBuilder", "ONNX_DTYPES", "OPSET"]
 
-#: The opset every segment is exported at.
-OPSET = 17
+#: The opset every segment is exported at: the newest that torch.onnx's TorchScript exporter
+#: (which exports generic ATen nodes) writes, so that what exporters write today (opset 18-20:
+#: ``Col2Im``, ``GroupNormalization``, ``Gelu``) joins segments as it is.
+OPSET = 20
 
 #: The IR's dtype names as ONNX element types.
 ONNX_DTYPES: dict[str, int] = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -101,4 +103,4 @@ class OnnxBuilder:
         g = helper.make_graph(self.nodes, "segment", [info(v) for v in inputs], [info(v) for v in outputs],
                               self.inits)
         opsets = [helper.make_opsetid("", OPSET), *(helper.make_opsetid(d, v) for d, v in self.domains.items())]
-        return helper.make_model(g, opset_imports=opsets, ir_version=8)
+        return helper.make_model(g, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, True))

@@ -117,7 +117,7 @@ def one_node_model(attrs: FrozenAttrs, types: Sequence[TensorType]) -> onnx.Mode
     opsets = [helper.make_opsetid("", attrs["opset"])]
     if attrs["domain"]:
         opsets.append(helper.make_opsetid(attrs["domain"], attrs["domain_version"]))
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    return helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, True))
 
 
 @functools.lru_cache(maxsize=512)

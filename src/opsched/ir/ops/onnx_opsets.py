@@ -1,12 +1,12 @@
 """Whether a generic ONNX node of a newer ``ai.onnx`` opset means the same at the opset segments
 are exported at (:data:`~opsched.ir.ops.onnx_builder.OPSET`), so that it can join a segment.
 
-Files exported by recent PyTorch declare opset 18 or later, and the version converter cannot bring
-most of them down (it has no down-adapter for ``ReduceMean``'s axes input). Their generic nodes
-would then each run in a one-node session of their own, cutting ONNX Runtime's segments at
-every ``MatMul`` and ``Transpose``. Most such nodes are of ops whose definition did not change
-after the segments' opset, or changed only by admitting more element types. A node joins a
-segment where, going by ``onnx.defs``:
+A file newer than that opset (21 and up, as newer exporters and ONNX's own tools write them)
+mostly cannot be converted down by the version converter, which lacks most down-adapters. Its
+generic nodes would then each run in a one-node session of their own, cutting ONNX Runtime's
+segments at every ``MatMul`` and ``Transpose``. Most such nodes are of ops whose definition did
+not change after the segments' opset, or changed only by admitting more element types. A node
+joins a segment where, going by ``onnx.defs``:
 
 - its op's schema in force at the node's opset is the one in force at the segments' opset; or
 - the node fits the older schema once restated there: attributes the newer versions added are
@@ -39,21 +39,25 @@ from opsched.ir.types import TensorType
 
 __all__ = ["CHECKED_THROUGH", "Declaration", "declaration_at"]
 
-#: The newest opset whose changes (against opset 17) were read for this module.
-CHECKED_THROUGH = 22
+#: The newest opset whose changes were read for this module (from ONNX's changelog and release
+#: notes, with the schemas' signatures compared version by version through ``onnx.defs``).
+CHECKED_THROUGH = 23
 
-#: Attribute values that later versions gave meaning to, under unchanged attribute names.
-_ADDED_VALUES: dict[str, dict[str, frozenset[bytes]]] = {
-    "Resize": {"coordinate_transformation_mode": frozenset({b"half_pixel_symmetric"})},  # 19
-    "ScatterElements": {"reduction": frozenset({b"max", b"min"})},  # 18
-    "ScatterND": {"reduction": frozenset({b"max", b"min"})},  # 18
-    "Pad": {"mode": frozenset({b"wrap"})},  # 19
-    "GridSample": {"mode": frozenset({b"linear", b"cubic"})},  # 20 renamed bilinear and bicubic
+#: Attribute values that a later version gave meaning to, under unchanged attribute names, with
+#: that version: a node using one cannot be declared at an older version.
+_ADDED_VALUES: dict[str, dict[str, dict[bytes, int]]] = {
+    "Resize": {"coordinate_transformation_mode": {b"half_pixel_symmetric": 19}},
+    "ScatterElements": {"reduction": {b"max": 18, b"min": 18}},
+    "ScatterND": {"reduction": {b"max": 18, b"min": 18}},
+    "Pad": {"mode": {b"wrap": 19}},
+    "GridSample": {"mode": {b"linear": 20, b"cubic": 20}},  # renamed bilinear and bicubic
 }
 
-#: Ops whose later versions mean something else with the same inputs and attributes: DFT 20
-#: takes its axis as an input, defaulting to -2, where 17's attribute defaults to 1.
-_MOVED = frozenset({"DFT"})
+#: Ops whose meaning moved at the version given, in a way their signatures do not show: DFT 20
+#: takes its axis as an input, defaulting to -2, where 17's attribute defaults to 1;
+#: GroupNormalization 21 takes a scale and bias per channel, where 18's are per group (its only
+#: new attribute, ``stash_type``, has a default that the restatement would drop).
+_MOVED: dict[str, int] = {"DFT": 20, "GroupNormalization": 21}
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def declaration_at(opset: int, op_type: str, node_opset: int, attributes: Sequen
     if node_opset < opset:
         raise NotExportable(f"{op_type} of opset {node_opset} changed by opset {opset} (version {old.since_version})")
     where = f"{op_type} changed after opset {opset} (version {new.since_version})"
-    if node_opset > CHECKED_THROUGH or op_type in _MOVED:
+    if node_opset > CHECKED_THROUGH or old.since_version < _MOVED.get(op_type, 0) <= new.since_version:
         raise NotExportable(where)
     declared = _restated(old, new, where, attributes, input_types, constants)
     _check_fits(old, _allowed(op_type, opset), where, declared, input_types, n_outputs, output_type, output_index)
@@ -116,8 +120,8 @@ def _restated(old: onnx.defs.OpSchema, new: onnx.defs.OpSchema, where: str,
         declared.append(helper.make_attribute(name, [int(v) for v in np.asarray(constants[k]).reshape(-1)]))
         kept.remove(k)
     for a in declared:
-        added = _ADDED_VALUES.get(old.name, {}).get(a.name, frozenset())
-        if a.type == onnx.AttributeProto.STRING and a.s in added:
+        added = _ADDED_VALUES.get(old.name, {}).get(a.name, {})
+        if a.type == onnx.AttributeProto.STRING and added.get(a.s, 0) > old.since_version:
             raise NotExportable(f"{where}: {a.name}={a.s.decode()!r} is newer")
     return Declaration(tuple(declared), tuple(kept))
 

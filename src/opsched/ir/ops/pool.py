@@ -112,7 +112,7 @@ def _adaptive_axis(b: OnnxBuilder, x: str, axis: int, size: int, out: int, name:
     for i in range(out):
         start, end = (i * size) // out, -(-((i + 1) * size) // out)
         bounds = [b.init(np.array([v], np.int64), "s") for v in (start, end, axis)]
-        bins.append(b.add("ReduceMean", [b.add("Slice", [x, *bounds])], axes=[axis], keepdims=1))
+        bins.append(b.add("ReduceMean", [b.add("Slice", [x, *bounds]), bounds[2]], keepdims=1))
     return b.add("Concat", bins, name, axis=axis)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 from opsched.ir.ops._common import axis_of, reduce_flops
@@ -32,8 +34,8 @@ def _mean_kernel(graph: Graph, node: Node) -> Kernel:
 
 
 def _mean_export(b: OnnxBuilder, n: Node) -> None:
-    b.add("ReduceMean", [n.inputs[0]], n.name, axes=[int(d) for d in n.attr("dims")],
-          keepdims=int(bool(n.attr("keepdim", False))))
+    axes = b.init(np.array([int(d) for d in n.attr("dims")], np.int64), f"{n.name}_axes")
+    b.add("ReduceMean", [n.inputs[0], axes], n.name, keepdims=int(bool(n.attr("keepdim", False))))
 
 
 register(OpDef(OpSchema("mean", "reduce", (1, 1), _mean_infer, reduce_flops), _mean_kernel, _mean_export))
