@@ -21,8 +21,9 @@ from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, registered_ops
 from opsched.ir.ops import op_defs
+from opsched.ir.ops.activation import ACTIVATIONS
 from opsched.models import example_inputs, get_model
-from opsched.runtime import Plan, lower
+from opsched.runtime import Plan, lower, run_graph
 from opsched.runtime.kernels import bind_step
 from opsched.schedulers import schedule
 from opsched.testing import assert_close, random_dag
@@ -269,6 +270,20 @@ def test_index_assignments_of_every_dtype_stay_in_an_ort_session_exactly() -> No
     executor.close()
 
 
+@pytest.mark.parametrize(("name", "attrs"), [
+    *((name, {}) for name in ACTIVATIONS),
+    ("gelu", {"approximate": "tanh"}),
+])
+def test_every_activation_runs_on_ort_equal_to_torch(name: str, attrs: dict[str, str]) -> None:
+    """Each activation's ONNX form (ONNX's own Gelu, both forms, among them) against its torch
+    function, on values spanning every piece of the piecewise ones."""
+    b = GraphBuilder("act")
+    g = b.build([b.add(name, [b.input("x", (4, 64))], **attrs)])
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    xs = torch.linspace(-8, 8, 256).reshape(4, 64)
+    assert_close(executor([xs]), run_graph(g, [xs]))
+    executor.close()
+
 class _Unfold(torch.nn.Module):
     """``F.unfold`` (``im2col``) and ``F.fold`` (``col2im``), as MobileViTV2 cuts an image into
     patches and folds them back."""
@@ -288,10 +303,11 @@ class _Unfold(torch.nn.Module):
     ((7, 9), (3, 2), (1, 2), (1, 0), (2, 1)),  # overlapping, dilated, padded on one axis
     ((6, 6), (3, 3), (1, 1), (1, 1), (1, 1)),  # every pixel the sum of 9 columns
 ])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # ONNX's Col2Im; the scatter ORT's lacks
 def test_unfold_and_fold_stay_in_an_ort_session(size: tuple[int, int], kernel: tuple[int, int],
                                                 dilation: tuple[int, int], padding: tuple[int, int],
-                                                stride: tuple[int, int]) -> None:
-    model, image = _Unfold(kernel, dilation, padding, stride), torch.randn(2, 3, *size)
+                                                stride: tuple[int, int], dtype: torch.dtype) -> None:
+    model, image = _Unfold(kernel, dilation, padding, stride), torch.randn(2, 3, *size, dtype=dtype)
     g = opsched.from_torch(model, image)
     assert {"aten::im2col.default", "aten::col2im.default"} <= {n.attrs.get("target") for n in g.nodes}
     plan = lower(g, schedule(g, "sequential", host_cpu_model()))
