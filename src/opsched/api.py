@@ -185,6 +185,10 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
     the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's cache, run
     depth-first) races the others too, and is kept only where it runs faster.
     """
+    if isinstance(model, (str, os.PathLike)):
+        raise FrontendError(f"optimize() takes a torch.nn.Module, got the path {os.fspath(model)!r}: for an ONNX "
+                            f"file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open "
+                            f"sizes)")
     if not isinstance(model, nn.Module):
         raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
                             f"nn.Module whose forward calls it")
