@@ -26,8 +26,10 @@ from onnx import helper, numpy_helper
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
 from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line, read_onnx
+from opsched.frontends.onnx_functions import expand_functions
 from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph, tensor_type
+from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_node import (
     ONNX_GENERIC_OPS,
     captured,
@@ -61,6 +63,9 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
         raise FrontendError(f"{file.source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's "
                             f"inputs are {', '.join(map(repr, real_inputs))}")
     file = at_our_opset(file)
+    if file.opset > OPSET:  # kept newer: ops the segments lack, as ONNX defines them in older ones
+        expanded = expand_functions(file)
+        file = at_our_opset(expanded) if expanded is not file else file
     source = file.source
     converter = _OnnxConverter(file.model, file.opset, name, source, dict(input_shapes or {}), file.weights)
     graph = converter.run().verify()

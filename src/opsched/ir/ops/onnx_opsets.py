@@ -37,7 +37,7 @@ from onnx import helper
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
 
-__all__ = ["CHECKED_THROUGH", "Declaration", "declaration_at"]
+__all__ = ["CHECKED_THROUGH", "Declaration", "declaration_at", "lacks"]
 
 #: The newest opset whose changes were read for this module (from ONNX's changelog and release
 #: notes, with the schemas' signatures compared version by version through ``onnx.defs``).
@@ -89,11 +89,26 @@ def declaration_at(opset: int, op_type: str, node_opset: int, attributes: Sequen
     if node_opset < opset:
         raise NotExportable(f"{op_type} of opset {node_opset} changed by opset {opset} (version {old.since_version})")
     where = f"{op_type} changed after opset {opset} (version {new.since_version})"
-    if node_opset > CHECKED_THROUGH or old.since_version < _MOVED.get(op_type, 0) <= new.since_version:
+    if node_opset > CHECKED_THROUGH or lacks(opset, op_type, node_opset):
         raise NotExportable(where)
     declared = _restated(old, new, where, attributes, input_types, constants)
     _check_fits(old, _allowed(op_type, opset), where, declared, input_types, n_outputs, output_type, output_index)
     return declared
+
+
+def lacks(opset: int, op_type: str, node_opset: int) -> bool:
+    """Whether ``opset`` has nothing that means what ``op_type`` means at ``node_opset``: the op
+    is newer, or its meaning moved in between (:data:`_MOVED`). False for an op ``onnx.defs``
+    does not know at ``node_opset``."""
+    try:
+        new = onnx.defs.get_schema(op_type, node_opset)
+    except onnx.defs.SchemaError:
+        return False
+    try:
+        old = onnx.defs.get_schema(op_type, opset)
+    except onnx.defs.SchemaError:
+        return True
+    return bool(old.since_version < _MOVED.get(op_type, 0) <= new.since_version)
 
 
 def _restated(old: onnx.defs.OpSchema, new: onnx.defs.OpSchema, where: str,
