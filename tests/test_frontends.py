@@ -637,6 +637,73 @@ def test_ops_the_segments_lack_are_expanded_into_their_onnx_functions() -> None:
     executor = module.executor
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
+@pytest.mark.parametrize(("op", "opset", "attrs"), [
+    ("GroupNormalization", 21, {"num_groups": 2, "epsilon": 1e-5}),
+    ("GroupNormalization", 23, {"num_groups": 2, "epsilon": 1e-5}),
+    ("RotaryEmbedding", 23, {}),
+    ("Swish", 24, {}),  # a function body of its own, which reads alpha: its default, 1
+    ("Swish", 24, {"alpha": 1.7}),
+])
+def test_a_moved_or_newer_op_runs_as_its_function_equal_to_onnx_runtime(op: str, opset: int,
+                                                                        attrs: dict[str, object]) -> None:
+    """GroupNormalization 21 scales per channel where opset 20's (18) scales per group: declared
+    at 20 as it is it would compute something else, so it is expanded too; its body's Cast and
+    Reshape, written at 21, are read at 23 in the second case."""
+    import numpy as np
+    import onnxruntime
+    from onnx import numpy_helper
+
+    from opsched.backends.lanes import LaneExecutor
+
+    rng = np.random.default_rng(1)
+    shape = [1, 4, 3, 3] if op == "GroupNormalization" else [1, 2, 4, 8]
+    consts: dict[str, np.ndarray] = {}
+    if op == "GroupNormalization":
+        consts = {"scale": rng.random(4) + 0.5, "bias": rng.random(4)}
+    elif op == "RotaryEmbedding":  # (batch, heads, sequence, head size): positions rotated by cached angles
+        angles = rng.random((6, 4))
+        consts = {"cos": np.cos(angles), "sin": np.sin(angles), "positions": np.array([[0, 2, 3, 5]])}
+    node = helper.make_node(op, ["x", *consts], ["y"], **attrs)
+    inits = [numpy_helper.from_array(v if v.dtype == np.int64 else v.astype(np.float32), k) for k, v in consts.items()]
+    model = helper.make_model(helper.make_graph(
+        [node], "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits),
+        opset_imports=[helper.make_opsetid("", opset)])
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    graph = from_onnx(model)
+    assert op not in {n.attrs.get("op_type") for n in graph.nodes}
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+    executor = module.executor
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+def test_empty_slices_and_split_pieces_are_dropped_by_the_concat_that_reads_them() -> None:
+    """The IR has no empty tensors; ONNX has them (a rotary embedding that rotates every channel
+    splits off zero pass-through channels and concatenates them back): the empty piece of a
+    Slice or a Split is a constant that the Concat leaves out."""
+    import numpy as np
+    import onnxruntime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    inits = [helper.make_tensor(k, TensorProto.INT64, [len(v)], v)
+             for k, v in {"s": [4], "e": [9], "ax": [1], "sizes": [4, 0]}.items()]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "s", "e", "ax"], ["empty"]),  # r[:, 4:9]: nothing
+             helper.make_node("Split", ["r", "sizes"], ["all", "none"], axis=-1),
+             helper.make_node("Concat", ["empty", "r", "none", "all"], ["y"], axis=1)]
+    model = helper.make_model(helper.make_graph(nodes, "empty", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+    feed = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed})[0]
+    graph = from_onnx(model)
+    assert [n.op for n in graph.nodes] == ["relu", "concat"]  # the Split's whole piece is r itself
+    assert_close(run_graph(graph, [torch.from_numpy(feed)]), [torch.from_numpy(want)])
+
 def test_onnx_runtimes_own_ops_join_its_segments() -> None:
     """A file as ONNX Runtime's transformer optimizer writes it: com.microsoft's BiasGelu and
     SkipLayerNormalization between standard ops, all in one session, equal to ORT's own."""

@@ -27,7 +27,7 @@ from onnx import helper
 
 from opsched.frontends.onnx_file import OnnxFile
 from opsched.ir.ops.onnx_builder import OPSET
-from opsched.ir.ops.onnx_opsets import lacks
+from opsched.ir.ops.onnx_opsets import CHECKED_THROUGH, lacks
 
 __all__ = ["expand_functions"]
 
@@ -61,7 +61,7 @@ def _expanded_once(model: onnx.ModelProto, opset: int, fresh: itertools.count[in
         if body is None:
             nodes.append(node)
         else:
-            nodes.extend(_inlined(node, body, fresh))
+            nodes.extend(_inlined(node, body, fresh, _defaults(node.op_type, opset)))
             expanded_any = True
     if not expanded_any:
         return None
@@ -100,26 +100,40 @@ def _body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto]) ->
     return body
 
 
+def _defaults(op_type: str, opset: int) -> dict[str, onnx.AttributeProto]:
+    """The attributes of ``op_type``'s schema at ``opset`` that have a default, at their default."""
+    schema = onnx.defs.get_schema(op_type, opset)
+    return {name: a.default_value for name, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED}
+
+
 def _same_meaning(node: onnx.NodeProto, version: int, opset: int) -> bool:
-    """Whether a body node written at ``version`` means the same in a file of ``opset``."""
+    """Whether a body node written at ``version`` means the same in a file of ``opset``: its op
+    exists at ``version`` and did not move in between, where the changes up to ``opset`` were
+    read (:data:`~opsched.ir.ops.onnx_opsets.CHECKED_THROUGH`; most only admit more types),
+    or its schema is the same at both."""
     if node.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                                   for a in node.attribute):
         return False
     try:
-        return bool(onnx.defs.get_schema(node.op_type, version).since_version
-                    == onnx.defs.get_schema(node.op_type, opset).since_version)
+        written = onnx.defs.get_schema(node.op_type, version)
+        read = onnx.defs.get_schema(node.op_type, opset)
     except onnx.defs.SchemaError:
         return False
+    if written.since_version == read.since_version:
+        return True
+    return opset <= CHECKED_THROUGH and not lacks(version, node.op_type, opset)
 
 
-def _inlined(node: onnx.NodeProto, body: onnx.FunctionProto, fresh: itertools.count[int]) -> list[onnx.NodeProto]:
-    """``body``'s nodes wired to ``node``'s inputs and outputs, its own values under fresh names,
-    attribute references resolved against ``node``'s attributes (dropped where it leaves them to
-    their default)."""
+def _inlined(node: onnx.NodeProto, body: onnx.FunctionProto, fresh: itertools.count[int],
+             defaults: dict[str, onnx.AttributeProto]) -> list[onnx.NodeProto]:
+    """``body``'s nodes wired to ``node``'s inputs (an optional one it leaves out: absent) and
+    outputs, its own values under fresh names, attribute references resolved against ``node``'s
+    attributes, or its op's ``defaults`` where it leaves one out."""
     label = node.name or node.output[0]
-    names: dict[str, str] = dict(zip(body.input, node.input))
+    names = {formal: node.input[k] if k < len(node.input) else "" for k, formal in enumerate(body.input)}
     names.update(zip(body.output, node.output))
-    given = {a.name: a for a in node.attribute}
+    given = {**defaults, **{a.name: a for a in node.attribute}}
 
     def renamed(value: str) -> str:
         if value and value not in names:

@@ -14,6 +14,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from opsched.frontends._common import Unsupported
+from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+from opsched.ir.types import TensorType
 
 if TYPE_CHECKING:
     from opsched.frontends.onnx import _OnnxConverter
@@ -253,36 +255,56 @@ def _mul(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, An
 
 
 @onnx_converter("Concat")
-def _concat(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
-    return c.ctx.add("concat", [c.tensor(v) for v in ins], name=c.out_name(), axis=int(a["axis"]))
+def _concat(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> Value:
+    parts = [v for v in ins if not (isinstance(v, np.ndarray) and v.size == 0)]  # empty pieces add nothing
+    if len(parts) == 1:
+        return parts[0]
+    return c.ctx.add("concat", [c.tensor(v) for v in parts], name=c.out_name(), axis=int(a["axis"]))
 
 
-def _split(c: _OnnxConverter, n: onnx.NodeProto, x: str, axis: int, sizes: Sequence[int] | None) -> list[str]:
-    dim = c.ctx.type(x).shape[axis]
+def _empty(t: TensorType, axis: int) -> np.ndarray:
+    """A piece of a value of type ``t`` empty along ``axis``, as a constant: the IR has no empty
+    tensors, and a Concat drops it (the channels a rotary embedding that rotates all of them
+    passes through: a Split's or Slice's empty piece)."""
+    shape = [0 if k == axis else d for k, d in enumerate(t.shape)]
+    return np.zeros(shape, helper.tensor_dtype_to_np_dtype(ONNX_DTYPES[t.dtype]))
+
+
+def _split(c: _OnnxConverter, n: onnx.NodeProto, x: str, axis: int, sizes: Sequence[int] | None) -> list[Value]:
+    t = c.ctx.type(x)
+    axis = axis + t.rank if axis < 0 else axis
+    dim = t.shape[axis]
     if sizes is None:
         k = len(n.output)
         step = -(-dim // k)
         sizes = [min(step, dim - i * step) for i in range(k)]
-    outs, start = [], 0
+    outs: list[Value] = []
+    start = 0
     for i, s in enumerate(sizes):
-        outs.append(c.ctx.add("slice", [x], name=c.out_name(i), axis=axis, start=start, end=start + int(s)))
+        if int(s) == 0:
+            outs.append(_empty(t, axis))
+        elif int(s) == dim:  # the whole of x, beside empty pieces
+            outs.append(x)
+        else:
+            outs.append(c.ctx.add("slice", [x], name=c.out_name(i), axis=axis, start=start, end=start + int(s)))
         start += int(s)
     return outs
 
 
 @onnx_converter("Split", 2)
-def _split_v2(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> list[str]:
+def _split_v2(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> list[Value]:
     return _split(c, n, c.tensor(ins[0]), int(a.get("axis", 0)), a.get("split"))
 
 
 @onnx_converter("Split", 13)
-def _split_v13(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> list[str]:
+def _split_v13(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> list[Value]:
     sizes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else None
     return _split(c, n, c.tensor(ins[0]), int(a.get("axis", 0)), sizes)
 
 
 def _slice(c: _OnnxConverter, x: str, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int] | None,
-           steps: Sequence[int] | None) -> str:
+           steps: Sequence[int] | None) -> Value:
+    """``x`` sliced; an empty slice is an empty constant (:func:`_empty`)."""
     rank = c.ctx.type(x).rank
     axes = axes if axes is not None else range(len(starts))
     steps = steps if steps is not None else [1] * len(starts)
@@ -292,6 +314,8 @@ def _slice(c: _OnnxConverter, x: str, starts: Sequence[int], ends: Sequence[int]
             raise Unsupported("negative slice steps")
         ax = ax + rank if ax < 0 else ax
         dim = c.ctx.type(out).shape[ax]
+        if not range(*slice(s, e, st).indices(dim)):
+            return _empty(c.ctx.type(out), ax)
         end = None if e >= dim else e
         if s == 0 and end is None and st == 1:
             continue
@@ -300,12 +324,12 @@ def _slice(c: _OnnxConverter, x: str, starts: Sequence[int], ends: Sequence[int]
 
 
 @onnx_converter("Slice", 1)
-def _slice_v1(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
+def _slice_v1(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> Value:
     return _slice(c, c.tensor(ins[0]), a["starts"], a["ends"], a.get("axes"), None)
 
 
 @onnx_converter("Slice", 10)
-def _slice_v10(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
+def _slice_v10(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> Value:
     return _slice(c, c.tensor(ins[0]), _ints(ins[1]), _ints(ins[2]), _optional_ints(ins, 3), _optional_ints(ins, 4))
 
 
