@@ -320,6 +320,10 @@ def _foldable(node: onnx.NodeProto, ins: list[Value]) -> bool:
     """Computable now: a constant, or a deterministic node whose every input is a constant."""
     if node.op_type.startswith("Random"):
         return False
+    if node.op_type == "DequantizeLinear" and not node.domain:
+        # a quantized weight stays quantized: ONNX Runtime fuses DequantizeLinear -> Conv/MatMul ->
+        # QuantizeLinear into its integer kernels, which a float weight would rule out
+        return False
     if node.op_type == "Constant":
         return True
     return bool(ins) and all(i is None or isinstance(i, np.ndarray) for i in ins) and \
