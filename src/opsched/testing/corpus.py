@@ -120,22 +120,25 @@ def corpus() -> dict[str, CorpusModel]:
     return {e.name: e for e in entries}
 
 
-def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[onnx.ModelProto, str]:
+def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...],
+                opset: int | None = None) -> tuple[onnx.ModelProto, str]:
     """``model`` exported as users export it: ``torch.onnx.export`` with its default (dynamo)
     exporter, else the TorchScript one (which some models need: Swin's decompositions fail in
-    the first). Returns the model and which exporter made it; raises the last exporter's error."""
+    the first), at the exporter's default opset or ``opset``. Returns the model and which
+    exporter made it; raises the last exporter's error."""
     import onnx
 
     with _quiet():
         try:
-            program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
+            program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, opset_version=opset)
             assert program is not None
             return program.model_proto, "dynamo"
         except Exception:  # noqa: BLE001 (the exporter raises many types; the fallback reports its own)
             buf = io.BytesIO()
             # called with positional inputs only: the TorchScript exporter would fill in every
             # default argument positionally, which Hugging Face forward wrappers refuse
-            torch.onnx.export(_Positional(model), inputs, buf, dynamo=False)  # type: ignore[arg-type]  # a file object
+            torch.onnx.export(_Positional(model), inputs, buf, dynamo=False,  # type: ignore[arg-type]  # a file
+                              opset_version=opset)
             return onnx.load_model_from_string(buf.getvalue()), "torchscript"
 
 
