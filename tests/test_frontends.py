@@ -102,6 +102,41 @@ def test_functional_model_converts_and_matches(tracer: str) -> None:
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class _Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = nn.GRU(32, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.lstm(x)[0])[1]
+
+
+class _KeepsAValue(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = self.fc(x)  # the model's own state, which torch.export rightly warns about
+        return self.last.relu()
+
+
+def test_torch_export_warns_about_the_models_attributes_not_about_torchs_rnn_internals() -> None:
+    """nn.LSTM and nn.GRU refresh their ``_flat_weights`` in forward, and torch.export warns about
+    it on every import; no user of the model can act on that. A tensor the model itself keeps
+    still gets torch.export's warning."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = from_torch(_Recurrent().eval(), torch.randn(2, 5, 8))
+        from_torch(_KeepsAValue().eval(), torch.randn(2, 8))
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "_flat_weights" in m], messages
+    assert any("self.last" in m for m in messages), messages
+    assert "opaque" not in {n.op for n in graph.nodes}
+
 class _EmptyCache(nn.Module):
     """A decoder step with its key-value cache still empty: ``cat`` skips the 1-D empty tensor."""
 

@@ -53,14 +53,22 @@ class _Pending:
     node: torch.fx.Node
 
 
+#: torch.export's warning about tensor attributes assigned during export, where every one named
+#: is an entry of a torch RNN module's ``_flat_weights``.
+_RNN_FLAT_WEIGHTS = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\], )*[\w.]+\._flat_weights\[\d+\] were assigned"
+
+
 def export_graph(module: nn.Module, inputs: Sequence[torch.Tensor], name: str) -> Graph:
     """``module`` traced by torch.export and converted (module docstring); raises
     :class:`FrontendError` with torch.export's reason where it cannot trace."""
     try:
         # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
         # embedding) is then not wrapped in a higher-order set_grad_enabled call
-        with warnings.catch_warnings(), torch.no_grad():  # torch's own deprecation of its pytree internals
+        with warnings.catch_warnings(), torch.no_grad():
+            # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
+            # their _flat_weights list in forward (no user of the model can act on either)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
             program = torch.export.export(module, tuple(inputs), strict=False)
             if not _functional(program):
                 program = program.run_decompositions({})
