@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,8 @@ from opsched.errors import FrontendError, MalformedModelError
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_node import captured
 
-__all__ = ["OnnxFile", "at_our_opset", "declared_dims", "first_line", "onnx_input_dims", "read_onnx"]
+__all__ = ["OnnxFile", "at_our_opset", "declared_dims", "first_line", "onnx_input_dims", "read_onnx",
+           "with_nodes"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -132,11 +134,16 @@ def _in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
     order += sorted(stuck)  # a cycle: left in file order, for the converter to name
     if order == list(range(len(nodes))):
         return model
-    sorted_model = onnx.ModelProto()
-    _copy_fields(model, sorted_model, skip="graph")
-    _copy_fields(model.graph, sorted_model.graph, skip="node")
-    sorted_model.graph.node.extend(nodes[k] for k in order)
-    return sorted_model
+    return with_nodes(model, [nodes[k] for k in order])
+
+
+def with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph holds ``nodes`` in place of its own."""
+    copy = onnx.ModelProto()
+    _copy_fields(model, copy, skip="graph")
+    _copy_fields(model.graph, copy.graph, skip="node")
+    copy.graph.node.extend(nodes)
+    return copy
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:

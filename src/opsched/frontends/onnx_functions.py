@@ -25,7 +25,7 @@ import onnx
 import onnx.defs
 from onnx import helper
 
-from opsched.frontends.onnx_file import OnnxFile
+from opsched.frontends.onnx_file import OnnxFile, with_nodes
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_opsets import CHECKED_THROUGH, lacks
 
@@ -63,13 +63,7 @@ def _expanded_once(model: onnx.ModelProto, opset: int, fresh: itertools.count[in
         else:
             nodes.extend(_inlined(node, body, fresh, _defaults(node.op_type, opset)))
             expanded_any = True
-    if not expanded_any:
-        return None
-    expanded = onnx.ModelProto()
-    expanded.CopyFrom(model)
-    del expanded.graph.node[:]
-    expanded.graph.node.extend(nodes)
-    return expanded
+    return with_nodes(model, nodes) if expanded_any else None
 
 
 def _body(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
