@@ -54,8 +54,9 @@ def _hardsigmoid(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
 
 
 def _gelu(b: OnnxBuilder, x: str, out: str, node: Node) -> str:
-    """ONNX's Gelu (opset 20): ONNX Runtime's kernel computes the tanh form 3-4x faster than the
-    same formula spelled out in elementwise nodes, which it does not fuse."""
+    """ONNX's Gelu (opset 20): ONNX Runtime's kernel computes the tanh form several times faster
+    than the formula spelled out in elementwise nodes, which it does not fuse
+    (``benchmarks/onnx_forms.py``)."""
     return b.add("Gelu", [x], out, approximate=node.attr("approximate", "none"))
 
 

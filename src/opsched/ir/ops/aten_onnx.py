@@ -25,7 +25,7 @@ from opsched.ir.types import TensorType
 if TYPE_CHECKING:
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["ONNX_FORMS"]
+__all__ = ["ONNX_FORMS", "col2im_by_scatter"]
 
 
 def _cast(b: OnnxBuilder, node: Node) -> None:
@@ -97,9 +97,22 @@ def _copy(b: OnnxBuilder, node: Node) -> None:
 
 
 def _col2im(b: OnnxBuilder, node: Node) -> None:
-    """``F.fold``: ONNX's ``Col2Im`` where ONNX Runtime has a kernel for it (float32; ten times
-    the speed of the scatter on MobileViTV2's folds); otherwise every column's values added into
-    the (padded) image at the positions their sliding block covers, as a ScatterElements with
+    """``F.fold``: ONNX's ``Col2Im`` where ONNX Runtime has a kernel for it (float32; faster than
+    the scatter, ``benchmarks/onnx_forms.py``), else :func:`col2im_by_scatter`."""
+    size, kernel, dilation, padding, stride = _window_arguments(node)
+    (cols,) = _tensor_types(b, node, 1)
+    if cols.rank != 3:
+        raise NotExportable(f"{node.attrs['target']}: an unbatched fold")
+    if cols.dtype != "float32":
+        return col2im_by_scatter(b, node)
+    b.add("Col2Im", [_operand(b, node, 0), b.init(np.array(size, np.int64), f"{node.name}_size"),
+                     b.init(np.array(kernel, np.int64), f"{node.name}_kernel")], node.name,
+          dilations=list(dilation), pads=[*padding, *padding], strides=list(stride))
+
+
+def col2im_by_scatter(b: OnnxBuilder, node: Node) -> None:
+    """``F.fold`` (a batched ``col2im`` node) for any dtype: every column's values added into the
+    (padded) image at the positions their sliding block covers, as a ScatterElements with
     ``reduction="add"``, then the padding cut off."""
     from onnx import helper
 
@@ -107,13 +120,6 @@ def _col2im(b: OnnxBuilder, node: Node) -> None:
 
     size, kernel, dilation, padding, stride = _window_arguments(node)
     (cols,) = _tensor_types(b, node, 1)
-    if cols.rank != 3:
-        raise NotExportable(f"{node.attrs['target']}: an unbatched fold")
-    if cols.dtype == "float32":
-        b.add("Col2Im", [_operand(b, node, 0), b.init(np.array(size, np.int64), f"{node.name}_size"),
-                         b.init(np.array(kernel, np.int64), f"{node.name}_kernel")], node.name,
-              dilations=list(dilation), pads=[*padding, *padding], strides=list(stride))
-        return
     n, c = node.out.shape[:2]
     padded = [s + 2 * p for s, p in zip(size, padding)]
     positions = _block_positions(padded, kernel, dilation, stride)

@@ -1,0 +1,142 @@
+"""ONNX forms of one op, timed on ONNX Runtime on this CPU: the native op that opsched's segments
+use at opset 20 against the spelling it would otherwise need.
+
+- ``gelu`` (erf and tanh forms): ONNX's ``Gelu`` against the formula in elementwise nodes (what
+  segments held at opset 17, which has no Gelu);
+- ``fold``: ONNX's ``Col2Im`` against :func:`opsched.ir.ops.aten_onnx.col2im_by_scatter` (what
+  segments hold for the dtypes ONNX Runtime's Col2Im lacks), both made by opsched's own export of
+  an ``F.fold`` call.
+
+Each is a one-op ONNX Runtime session on the same input, timed interleaved; the ratio is the
+median of per-round ratios. Writes ``docs/results/onnx-forms.md`` (and ``.json``).
+
+    python benchmarks/onnx_forms.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _report import write  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from opsched import from_torch  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
+from opsched.ir.ops.aten_onnx import ONNX_FORMS, col2im_by_scatter  # noqa: E402
+from opsched.ir.ops.onnx_builder import OPSET, OnnxBuilder  # noqa: E402
+from opsched.timing import interleave  # noqa: E402
+
+Forms = dict[str, onnx.ModelProto]
+
+
+def _model(nodes: list[onnx.NodeProto], shape: list[int], inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
+    """A model of ``nodes`` from ``x`` to ``y``, both of ``shape``."""
+    graph = helper.make_graph(nodes, "form", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def gelu_forms(approximate: str, shape: list[int]) -> Forms:
+    """ONNX's Gelu, and the formula in elementwise nodes."""
+    def c(name: str, v: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(v, np.float32), name)
+
+    if approximate == "tanh":  # x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+        nodes = [helper.make_node("Mul", ["x", "x"], ["x2"]), helper.make_node("Mul", ["x2", "x"], ["x3"]),
+                 helper.make_node("Mul", ["x3", "a"], ["ax3"]), helper.make_node("Add", ["x", "ax3"], ["inner"]),
+                 helper.make_node("Mul", ["inner", "k"], ["scaled"]), helper.make_node("Tanh", ["scaled"], ["core"])]
+        inits = [c("a", 0.044715), c("k", math.sqrt(2 / math.pi))]
+    else:  # x/2 * (1 + erf(x / sqrt 2))
+        nodes = [helper.make_node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["core"])]
+        inits = [c("r2", math.sqrt(2))]
+    nodes += [helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("Add", ["core", "one"], ["s"]),
+              helper.make_node("Mul", ["h", "s"], ["y"])]
+    inits += [c("half", 0.5), c("one", 1.0)]
+    return {"native": _model([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], shape),
+            "spelled out": _model(nodes, shape, inits)}
+
+
+def fold_forms(channels: int, size: int, kernel: int) -> tuple[Forms, list[int]]:
+    """opsched's two exports of ``F.fold`` (blocks side by side, as MobileViTV2 folds its patches)."""
+    blocks = (size // kernel) ** 2
+    cols = torch.randn(1, channels * kernel * kernel, blocks)
+    graph = from_torch(_Fold(size, kernel), cols)
+    (node,) = [n for n in graph.nodes if n.attrs.get("target") == "aten::col2im.default"]
+    forms = {}
+    for label, form in (("native", ONNX_FORMS["aten::col2im.default"]), ("scatter", col2im_by_scatter)):
+        b = OnnxBuilder(graph)
+        form(b, node)
+        forms[label] = b.model([node.inputs[0]], [node.name])
+    return forms, list(cols.shape)
+
+
+class _Fold(torch.nn.Module):
+    def __init__(self, size: int, kernel: int) -> None:
+        super().__init__()
+        self.size, self.kernel = size, kernel
+
+    def forward(self, cols: torch.Tensor) -> torch.Tensor:
+        return F.fold(cols, (self.size, self.size), self.kernel, stride=self.kernel)
+
+
+def race(forms: Forms, shape: list[int], rounds: int, threads: int) -> tuple[dict[str, float], float, float]:
+    """Median µs of each form, the median per-round ratio (the other form's time over the native
+    op's), and the largest difference between their outputs."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    calls = {}
+    for label, model in forms.items():
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: x}
+        calls[label] = lambda s=session, f=feed: s.run(None, f)[0]
+    native, other = (calls[k]() for k in forms)
+    times = interleave(calls, rounds, block=5, settle_s=0.02)  # what the other session left spinning goes idle
+    (other_label,) = [k for k in forms if k != "native"]
+    ratio = statistics.median(o / n for o, n in zip(times[other_label], times["native"]))
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}, ratio, float(np.abs(native - other).max())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per session (on 2 cores, two-thread sessions in one process came out "
+                        "bimodal: a session's pool sometimes ran as one thread)")
+    args = p.parse_args()
+    fold, fold_shape = fold_forms(256, 32, 2)
+    cases = [("gelu (erf)", gelu_forms("none", [4, 197, 768]), [4, 197, 768]),
+             ("gelu (tanh)", gelu_forms("tanh", [4, 197, 768]), [4, 197, 768]),
+             ("fold 256x32x32, 2x2 blocks", fold, fold_shape)]
+    rows, records = [], []
+    for name, forms, shape in cases:
+        med, ratio, diff = race(forms, shape, args.rounds, args.threads)
+        other = next(k for k in forms if k != "native")
+        rows.append([name, "x".join(map(str, shape)), f"{med['native']:.0f}", f"{other}: {med[other]:.0f}",
+                     f"{ratio:.2f}", f"{diff:.1e}"])
+        records.append({"case": name, "input": shape, "median_us": med, "ratio": ratio, "max_abs_diff": diff})
+    intro = ["# ONNX forms on ONNX Runtime (this CPU)", "",
+             f"One-op ONNX Runtime sessions (intra-op threads: {args.threads}; opset {OPSET}) on the same input, "
+             f"{args.rounds} interleaved rounds of 5 calls, each turn after 20 ms idle; *ratio*: the median "
+             "per-round ratio of the other form's time to the native op's (> 1: the native op is faster)."]
+    headers = ["case", "input", "native µs", "other form µs", "ratio", "max difference"]
+    md, js = write("onnx-forms", "\n".join([*intro, "", format_table(headers, rows, markdown=True)]),
+                   {"results": records})
+    print(format_table(headers, rows))
+    print(f"wrote {md} and {js}")
+
+
+if __name__ == "__main__":
+    main()
