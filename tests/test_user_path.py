@@ -203,6 +203,27 @@ def test_output_structures_rebuild_exactly_what_the_model_returned(example: obje
     assert all(a is b for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True))
 
 
+class TokenTypes(nn.Module):
+    """Ids into a table of two rows, as BERT's token types are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.types, self.words = nn.Embedding(2, 8), nn.Embedding(50, 8)
+
+    def forward(self, ids: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        return self.words(ids) + self.types(types)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_plans_race_on_ids_valid_in_any_table(backend: str, tmp_path: Path) -> None:
+    """The race's inputs are made from the graph alone, which does not know a table's size: random
+    integers indexed past a two-row table (ORT) or below zero (torch) and optimize() failed."""
+    model, ids, types = TokenTypes().eval(), torch.randint(0, 50, (2, 6)), torch.randint(0, 2, (2, 6))
+    module = opsched.optimize(model, (ids, types), backend=backend, cache_dir=str(tmp_path))
+    assert module.outcome.race is not None
+    equal_on_fresh_inputs(model, module, (ids, types))
+
+
 # --- bad input gets a named error ----------------------------------------------------------------
 def test_bad_inputs_and_arguments_are_named() -> None:
     model = Dilated().eval()

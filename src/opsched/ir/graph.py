@@ -168,9 +168,19 @@ class Graph:
 
 
 def random_inputs(graph: Graph, device: str | torch.device = "cpu", seed: int = 0) -> list[torch.Tensor]:
-    """Reproducible random inputs of ``graph``'s input types on ``device``."""
+    """Reproducible inputs of ``graph``'s input types on ``device``, to time and race plans with:
+    floating-point ones drawn from a normal distribution; integer ones zero (an index valid in
+    any table: a graph does not know how large its embeddings' vocabularies are) and boolean
+    ones true."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(i.type.shape, generator=gen).to(device, getattr(torch, i.type.dtype)) for i in graph.inputs]
+    out = []
+    for i in graph.inputs:
+        dtype = getattr(torch, i.type.dtype)
+        if dtype.is_floating_point or dtype.is_complex:
+            out.append(torch.randn(i.type.shape, generator=gen).to(device, dtype))
+        else:
+            out.append(torch.full(i.type.shape, dtype == torch.bool, dtype=dtype, device=device))
+    return out
 
 
 def _check_references(graph: Graph) -> None:
