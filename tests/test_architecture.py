@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "opsched"
 #: layer excepted: its modules use each other, without cycles).
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
     "errors _toposort _text timing progress timeline execution",
+    "structure",
     "ir",
     "ops",
     "transforms",

@@ -7,6 +7,7 @@ CI runs the models not marked slow; ``--runslow`` runs them all."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +104,23 @@ def test_an_opset_23_export_is_one_session_equal_to_onnx_runtime(name: str) -> N
         np.testing.assert_allclose(a.numpy(), w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())))
     executor = module.executor
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+
+def test_a_model_called_with_its_tokenizer_output_is_called_the_same_way(tmp_path: Path) -> None:
+    """``model(**tokenizer(texts, padding=True, return_tensors="pt"))``, as pipelines call it: keyword
+    inputs, a padded attention mask and token type ids, which index a table of two rows (the
+    plans raced end to end run on inputs made from the graph alone, whose ids must be valid)."""
+    import transformers
+
+    model, (ids,), _ = _built("bert")
+    ids = torch.cat([ids, ids.flip(1)])
+    mask, types = torch.ones_like(ids), torch.zeros_like(ids)
+    mask[1, 10:], types[:, 8:] = 0, 1
+    batch = transformers.BatchEncoding({"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
+    module = opsched.optimize(model, batch, cache_dir=str(tmp_path))  # measured: plans race on zero ids
+    assert module.outcome.race is not None
+    with torch.no_grad():
+        want = model(**batch)
+        for got in (module(**batch), module(ids, mask, types)):
+            assert type(got) is type(want)
+            assert_close([got.last_hidden_state, got.pooler_output], [want.last_hidden_state, want.pooler_output])

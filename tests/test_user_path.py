@@ -224,6 +224,121 @@ def test_plans_race_on_ids_valid_in_any_table(backend: str, tmp_path: Path) -> N
     equal_on_fresh_inputs(model, module, (ids, types))
 
 
+# --- how the model is called ----------------------------------------------------------------------
+class Keyed(nn.Module):
+    """A forward as Hugging Face models have them: optional tensors, flags, a keyword-only argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.proj = nn.Embedding(10, 8), nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None, extra: torch.Tensor | None = None,
+                scale: float = 1.0, *, pair: tuple[torch.Tensor, torch.Tensor] | None = None,
+                return_dict: bool = True) -> object:
+        h = self.proj(self.embed(ids)) * scale
+        if mask is not None:
+            h = h * mask[..., None]
+        if extra is not None:
+            h = h + extra
+        if pair is not None:
+            h = h + pair[0] * pair[1]
+        return {"h": h} if return_dict else (h,)
+
+
+def _keyed_example() -> dict[str, object]:
+    return {"pair": (torch.randn(2, 4, 8), torch.randn(2, 4, 8)), "ids": torch.randint(0, 10, (2, 4)),
+            "mask": torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), "scale": 2.0, "return_dict": False}
+
+
+def test_keyword_inputs_are_bound_to_the_forward_whatever_their_order_or_spelling() -> None:
+    from opsched.structure import InputStructure
+
+    model, example = Keyed().eval(), _keyed_example()
+    structure = InputStructure.of(model.forward, example)
+    # canonical: bound positionally up to the first parameter left out, in the signature's order
+    assert structure.names == ("ids", "mask", "pair[0]", "pair[1]")
+    assert structure.describe() == "forward(ids, mask, scale=2.0, pair=(pair[0], pair[1]), return_dict=False)"
+    ids, mask, pair = example["ids"], example["mask"], example["pair"]
+    want = (ids, mask, *pair)  # type: ignore[misc]
+    spellings = [((ids, mask), {"scale": 2.0, "pair": pair, "return_dict": False}),
+                 ((ids, mask, None, 2.0), {"return_dict": False, "pair": pair}),
+                 ((), {"return_dict": False, "pair": pair, "extra": None, "scale": 2.0, "mask": mask, "ids": ids})]
+    for args, kwargs in spellings:  # an argument equal to its default is the call without it
+        got = structure.tensors(args, kwargs)
+        assert len(got) == len(want) and all(a is b for a, b in zip(got, want)), (args, kwargs)
+    args, kwargs = structure.call(want)
+    assert args[:2] == (ids, mask) and kwargs == {"scale": 2.0, "pair": pair, "return_dict": False}
+    assert InputStructure.of(model.forward, (ids,)).plain and not structure.plain
+    # every argument whole: a call passing exactly those is read without binding the signature
+    flat = InputStructure.of(model.forward, {"mask": mask, "ids": ids, "return_dict": False})
+    assert flat._arguments == (2, ("ids", "mask", "return_dict"))
+    for args, kwargs in [((), {"return_dict": False, "mask": mask, "ids": ids}), ((ids,), {"return_dict": False,
+                         "mask": mask}), ((ids, mask), {"return_dict": False})]:
+        assert flat._direct(args, kwargs) is not None
+        got = flat.tensors(args, kwargs)
+        assert len(got) == 2 and got[0] is ids and got[1] is mask
+    with pytest.raises(InputMismatchError, match=r"\(return_dict is left at its default, traced as False\)"):
+        flat.tensors((), {"return_dict": True, "mask": mask, "ids": ids})  # True: the default
+    with pytest.raises(InputMismatchError, match=r"\(mask is left at its default, traced as mask; scale is given, "
+                                                 r"left at its default when traced\)"):
+        flat.tensors((ids,), {"scale": 3.0, "return_dict": False})
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_a_module_optimized_with_keyword_inputs_is_called_as_the_model(backend: str) -> None:
+    model, example = Keyed().eval(), _keyed_example()
+    module = opsched.optimize(model, example, cost="analytic", backend=backend)  # verified: called as the model
+    assert [i.name for i in module.graph.inputs] == ["ids", "mask", "pair_0", "pair_1"]
+    ids, mask, pair = example["ids"], example["mask"], example["pair"]
+    with torch.no_grad():
+        want = model(**example)
+        for args, kwargs in [((), example), ((ids, mask), {"scale": 2.0, "return_dict": False, "pair": pair})]:
+            got = module(*args, **kwargs)
+            assert isinstance(got, tuple) and len(got) == 1
+            assert_close(list(got), list(want))
+        with pytest.raises(InputMismatchError, match="argument scale was 2.0 when the model was traced.*got 3.0"):
+            module(ids, mask, scale=3.0, pair=pair, return_dict=False)
+        with pytest.raises(InputMismatchError, match=r"called as forward\(ids, mask, scale=2.0, pair=\(pair\[0\], "
+                                                     r"pair\[1\]\), return_dict=False\), got forward\(<tensor 2x4 "
+                                                     r"int64>, scale=2.0"):
+            module(ids, scale=2.0, pair=pair, return_dict=False)
+        with pytest.raises(InputMismatchError, match="unexpected keyword argument 'bogus'"):
+            module(**example, bogus=1)
+        with pytest.raises(InputMismatchError, match=r"input 'mask' of graph 'Keyed': expected f32\[2,4\]"):
+            module(ids, mask[:1], scale=2.0, pair=pair, return_dict=False)
+
+
+class IdsAndMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Keyed()
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> object:
+        return self.inner(ids, mask, return_dict=False)[0]
+
+
+def test_a_module_made_from_a_graph_takes_its_inputs_by_name(tmp_path: Path) -> None:
+    model, example = IdsAndMask().eval(), {"ids": torch.randint(0, 10, (2, 4)), "mask": torch.rand(2, 4)}
+    path = tmp_path / "keyed.onnx"
+    torch.onnx.export(model, (example["ids"], example["mask"]), str(path), dynamo=False, input_names=["ids", "mask"])
+    module = opsched.optimize_graph(opsched.from_onnx(path), cost="analytic")
+    with torch.no_grad():
+        assert_close([module(mask=example["mask"], ids=example["ids"])], tensors(model(**example)))
+    graph = opsched.from_torch(model, example)
+    module = opsched.optimize_graph(graph, cost="analytic")
+    assert module.inputs.describe() == "forward(ids, mask)"
+    with pytest.raises(InputMismatchError, match="missing a required argument: 'mask'"):
+        module(ids=example["ids"])
+
+
+def test_a_saved_schedule_loads_for_keyword_inputs(tmp_path: Path) -> None:
+    model, example = Keyed().eval(), _keyed_example()
+    opsched.optimize(model, example, **ANALYTIC).save(tmp_path / "s.json")
+    module = opsched.load(model, tmp_path / "s.json", example)
+    with torch.no_grad():
+        assert_close(tensors(module(**example)), tensors(model(**example)))
+
+
 # --- bad input gets a named error ----------------------------------------------------------------
 def test_bad_inputs_and_arguments_are_named() -> None:
     model = Dilated().eval()

@@ -25,7 +25,7 @@ from opsched.execution import RunOptions
 from opsched.frontends import from_torch
 from opsched.frontends.pytorch import Tracer
 from opsched.ir import Graph, random_inputs
-from opsched.module import OutputStructure, ScheduledModule
+from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
 from opsched.race import fastest
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
@@ -33,6 +33,7 @@ from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import make_options, schedule, spec
 from opsched.schedulers.placement import PlacementOptions
 from opsched.schedulers.registry import RENAMED
+from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
 from opsched.transforms.place import dtype_name, place
 
 __all__ = ["optimize", "optimize_graph", "load", "Request", "check_request", "host_cpu_model", "measured_cost",
@@ -115,18 +116,25 @@ def _device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def _example_inputs(example_inputs: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, ...]:
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    for k, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            raise InputMismatchError(f"example input {k} must be a tensor, got {type(t).__name__}")
+def _example_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
+    """How ``model`` is called with ``example_inputs``, and their tensors (the graph's inputs),
+    each checked to hold values a model can run on."""
+    structure, inputs = bind_example(model.forward, example_inputs)
+    for name, t in zip(structure.names, inputs):
         if t.device.type not in DEVICES:
-            raise InputMismatchError(f"example input {k} is on the {t.device.type} device: it holds no values to run "
-                                     f"and check the model with; give a tensor on {' or '.join(DEVICES)}")
+            raise InputMismatchError(f"example input {name!r} is on the {t.device.type} device: it holds no values to "
+                                     f"run and check the model with; give a tensor on {' or '.join(DEVICES)}")
         if 0 in t.shape:
-            raise InputMismatchError(f"example input {k} has shape {tuple(t.shape)}: a zero-size dimension leaves "
-                                     f"nothing to schedule; give a batch of at least one")
-    return inputs
+            raise InputMismatchError(f"example input {name!r} has shape {tuple(t.shape)}: a zero-size dimension "
+                                     f"leaves nothing to schedule; give a batch of at least one")
+    return structure, inputs
+
+
+def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch.Tensor]) -> OutputStructure:
+    """The structure of what ``model`` returns when called as ``structure`` with ``inputs``."""
+    args, kwargs = structure.call([t.clone() for t in inputs])  # a model may change its inputs
+    with torch.no_grad():
+        return OutputStructure.of(model(*args, **kwargs))
 
 
 @contextlib.contextmanager
@@ -142,7 +150,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *,
+def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
              device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
              graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
              backend: str = "auto", cache_dir: str | None = None, verify: bool = True,
@@ -151,6 +159,11 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
              **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that computes what
     ``model.eval()`` computes (the model itself is left in the mode it was in).
+
+    ``example_inputs`` is how the model is called: one tensor, a sequence of positional
+    arguments, or a mapping of keyword arguments (``optimize(bert, tokenizer(text,
+    return_tensors="pt"))``). The returned module is called the same way, by position or by
+    name; arguments that are not tensors (``None``, flags) are fixed at their example values.
 
     ``scheduler`` names a scheduler, or several: ``("ios", "est")`` makes the dynamic
     program's schedule and the list scheduler's, races their plans end to end and keeps the
@@ -193,20 +206,19 @@ def optimize(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Te
         raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
                             f"nn.Module whose forward calls it")
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
-    inputs = _example_inputs(example_inputs)
+    call, inputs = _example_inputs(model, example_inputs)
     start = time.perf_counter()
     with _eval_mode(model):
-        with torch.no_grad():
-            structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
-        graph = from_torch(model, inputs, leaf_modules=leaf_modules, tracer=tracer)
+        structure = _outputs(model, call, inputs)
+        graph = from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer)
         if structure.tensors != len(graph.outputs):
             raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
                                 f"{len(graph.outputs)} outputs; please report this with the model")
         module = _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
-                           outputs=structure, progress=phases(progress), memory_budget=memory_budget)
+                           inputs=call, outputs=structure, progress=phases(progress), memory_budget=memory_budget)
         module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)
         if verify:
-            verify_against(module, module.graph, module.device, model, inputs, phases(progress)("checking"))
+            verify_against(module, module.graph, module.device, model, call, inputs, phases(progress)("checking"))
     return module
 
 
@@ -232,7 +244,7 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
 
 def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bool, cost: str | CostModel,
               cache_dir: str | None, progress: Phases, check: bool = True, race_with: Sequence[str] = (),
-              rounds: int = 7, outputs: OutputStructure | None = None,
+              rounds: int = 7, inputs: InputStructure | None = None, outputs: OutputStructure | None = None,
               memory_budget: int | None = None) -> ScheduledModule:
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise ScheduleError(f"memory_budget: a positive number of bytes, got {memory_budget!r}")
@@ -257,7 +269,7 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
             if split.splits:
                 made["graphturbo"] = split
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
-                                         outputs=outputs) for name, s in made.items()}
+                                         inputs=inputs, outputs=outputs) for name, s in made.items()}
         peaks = {name: m.peak_bytes for name, m in modules.items()}
         over = {}
         if memory_budget is not None:
@@ -270,8 +282,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         race = None
         kept = next(name for name in (*request.schedulers, *modules) if name in modules)
         if len(modules) > 1:
-            inputs = tuple(random_inputs(graph, dev))
-            kept, times = fastest({name: functools.partial(m, *inputs) for name, m in modules.items()},
+            feeds = tuple(random_inputs(graph, dev))
+            kept, times = fastest({name: functools.partial(m.executor, feeds) for name, m in modules.items()},
                                   clock=be.clock(run), rounds=rounds, progress=progress("racing plans"))
             race = RaceResult(times, kept, {name: peaks[name] for name in times})
         module = modules[kept]
@@ -338,34 +350,36 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
     raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
 
 
-def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Sequence[torch.Tensor] | torch.Tensor,
-         *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
+def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: ExampleInputs, *,
+         device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
          tracer: Tracer = "auto") -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
 
-    The model is imported again with ``example_inputs`` and placed as given; a schedule made for
+    The model is imported again with ``example_inputs`` (as :func:`optimize` takes them) and
+    placed as given; a schedule made for
     another model, batch size, input shape or precision is refused with
     :class:`~opsched.errors.ScheduleMismatchError`. One made on another device runs (schedules
     travel), with a warning: it was tuned for that device. With ``tracer="auto"``, a schedule
     saved from a torch.fx import (whose node names torch.export does not always repeat) loads too.
     """
     dev = _device(device)
-    inputs = _example_inputs(example_inputs)
+    call, inputs = _example_inputs(model, example_inputs)
     saved = Schedule.load(path)
     with _eval_mode(model):
-        with torch.no_grad():
-            structure = OutputStructure.of(model(*(t.clone() for t in inputs)))  # a model may change its inputs
-        graph = place(from_torch(model, inputs, leaf_modules=leaf_modules, tracer=tracer), dev, dtype, channels_last)
+        structure = _outputs(model, call, inputs)
+        graph = place(from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer), dev, dtype,
+                      channels_last)
         try:
             sched = saved.validate(graph)
         except OpschedError:
             if tracer != "auto" or graph.structural_hash() != saved.graph_hash:
                 raise
-            graph = place(from_torch(model, inputs, leaf_modules=leaf_modules, tracer="fx"), dev, dtype, channels_last)
+            graph = place(from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer="fx"), dev, dtype,
+                          channels_last)
             sched = saved.validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
-                             outputs=structure)
+                             inputs=call, outputs=structure)
     here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
     if here and sched.device and here not in sched.device:
         log.warning("schedule %s was made for %s; running it on %s", path, sched.device, here)

@@ -12,6 +12,7 @@ from torch import nn
 from opsched.errors import ExecutionError
 from opsched.ir import Graph
 from opsched.progress import Progress
+from opsched.structure import InputStructure
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "fresh_inputs",
            "verify_against"]
@@ -68,19 +69,22 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.T
     return tuple(out)
 
 
-def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module,
+def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module, call: InputStructure,
                    inputs: tuple[torch.Tensor, ...], progress: Progress | None = None) -> None:
     """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device``)
-    returns what ``model`` returns, leaf by leaf within :func:`tolerance`, on ``inputs`` and on
-    fresh random inputs (a module that replayed a value recorded at import would pass the first)."""
+    returns what ``model`` returns, leaf by leaf within :func:`tolerance`, both called as ``call``
+    on ``inputs`` and on fresh random inputs (a module that replayed a value recorded at import
+    would pass the first)."""
     placed = placed_inputs(graph, inputs, device)
     if any(p.dtype != t.dtype or p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
         model = copy.deepcopy(model).to(device, placed[0].dtype)
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
     for k, (which, xs) in enumerate(cases.items()):
         with torch.no_grad():
-            expected = pytree.tree_leaves(model(*(t.clone() for t in xs)))  # a model may change its inputs
-            actual = pytree.tree_leaves(module(*xs))
+            args, kwargs = call.call([t.clone() for t in xs])  # a model may change its inputs
+            expected = pytree.tree_leaves(model(*args, **kwargs))
+            args, kwargs = call.call(xs)
+            actual = pytree.tree_leaves(module(*args, **kwargs))
         if progress is not None:
             progress(k + 1, len(cases), which)
         if len(actual) != len(expected):

@@ -58,9 +58,10 @@ class _Pending:
 _RNN_FLAT_WEIGHTS = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\], )*[\w.]+\._flat_weights\[\d+\] were assigned"
 
 
-def export_graph(module: nn.Module, inputs: Sequence[torch.Tensor], name: str) -> Graph:
-    """``module`` traced by torch.export and converted (module docstring); raises
-    :class:`FrontendError` with torch.export's reason where it cannot trace."""
+def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph:
+    """``module`` called with ``args`` and ``kwargs``, traced by torch.export and converted (module
+    docstring): the graph's inputs are the tensors among them, in pytree order, and every other
+    argument is fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace."""
     try:
         # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
         # embedding) is then not wrapped in a higher-order set_grad_enabled call
@@ -69,7 +70,7 @@ def export_graph(module: nn.Module, inputs: Sequence[torch.Tensor], name: str) -
             # their _flat_weights list in forward (no user of the model can act on either)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
-            program = torch.export.export(module, tuple(inputs), strict=False)
+            program = torch.export.export(module, tuple(args), kwargs, strict=False)
             if not _functional(program):
                 program = program.run_decompositions({})
     except Exception as e:  # torch.export raises many types for the same root causes
@@ -127,10 +128,11 @@ class ExportConverter:
                 raise FrontendError(f"{self.ctx.b.name}: unexpected {n.op} node {n.name!r} in the exported program")
         return self.ctx.b.build(outputs)
 
-    def _input(self, n: torch.fx.Node) -> str:
+    def _input(self, n: torch.fx.Node) -> Any:
+        """A tensor argument is a graph input; any other (None, a flag) is a value fixed at export."""
         v = n.meta.get("val")
         if not isinstance(v, torch.Tensor):
-            raise FrontendError(f"input {n.name!r} must be a tensor, got {type(v).__name__}")
+            return v
         return self.ctx.b.input(n.name, tuple(int(d) for d in v.shape), tensor_type(v).dtype)
 
     def _outputs(self, returned: Any) -> list[str]:

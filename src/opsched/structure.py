@@ -1,0 +1,320 @@
+"""How a model is called and what it returns: the structures around a graph's flat inputs and outputs.
+
+A graph takes and returns flat lists of tensors. A model is called with positional and keyword
+arguments (``model(**tokenizer(text, return_tensors="pt"))``), some of them containers of
+tensors, some fixed values (``None``, a flag), and returns tuples, dicts or dataclass outputs.
+:class:`InputStructure` maps a call onto the graph's inputs and :class:`OutputStructure` the
+graph's outputs back onto what the model returns, so that a scheduled module is called and
+answers exactly as the model is and does.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import keyword
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from opsched.errors import FrontendError, InputMismatchError
+
+__all__ = ["InputStructure", "OutputStructure", "ExampleInputs", "bind_example", "split_example"]
+
+#: What a user gives as example inputs: one tensor, the positional arguments, or the keyword
+#: arguments (a tokenizer's output, say).
+ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
+
+_Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class InputStructure:
+    """How a model is called: its arguments bound to the parameters of its ``forward`` (so that a
+    tensor given by position or by name is the same input), the tensors among their leaves being
+    the graph's inputs, in order, and every other leaf a value the graph was specialised to.
+
+    Arguments are kept in a canonical form: bound to the signature, positional where they can
+    be, and left out where a non-tensor one equals its parameter's default (``attention_mask=None``
+    is the call without it)."""
+
+    signature: inspect.Signature | None  # None: positional arguments only
+    spec: pytree.TreeSpec                 # of the canonical ``(args, kwargs)``
+    slots: tuple[int | None, ...]         # per leaf: the graph input it is, or None for a fixed value
+    constants: tuple[Any, ...]            # per leaf: the fixed value (None where the leaf is a tensor)
+    places: tuple[str, ...]               # per leaf: where it sits in the call (``input_ids``, ``xs[1]``)
+
+    @classmethod
+    def of(cls, forward: Callable[..., Any], example: ExampleInputs) -> InputStructure:
+        """The structure of calling ``forward`` with ``example``: one tensor, a sequence of
+        positional arguments or a mapping of keyword arguments."""
+        try:
+            signature: inspect.Signature | None = inspect.signature(forward)
+        except (TypeError, ValueError):  # a builtin or an extension's forward: positional only
+            signature = None
+        args, kwargs = split_example(example)
+        try:
+            return cls._of(signature, *_canonical(signature, args, kwargs))
+        except TypeError as e:  # the signature refuses the example
+            shown = _describe_call(pytree.tree_flatten((args, kwargs))[1], pytree.tree_leaves((args, kwargs)))
+            where = getattr(forward, "__qualname__", "forward")
+            raise FrontendError(f"{where}{signature or '(...)'} cannot be called as {shown} with the example "
+                                f"inputs: {e}") from None
+
+    @classmethod
+    def positional(cls, names: Sequence[str]) -> InputStructure:
+        """A graph's own inputs, by position or (where every name is a Python identifier, as ONNX
+        Runtime's feeds are keyed) by name."""
+        signature = None
+        if all(n.isidentifier() and not keyword.iskeyword(n) for n in names) and len(set(names)) == len(names):
+            signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                           for n in names])
+        example = tuple(torch.empty(0) for _ in names)
+        return cls._of(signature, example, {})
+
+    @classmethod
+    def _of(cls, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> InputStructure:
+        paths, spec = pytree.tree_flatten_with_path((args, kwargs))
+        slots: list[int | None] = []
+        tensors = 0
+        for _, leaf in paths:
+            slots.append(tensors if isinstance(leaf, torch.Tensor) else None)
+            tensors += isinstance(leaf, torch.Tensor)
+        constants = tuple(None if s is not None else leaf for s, (_, leaf) in zip(slots, paths))
+        return cls(signature, spec, tuple(slots), constants, tuple(_place(path, signature) for path, _ in paths))
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        """Per graph input, where it sits in the call."""
+        return tuple(p for p, s in zip(self.places, self.slots) if s is not None)
+
+    @functools.cached_property
+    def plain(self) -> bool:
+        """Whether the call is the graph's inputs as positional tensors and nothing else."""
+        return self.spec == pytree.tree_flatten((tuple(range(len(self.names))), {}))[1]
+
+    @functools.cached_property
+    def _arguments(self) -> tuple[int, tuple[str, ...]] | None:
+        """Where every leaf is a whole argument of the canonical call: how many are positional,
+        and each one's parameter; None where some argument nests (a tuple of tensors) or a
+        positional one has no name of its own (``*args``)."""
+        if self.signature is None:
+            return None
+        args_spec, kwargs_spec = self.spec.children()
+        if not all(c.is_leaf() for c in (*args_spec.children(), *kwargs_spec.children())):
+            return None
+        params = self.signature.parameters.values()
+        named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if args_spec.num_children > len(named):
+            return None
+        return args_spec.num_children, (*named[:args_spec.num_children], *kwargs_spec.context)
+
+    def _direct(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any] | None:
+        """The call's leaves in canonical order where it passes exactly the canonical call's
+        arguments, positionally up to where that call does (a dictionary lookup each, against
+        microseconds to bind a signature); None where it must be bound to know."""
+        known = self._arguments
+        if known is None or len(args) > known[0] or len(args) + len(kwargs) != len(known[1]):
+            return None
+        leaves = list(args)
+        for name in known[1][len(args):]:
+            if name not in kwargs:
+                return None
+            leaves.append(kwargs[name])
+        for leaf, slot, constant in zip(leaves, self.slots, self.constants):
+            if not isinstance(leaf, torch.Tensor) if slot is not None else not _same(leaf, constant):
+                return None
+        return leaves
+
+    def tensors(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
+        """The graph's inputs in a call with ``args`` and ``kwargs``; raises
+        :class:`InputMismatchError` where the call is not one the graph was made for."""
+        if self.plain and not kwargs and len(args) == len(self.names):
+            return tuple(args)  # the common case, at no cost: the graph checks the tensors
+        direct = self._direct(args, kwargs)
+        if direct is not None:
+            return tuple(leaf for leaf, slot in zip(direct, self.slots) if slot is not None)
+        try:
+            leaves, spec = pytree.tree_flatten(_canonical(self.signature, tuple(args), dict(kwargs)))
+        except TypeError as e:  # the signature refuses the call
+            raise InputMismatchError(f"this module is called as {self.describe()}: {e}") from None
+        if spec != self.spec:
+            raise InputMismatchError(f"this module is called as {self.describe()}, got "
+                                     f"{_describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
+                                     f"traced for that call; optimize again with example inputs of the new form")
+        for leaf, slot, constant, place in zip(leaves, self.slots, self.constants, self.places):
+            if slot is None and not _same(leaf, constant):
+                raise InputMismatchError(f"argument {place} was {constant!r} when the model was traced, and this "
+                                         f"module computes what it computed then; got {_short(leaf)}: optimize "
+                                         f"again with example inputs that pass it")
+            if slot is not None and not isinstance(leaf, torch.Tensor):
+                raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}")
+        return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
+
+    def _difference(self, spec: pytree.TreeSpec, leaves: list[Any]) -> str:
+        """The parameters one call passes and the other leaves at their defaults, for messages."""
+        if self.signature is None:
+            return ""
+        traced = [_Named(self.names[s]) if s is not None else c for s, c in zip(self.slots, self.constants)]
+        args, kwargs = pytree.tree_unflatten(traced, self.spec)
+        mine = self.signature.bind(*args, **kwargs).arguments
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        theirs = self.signature.bind(*args, **kwargs).arguments
+        parts = [f"{name} is left at its default, traced as {_short(mine[name])}" if name in mine else
+                 f"{name} is given, left at its default when traced" for name in self.signature.parameters
+                 if (name in mine) != (name in theirs)]
+        return f" ({'; '.join(parts)})" if parts else ""
+
+    def call(self, tensors: Sequence[torch.Tensor]) -> _Call:
+        """The positional and keyword arguments of the call whose graph inputs are ``tensors``."""
+        leaves = [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return tuple(args), dict(kwargs)
+
+    def describe(self) -> str:
+        """The call's form, for messages, its tensors by name: ``forward(input_ids, token_type_ids=token_type_ids)``."""
+        leaves = [(_Named(self.names[s]) if s is not None else c) for s, c in zip(self.slots, self.constants)]
+        return _describe_call(self.spec, leaves)
+
+
+def bind_example(forward: Callable[..., Any], example: ExampleInputs
+                 ) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
+    """The structure of calling ``forward`` with ``example`` (:meth:`InputStructure.of`), and the
+    example's tensors: the graph's inputs."""
+    structure = InputStructure.of(forward, example)
+    return structure, structure.tensors(*split_example(example))
+
+
+def split_example(example: ExampleInputs) -> _Call:
+    """Example inputs as positional and keyword arguments."""
+    if isinstance(example, torch.Tensor):
+        return (example,), {}
+    if isinstance(example, Mapping):
+        if not all(isinstance(k, str) for k in example):
+            raise InputMismatchError(f"example inputs given as a mapping are keyword arguments: its keys must be "
+                                     f"parameter names, got {sorted(map(repr, example))[:5]}")
+        return (), dict(example)
+    if isinstance(example, (str, bytes)) or not isinstance(example, Sequence):
+        raise InputMismatchError(f"example inputs must be a tensor, a sequence of positional arguments or a mapping "
+                                 f"of keyword arguments, got {type(example).__name__}")
+    return tuple(example), {}
+
+
+def _canonical(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    """``args`` and ``kwargs`` bound to ``signature``: positional where they can be, in the
+    parameters' order, non-tensor values equal to their defaults left out (raises TypeError
+    where the signature refuses them)."""
+    if signature is None:
+        if kwargs:
+            raise TypeError(f"it takes positional arguments only, got keywords {', '.join(kwargs)}")
+        return args, {}
+    bound = signature.bind(*args, **kwargs)
+    for name, value in list(bound.arguments.items()):
+        param = signature.parameters[name]
+        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and _same(value, param.default):
+            del bound.arguments[name]
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def _same(value: Any, fixed: Any) -> bool:
+    """Whether a non-tensor argument equals a value the graph was specialised to (tensors never do)."""
+    if value is fixed:
+        return True
+    if isinstance(value, torch.Tensor) or isinstance(fixed, torch.Tensor) or type(value) is not type(fixed):
+        return False
+    try:
+        return bool(value == fixed)
+    except Exception:  # an object whose equality is not a bool
+        return False
+
+
+def _place(path: tuple[Any, ...], signature: inspect.Signature | None) -> str:
+    """A leaf's place in a call: the parameter it is (positional ones by the signature's names),
+    then its keys within that argument."""
+    where, key, *rest = path  # (args | kwargs, position | name, keys within the argument...)
+    if where.idx == 1:
+        name = str(key.key)
+    else:
+        params = [] if signature is None else list(signature.parameters.values())
+        named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        rest_of = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
+        name = named[key.idx] if key.idx < len(named) else f"{rest_of}[{key.idx - len(named)}]"
+    return name + "".join(str(k) for k in rest)
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A tensor in a call's description, shown by its input name."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _describe_call(spec: pytree.TreeSpec, leaves: Sequence[Any]) -> str:
+    args, kwargs = pytree.tree_unflatten(list(leaves), spec)
+    shown = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
+    return f"forward({', '.join(shown)})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {'x'.join(map(str, value.shape))} {str(value.dtype).removeprefix('torch.')}>"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_short(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class OutputStructure:
+    """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
+    its leaves are the graph's outputs, in order, and what the others are (constants such as None)."""
+
+    spec: pytree.TreeSpec
+    slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
+    constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
+
+    @classmethod
+    def of(cls, example: Any) -> OutputStructure:
+        """The structure of a model's output ``example`` (its tensors are the graph's outputs)."""
+        leaves, spec = pytree.tree_flatten(example)
+        slots, k = [], 0
+        for leaf in leaves:
+            slots.append(k if isinstance(leaf, torch.Tensor) else None)
+            k += isinstance(leaf, torch.Tensor)
+        return cls(spec, tuple(slots), tuple(None if isinstance(x, torch.Tensor) else x for x in leaves))
+
+    @classmethod
+    def flat(cls, n: int) -> OutputStructure:
+        """One tensor, or (for ``n`` other than 1) a tuple of ``n``: a graph's outputs as they are."""
+        dummy = torch.empty(0)
+        return cls.of(dummy if n == 1 else tuple(dummy for _ in range(n)))
+
+    @property
+    def tensors(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    def build(self, outputs: Sequence[torch.Tensor]) -> Any:
+        if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
+            return outputs[0] if self._plain else tuple(outputs)
+        leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
+        return pytree.tree_unflatten(leaves, self.spec)
+
+    @functools.cached_property
+    def _plain(self) -> bool | None:
+        """True where the output is the one graph output, False where it is a tuple of every graph
+        output in order, None where the tree must be rebuilt (a call costs microseconds less)."""
+        in_order = self.slots == tuple(range(len(self.slots)))
+        if in_order and self.spec.is_leaf():
+            return True
+        if in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children()):
+            return False
+        return None
