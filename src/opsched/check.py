@@ -82,7 +82,8 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
     for k, (which, xs) in enumerate(cases.items()):
         with torch.no_grad():
             args, kwargs = call.call([t.clone() for t in xs])  # a model may change its inputs
-            expected = pytree.tree_leaves(model(*args, **kwargs))
+            expected = [e.detach() if isinstance(e, torch.Tensor) else e  # a returned weight requires grad
+                        for e in pytree.tree_leaves(model(*args, **kwargs))]
             args, kwargs = call.call(xs)
             actual = pytree.tree_leaves(module(*args, **kwargs))
         if progress is not None:

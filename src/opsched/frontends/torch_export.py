@@ -136,14 +136,17 @@ class ExportConverter:
         return self.ctx.b.input(n.name, tuple(int(d) for d in v.shape), tensor_type(v).dtype)
 
     def _outputs(self, returned: Any) -> list[str]:
+        """The graph's outputs: the returned tensors in pytree order. A returned number, string or
+        None is fixed (``OutputStructure`` keeps it from the model's own output)."""
         out: list[str] = []
         for leaf in pytree.tree_leaves(returned):
-            value = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
-            if isinstance(value, Const):
-                value = self.value(value)
-            if not isinstance(value, str):
+            if not isinstance(leaf, torch.fx.Node):  # a literal
+                value = leaf
+            elif isinstance(value := self.env[leaf], (str, Const)):
+                out.append(self.value(value))
+                continue
+            if not isinstance(value, (bool, int, float, complex, str, type(None))):
                 raise FrontendError(f"{self.ctx.b.name} returns a {type(value).__name__} where a tensor was expected")
-            out.append(value)
         return out
 
     def _call(self, n: torch.fx.Node) -> Any:
