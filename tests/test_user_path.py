@@ -15,7 +15,7 @@ from torch import nn
 import opsched
 from opsched.check import fresh_inputs
 from opsched.cli.main import main
-from opsched.errors import FrontendError, InputMismatchError, ScheduleError, UntraceableModuleError
+from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError, UntraceableModuleError
 from opsched.testing import assert_close
 
 ANALYTIC = {"cost": "analytic", "verify": False}
@@ -340,6 +340,45 @@ def test_a_saved_schedule_loads_for_keyword_inputs(tmp_path: Path) -> None:
     module = opsched.load(model, tmp_path / "s.json", example)
     with torch.no_grad():
         assert_close(tensors(module(**example)), tensors(model(**example)))
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_a_module_saved_whole_or_copied_runs_as_the_original(backend: str, tmp_path: Path) -> None:
+    """torch.save(module) and copy.deepcopy(module) failed on its ONNX Runtime sessions and lane
+    functions; now the copy binds its plan again, and loads without torch's tree-spec warnings."""
+    import copy
+    import gc
+    import warnings
+
+    cases = [(Nested().eval(), (torch.randn(1, 3, 6, 6),), {}), (Keyed().eval(), (), _keyed_example())]
+    for model, args, kwargs in cases:
+        module = opsched.optimize(model, kwargs or args, cost="analytic", backend=backend, scheduler="greedy",
+                                  max_lanes=2)
+        torch.save(module, tmp_path / "m.pt")
+        copied, lanes = copy.deepcopy(module), module.plan.max_lanes
+        del module
+        gc.collect()  # a copy runs on its own executor, not on the original's closed one
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+        with torch.no_grad():
+            want = model(*args, **kwargs)
+            for again in (copied, loaded):
+                assert again.plan.max_lanes == lanes == 2
+                got = again(*args, **kwargs)
+                assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(want)
+                assert_close(tensors(got), tensors(want))
+
+
+def test_a_module_whose_opaque_callable_does_not_pickle_says_how_to_save_it(tmp_path: Path) -> None:
+    import copy
+
+    model, x = WithBranchy().eval(), torch.randn(1, 3, 4, 4)
+    module = opsched.optimize(model, x, cost="analytic", leaf_modules=[Branchy])
+    with pytest.raises(OpschedError, match=r"node 'inner' \(opaque\) runs a Python callable that does not pickle.*"
+                                           r"module.save\(path\) and reapply it with opsched.load"):
+        torch.save(module, tmp_path / "m.pt")
+    equal_on_fresh_inputs(model, copy.deepcopy(module), (x,))  # a copy shares the callable
 
 
 # --- bad input gets a named error ----------------------------------------------------------------

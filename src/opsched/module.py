@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -104,6 +106,36 @@ class ScheduledModule(nn.Module):
         upper bound where lanes run at once (:meth:`opsched.runtime.Plan.peak_bytes`)."""
         types = self.graph.types
         return self.plan.peak_bytes([types[name].nbytes for name in self.plan.slot_names])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the executor (ONNX Runtime sessions, threads, CUDA graphs, none of which
+        pickle): a module saved whole (``torch.save``) binds its plan to the backend's kernels
+        again when it is loaded. Opaque nodes' Python callables must pickle too."""
+        for name, fn in self.graph.callables.items():
+            try:
+                pickle.dumps(fn)
+            except Exception as e:
+                raise OpschedError(
+                    f"cannot pickle this module of {self.graph.name!r}: node {name!r} (opaque) runs a Python callable "
+                    f"that does not pickle ({type(e).__name__}: {e}); save its schedule with module.save(path) and "
+                    f"reapply it with opsched.load(model, path, example_inputs)") from e
+        return self._state()
+
+    def _state(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_executor"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # nn.Module fills fields of older versions
+        self._executor = self.backend.prepare(self.graph, self.plan, self.run)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ScheduledModule:
+        """A copy with its own executor (callables are shared, as ``copy.deepcopy`` shares functions)."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__setstate__(copy.deepcopy(self._state(), memo))
+        return copied
 
     def __del__(self) -> None:
         executor = getattr(self, "_executor", None)

@@ -31,8 +31,32 @@ ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
 _Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
+class _Pickled:
+    """Pickles a structure's ``spec`` as plain data: torch 2.13 warns on every leaf of a pickled
+    tree spec when it is loaded (its ``LeafSpec`` is deprecated)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["spec"] = _spec_state(state["spec"])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, spec=_spec_from_state(state["spec"]))
+
+
+def _spec_state(spec: pytree.TreeSpec) -> Any:
+    return None if spec.is_leaf() else (spec.type, spec.context, [_spec_state(c) for c in spec.children()])
+
+
+def _spec_from_state(state: Any) -> pytree.TreeSpec:
+    if state is None:
+        return pytree.tree_structure(0)  # the leaf
+    kind, context, children = state
+    return pytree.TreeSpec(kind, context, [_spec_from_state(c) for c in children])
+
+
 @dataclass(frozen=True)
-class InputStructure:
+class InputStructure(_Pickled):
     """How a model is called: its arguments bound to the parameters of its ``forward`` (so that a
     tensor given by position or by name is the same input), the tensors among their leaves being
     the graph's inputs, in order, and every other leaf a value the graph was specialised to.
@@ -274,7 +298,7 @@ def _short(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class OutputStructure:
+class OutputStructure(_Pickled):
     """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
     its leaves are the graph's outputs, in order, and what the others are (constants such as None)."""
 
