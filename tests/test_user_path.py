@@ -381,6 +381,32 @@ def test_a_module_whose_opaque_callable_does_not_pickle_says_how_to_save_it(tmp_
     equal_on_fresh_inputs(model, copy.deepcopy(module), (x,))  # a copy shares the callable
 
 
+# --- precision ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["dtype=", "model.bfloat16()"])
+def test_bfloat16_runs_on_torch_kernels_where_onnx_runtime_cannot_hold_it(how: str) -> None:
+    """The ONNX Runtime backend passes values as NumPy arrays, which have no bfloat16: optimize()
+    failed in NumPy; now "auto" picks torch's kernels, and asking for ONNX Runtime says why not."""
+    model, example = Keyed().eval(), _keyed_example()
+    options: dict[str, object] = {"dtype": "bfloat16"}
+    if how != "dtype=":
+        model, options = model.bfloat16(), {}
+        example = torch.utils._pytree.tree_map(
+            lambda v: v.bfloat16() if isinstance(v, torch.Tensor) and v.is_floating_point() else v, example)
+    module = opsched.optimize(model, example, cost="analytic", **options)  # verified against the model in bfloat16
+    assert module.backend.name == "torch" and module.graph.inputs[1].type.dtype == "bfloat16"
+    with pytest.raises(OpschedError, match="backend 'ort' cannot run a graph holding bfloat16.*NumPy has no "
+                                           "bfloat16; backend='torch' can"):
+        opsched.optimize(model, example, cost="analytic", backend="ort", **options)
+
+
+def test_half_precision_is_checked_against_the_model_in_half_precision() -> None:
+    """The check placed the model in its first input's dtype: with token ids first, it compared
+    float16 outputs with the float32 model at float32's tolerance, and refused them."""
+    model, example = Keyed().eval(), _keyed_example()
+    module = opsched.optimize(model, example, dtype="float16", cost="analytic")
+    assert module.backend.name == "ort" and module.graph.inputs[1].type.dtype == "float16"
+
+
 # --- bad input gets a named error ----------------------------------------------------------------
 def test_bad_inputs_and_arguments_are_named() -> None:
     model = Dilated().eval()

@@ -55,7 +55,8 @@ class Request:
     the schedulers (each with its options dataclass), the precision."""
 
     device: torch.device
-    backend: Backend
+    backend: Backend  # for the precision asked; a graph holding other dtypes may need another
+    backend_name: str  # as asked: "auto", or a backend's name
     schedulers: tuple[str, ...]
     options: Mapping[str, Any]
     dtype: str | None
@@ -67,10 +68,11 @@ def check_request(*, device: str | torch.device = "cpu", scheduler: str | Sequen
     loads a model): an unknown device, backend, scheduler, option or precision is refused with
     an :class:`~opsched.errors.OpschedError` naming what is accepted."""
     dev = _device(device)
-    be = resolve_backend(backend, dev)
+    precision = None if dtype is None else dtype_name(dtype)
+    be = resolve_backend(backend, dev, () if precision is None else (precision,))
     names = _scheduler_names(scheduler)
     per_scheduler = scheduler_options(names, dev.type, options)
-    return Request(dev, be, names, per_scheduler, None if dtype is None else dtype_name(dtype))
+    return Request(dev, be, backend, names, per_scheduler, precision)
 
 
 def _scheduler_names(scheduler: object) -> tuple[str, ...]:
@@ -218,7 +220,8 @@ def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
                            inputs=call, outputs=structure, progress=phases(progress), memory_budget=memory_budget)
         module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)
         if verify:
-            verify_against(module, module.graph, module.device, model, call, inputs, phases(progress)("checking"))
+            verify_against(module, module.graph, module.device, model, call, inputs, phases(progress)("checking"),
+                           request.dtype)
     return module
 
 
@@ -249,8 +252,9 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise ScheduleError(f"memory_budget: a positive number of bytes, got {memory_budget!r}")
     start = time.perf_counter()
-    dev, be = request.device, request.backend
+    dev = request.device
     graph = place(graph, dev, request.dtype, channels_last)
+    be = resolve_backend(request.backend_name, dev, graph.dtypes)  # a bfloat16 model, say
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
         cost_model = _cost_model(cost, be, run, cache_dir, stack)

@@ -70,14 +70,15 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.T
 
 
 def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module, call: InputStructure,
-                   inputs: tuple[torch.Tensor, ...], progress: Progress | None = None) -> None:
-    """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device``)
-    returns what ``model`` returns, leaf by leaf within :func:`tolerance`, both called as ``call``
-    on ``inputs`` and on fresh random inputs (a module that replayed a value recorded at import
-    would pass the first)."""
+                   inputs: tuple[torch.Tensor, ...], progress: Progress | None = None,
+                   dtype: str | None = None) -> None:
+    """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device`` in
+    ``dtype``) returns what ``model`` returns, placed alike, leaf by leaf within :func:`tolerance`,
+    both called as ``call`` on ``inputs`` and on fresh random inputs (a module that replayed a
+    value recorded at import would pass the first)."""
     placed = placed_inputs(graph, inputs, device)
-    if any(p.dtype != t.dtype or p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
-        model = copy.deepcopy(model).to(device, placed[0].dtype)
+    if dtype is not None or any(p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
+        model = copy.deepcopy(model).to(device, None if dtype is None else getattr(torch, dtype))
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
     for k, (which, xs) in enumerate(cases.items()):
         with torch.no_grad():

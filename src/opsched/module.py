@@ -49,7 +49,8 @@ class ScheduledModule(nn.Module):
         self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True, platform=placed)
         if placed is not None:  # lanes on the units of a platform
             backend = get_backend("units")
-        self.backend: Backend = (resolve_backend(backend, self.run.device) if isinstance(backend, str) else backend)
+        self.backend: Backend = (resolve_backend(backend, self.run.device, graph.dtypes) if isinstance(backend, str)
+                                 else backend)
         for lane in () if placed is not None else schedule.lanes:
             if lane.backend not in (None, self.backend.name) or lane.device not in (None, str(self.run.device)):
                 raise OpschedError(f"schedule of {graph.name!r} places a lane on {lane.device or 'the module device'}"

@@ -15,7 +15,7 @@ import functools
 import os
 import platform
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -72,6 +72,9 @@ class Backend(Protocol):
     def unavailable(self) -> str | None:
         """Why it cannot run on this machine (a missing library, no GPU), or None."""
 
+    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
+        """Why it cannot run a graph holding values of ``dtypes`` (``"bfloat16"``...), or None."""
+
     def supports(self, op: str) -> bool:
         """Whether it runs ``op`` with its own kernels."""
 
@@ -124,16 +127,23 @@ def get_backend(name: str) -> Backend:
 AUTO: dict[str, tuple[str, ...]] = {"cpu": ("ort", "torch"), "cuda": ("cuda",)}
 
 
-def resolve_backend(name: str, device: torch.device) -> Backend:
-    """The backend ``name`` for ``device``, checked to run there; ``"auto"``: the preferred one
-    that is available (on a CPU, ONNX Runtime's faster kernels when it is installed)."""
+def resolve_backend(name: str, device: torch.device, dtypes: Collection[str] = ()) -> Backend:
+    """The backend ``name`` for ``device``, checked to run there and to hold values of
+    ``dtypes``; ``"auto"``: the preferred one that can (on a CPU, ONNX Runtime's faster kernels
+    when it is installed, torch's for what ONNX Runtime cannot hold)."""
     if name == "auto":
         for candidate in AUTO.get(device.type, ()):
             backend = _BACKENDS.get(candidate)
-            if backend is not None and backend.unavailable() is None:
+            if backend is not None and backend.unavailable() is None and backend.cannot_hold(dtypes) is None:
                 return backend
-        raise OpschedError(f"no backend is available for device {device}")
+        held = f" holding {', '.join(sorted(dtypes))}" if dtypes else ""
+        raise OpschedError(f"no backend is available for device {device}{held}")
     backend = get_backend(name)
+    why = backend.cannot_hold(dtypes)
+    if why is not None:
+        others = [n for n in AUTO.get(device.type, ()) if _BACKENDS[n].cannot_hold(dtypes) is None]
+        raise OpschedError(f"backend {name!r} cannot run a graph holding {', '.join(sorted(dtypes))}: {why}"
+                           + (f"; backend={others[0]!r} can" if others else ""))
     if backend.device_type != device.type:
         raise OpschedError(f"backend {name!r} runs on {backend.device_type}, not on {device}: on {device.type} use "
                            f"{' or '.join(n for n, b in _BACKENDS.items() if b.device_type == device.type)}")
@@ -168,6 +178,9 @@ class CpuBackend:
     measure_version = 4
 
     def unavailable(self) -> str | None:
+        return None
+
+    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
         return None
 
     def supports(self, op: str) -> bool:

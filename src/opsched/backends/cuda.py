@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -85,6 +85,9 @@ class CudaBackend:
         if not torch.cuda.is_available():
             return (f"CUDA is not available on this machine (torch {torch.__version__}, "
                     f"torch.cuda.is_available() is False)")
+        return None
+
+    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
         return None
 
     def supports(self, op: str) -> bool:

@@ -23,7 +23,7 @@ import os
 import statistics
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,6 +308,11 @@ class OrtBackend(CpuBackend):
 
     def unavailable(self) -> str | None:
         return None if ort_available() else "onnxruntime is not installed (pip install onnxruntime)"
+
+    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
+        if "bfloat16" in dtypes:
+            return "it passes values between its sessions and torch as NumPy arrays, and NumPy has no bfloat16"
+        return None
 
     def supports(self, op: str) -> bool:
         return op_def(op).onnx is not None

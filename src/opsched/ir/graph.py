@@ -67,6 +67,11 @@ class Graph:
         return types
 
     @cached_property
+    def dtypes(self) -> frozenset[str]:
+        """The dtypes of its values and parameters (what a backend must hold to run it)."""
+        return frozenset(t.dtype for t in (*self.types.values(), *self.param_types.values()))
+
+    @cached_property
     def param_types(self) -> dict[str, TensorType]:
         return {k: tensor_type(v) for k, v in self.params.items()}
 
