@@ -51,12 +51,13 @@ def host_cpu_model() -> AnalyticCostModel:
 
 @dataclass(frozen=True)
 class Request:
-    """What :func:`optimize_graph` was asked for, checked: the device, the backend that runs there,
-    the schedulers (each with its options dataclass), the precision."""
+    """What :func:`optimize_graph` was asked for, checked: the device, the backend as named
+    (``"auto"`` or a name; it runs there in the precision asked, and the graph's own dtypes,
+    a bfloat16 model's, settle which one ``"auto"`` is), the schedulers (each with its options
+    dataclass), the precision."""
 
     device: torch.device
-    backend: Backend  # for the precision asked; a graph holding other dtypes may need another
-    backend_name: str  # as asked: "auto", or a backend's name
+    backend: str
     schedulers: tuple[str, ...]
     options: Mapping[str, Any]
     dtype: str | None
@@ -69,10 +70,10 @@ def check_request(*, device: str | torch.device = "cpu", scheduler: str | Sequen
     an :class:`~opsched.errors.OpschedError` naming what is accepted."""
     dev = _device(device)
     precision = None if dtype is None else dtype_name(dtype)
-    be = resolve_backend(backend, dev, () if precision is None else (precision,))
+    resolve_backend(backend, dev, () if precision is None else (precision,))
     names = _scheduler_names(scheduler)
     per_scheduler = scheduler_options(names, dev.type, options)
-    return Request(dev, be, backend, names, per_scheduler, precision)
+    return Request(dev, backend, names, per_scheduler, precision)
 
 
 def _scheduler_names(scheduler: object) -> tuple[str, ...]:
@@ -254,7 +255,7 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     start = time.perf_counter()
     dev = request.device
     graph = place(graph, dev, request.dtype, channels_last)
-    be = resolve_backend(request.backend_name, dev, graph.dtypes)  # a bfloat16 model, say
+    be = resolve_backend(request.backend, dev, graph.dtypes)  # a bfloat16 model, say
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
         cost_model = _cost_model(cost, be, run, cache_dir, stack)

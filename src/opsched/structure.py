@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import keyword
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,13 +104,8 @@ class InputStructure(_Pickled):
     def _of(cls, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> InputStructure:
         paths, spec = pytree.tree_flatten_with_path((args, kwargs))
-        slots: list[int | None] = []
-        tensors = 0
-        for _, leaf in paths:
-            slots.append(tensors if isinstance(leaf, torch.Tensor) else None)
-            tensors += isinstance(leaf, torch.Tensor)
-        constants = tuple(None if s is not None else leaf for s, (_, leaf) in zip(slots, paths))
-        return cls(signature, spec, tuple(slots), constants, tuple(_place(path, signature) for path, _ in paths))
+        slots, constants = _slots([leaf for _, leaf in paths])
+        return cls(signature, spec, slots, constants, tuple(_place(path, signature) for path, _ in paths))
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -183,8 +179,7 @@ class InputStructure(_Pickled):
         """The parameters one call passes and the other leaves at their defaults, for messages."""
         if self.signature is None:
             return ""
-        traced = [_Named(self.names[s]) if s is not None else c for s, c in zip(self.slots, self.constants)]
-        args, kwargs = pytree.tree_unflatten(traced, self.spec)
+        args, kwargs = self.call([_Named(n) for n in self.names])
         mine = self.signature.bind(*args, **kwargs).arguments
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         theirs = self.signature.bind(*args, **kwargs).arguments
@@ -193,16 +188,25 @@ class InputStructure(_Pickled):
                  if (name in mine) != (name in theirs)]
         return f" ({'; '.join(parts)})" if parts else ""
 
-    def call(self, tensors: Sequence[torch.Tensor]) -> _Call:
+    def call(self, tensors: Sequence[Any]) -> _Call:
         """The positional and keyword arguments of the call whose graph inputs are ``tensors``."""
-        leaves = [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        args, kwargs = pytree.tree_unflatten(self._leaves(tensors), self.spec)
         return tuple(args), dict(kwargs)
 
     def describe(self) -> str:
-        """The call's form, for messages, its tensors by name: ``forward(input_ids, token_type_ids=token_type_ids)``."""
-        leaves = [(_Named(self.names[s]) if s is not None else c) for s, c in zip(self.slots, self.constants)]
-        return _describe_call(self.spec, leaves)
+        """The call's form, for messages, its tensors by name: ``forward(ids, mask, return_dict=False)``."""
+        return _describe_call(self.spec, self._leaves([_Named(n) for n in self.names]))
+
+    def _leaves(self, tensors: Sequence[Any]) -> list[Any]:
+        return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
+
+
+def _slots(leaves: Sequence[Any]) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
+    """Per leaf, the graph value it is (tensors, numbered in order) or None, and the leaf itself
+    where it is not a tensor (None where it is)."""
+    numbers = itertools.count()
+    slots = tuple(next(numbers) if isinstance(x, torch.Tensor) else None for x in leaves)
+    return slots, tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
 
 
 def bind_example(forward: Callable[..., Any], example: ExampleInputs
@@ -310,11 +314,7 @@ class OutputStructure(_Pickled):
     def of(cls, example: Any) -> OutputStructure:
         """The structure of a model's output ``example`` (its tensors are the graph's outputs)."""
         leaves, spec = pytree.tree_flatten(example)
-        slots, k = [], 0
-        for leaf in leaves:
-            slots.append(k if isinstance(leaf, torch.Tensor) else None)
-            k += isinstance(leaf, torch.Tensor)
-        return cls(spec, tuple(slots), tuple(None if isinstance(x, torch.Tensor) else x for x in leaves))
+        return cls(spec, *_slots(leaves))
 
     @classmethod
     def flat(cls, n: int) -> OutputStructure:
