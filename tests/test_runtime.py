@@ -160,9 +160,10 @@ def test_save_load_round_trip_and_mismatch(tmp_path) -> None:  # type: ignore[no
     again = opsched.load(model, tmp_path / "s.json", inputs)
     assert again.schedule == module.schedule
     assert_close(again(*inputs), module(*inputs))
-    with pytest.raises(ScheduleMismatchError):
+    with pytest.raises(ScheduleMismatchError, match=r"with inputs x f32\[1,3,224,224\], not for 'SqueezeNet', whose "
+                                                    r"inputs are x f32\[2,3,224,224\]"):
         opsched.load(model, tmp_path / "s.json", example_inputs("squeezenet1_1", batch=2))
-    with pytest.raises(ScheduleMismatchError):
+    with pytest.raises(ScheduleMismatchError, match="the inputs are alike, but the operators differ"):
         opsched.load(get_model("squeezenet1_0"), tmp_path / "s.json", inputs)
 
 

@@ -303,6 +303,11 @@ def test_json_round_trip_and_refusal_for_another_graph(inception: Graph, tmp_pat
     other = from_torch(get_model("squeezenet1_1"), example_inputs("squeezenet1_1"))
     with pytest.raises(ScheduleMismatchError, match="made for graph InceptionV3"):
         loaded.validate(other)
+    assert list(loaded.inputs.values()) == ["f32[1,3,299,299]"]
+    older = {k: v for k, v in sched.to_dict().items() if k != "inputs"}  # written before schedules kept inputs
+    with pytest.raises(ScheduleMismatchError, match=r"\(structural hash [0-9a-f]{12}\), not for 'SqueezeNet' "
+                                                    r"\([0-9a-f]{12}, inputs x f32\[1,3,224,224\]\)"):
+        Schedule.from_dict(older).validate(other)
 
 
 def test_bad_schedule_files(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,14 @@ from torch import nn
 import opsched
 from opsched.check import fresh_inputs
 from opsched.cli.main import main
-from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError, UntraceableModuleError
+from opsched.errors import (
+    FrontendError,
+    InputMismatchError,
+    OpschedError,
+    ScheduleError,
+    ScheduleMismatchError,
+    UntraceableModuleError,
+)
 from opsched.testing import assert_close
 
 ANALYTIC = {"cost": "analytic", "verify": False}
@@ -340,6 +347,27 @@ def test_a_saved_schedule_loads_for_keyword_inputs(tmp_path: Path) -> None:
     module = opsched.load(model, tmp_path / "s.json", example)
     with torch.no_grad():
         assert_close(tensors(module(**example)), tensors(model(**example)))
+
+
+def test_a_schedule_saved_for_an_onnx_file_loads_for_it_and_names_what_differs(tmp_path: Path) -> None:
+    """An ONNX file's schedule had no way back in: load() takes an nn.Module."""
+    model, example = IdsAndMask().eval(), {"ids": torch.randint(0, 10, (2, 4)), "mask": torch.rand(2, 4)}
+    path = tmp_path / "keyed.onnx"
+    torch.onnx.export(model, (example["ids"], example["mask"]), str(path), dynamo=False, input_names=["ids", "mask"],
+                      dynamic_axes={"ids": {0: "batch"}, "mask": {0: "batch"}})
+    at_two = {"ids": (2, 4), "mask": (2, 4)}
+    opsched.optimize_graph(opsched.from_onnx(path, input_shapes=at_two), cost="analytic").save(tmp_path / "s.json")
+    module = opsched.load_graph(opsched.from_onnx(path, input_shapes=at_two), tmp_path / "s.json")
+    with torch.no_grad():
+        assert_close([module(mask=example["mask"], ids=example["ids"])], tensors(model(**example)))
+    with pytest.raises(ScheduleMismatchError, match=r"made for graph main_graph with inputs ids int64\[2,4\], mask "
+                                                    r"f32\[2,4\], not for 'main_graph', whose inputs are ids "
+                                                    r"int64\[1,4\], mask f32\[1,4\]"):
+        opsched.load_graph(opsched.from_onnx(path, input_shapes={"ids": (1, 4), "mask": (1, 4)}), tmp_path / "s.json")
+    with pytest.raises(ScheduleMismatchError, match=r"whose inputs are ids int64\[2,4\], mask f16\[2,4\]"):
+        opsched.load_graph(opsched.from_onnx(path, input_shapes=at_two), tmp_path / "s.json", dtype="float16")
+    with pytest.raises(FrontendError, match=r"takes an imported Graph, got str: opsched.load_graph\(opsched.from_onnx"):
+        opsched.load_graph(str(path), tmp_path / "s.json")
 
 
 @pytest.mark.parametrize("backend", ["ort", "torch"])

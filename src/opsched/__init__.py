@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "optimize": "opsched.api", "optimize_graph": "opsched.api", "load": "opsched.api",
+    "optimize": "opsched.api", "optimize_graph": "opsched.api", "load": "opsched.api", "load_graph": "opsched.api",
     "OpschedError": "opsched.errors",
     "from_onnx": "opsched.frontends", "from_torch": "opsched.frontends",
     "Graph": "opsched.ir", "Node": "opsched.ir", "TensorType": "opsched.ir",
@@ -29,11 +29,11 @@ _EXPORTS = {
 
 __all__ = [
     "Graph", "Node", "OpschedError", "ScheduledModule", "TensorType", "__version__", "from_onnx", "from_torch",
-    "load", "optimize", "optimize_graph", "place", "run_graph",
+    "load", "load_graph", "optimize", "optimize_graph", "place", "run_graph",
 ]
 
 if TYPE_CHECKING:
-    from opsched.api import load, optimize, optimize_graph
+    from opsched.api import load, load_graph, optimize, optimize_graph
     from opsched.errors import OpschedError
     from opsched.frontends import from_onnx, from_torch
     from opsched.ir import Graph, Node, TensorType

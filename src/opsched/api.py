@@ -1,4 +1,5 @@
-"""The user-facing entry points: :func:`optimize`, :func:`optimize_graph` and :func:`load`."""
+"""The user-facing entry points: :func:`optimize` and :func:`load` for modules,
+:func:`optimize_graph` and :func:`load_graph` for imported graphs (ONNX files)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ from opsched.schedulers.registry import RENAMED
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
 from opsched.transforms.place import dtype_name, place
 
-__all__ = ["optimize", "optimize_graph", "load", "Request", "check_request", "host_cpu_model", "measured_cost",
-           "measured_platform", "scheduler_options"]
+__all__ = ["optimize", "optimize_graph", "load", "load_graph", "Request", "check_request", "host_cpu_model",
+           "measured_cost", "measured_platform", "scheduler_options"]
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +386,36 @@ def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Example
             sched = saved.validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
                              inputs=call, outputs=structure)
+    _warn_if_moved(sched, dev, path)
+    return module
+
+
+def load_graph(graph: Graph, path: str | os.PathLike[str], *, device: str | torch.device = "cpu",
+               dtype: str | torch.dtype | None = None, channels_last: bool = False, graphs: bool = True,
+               backend: str = "auto") -> ScheduledModule:
+    """:func:`load` for an imported graph: reapply a schedule that :func:`optimize_graph` (its
+    module's ``save``) or ``opsched optimize model.onnx`` wrote, with no search.
+
+    ``opsched.load_graph(opsched.from_onnx("model.onnx"), "opsched-out/schedule.json")`` runs it
+    on the file's declared shapes (give ``from_onnx`` the ``input_shapes`` the schedule was made
+    at, the command line's ``--batch`` and ``--input-shape``). The module takes the graph's inputs
+    by position or by name. A schedule made for another graph, batch size, input shape or
+    precision is refused as :func:`load` refuses it."""
+    if not isinstance(graph, Graph):
+        hint = (f"opsched.load_graph(opsched.from_onnx({os.fspath(graph)!r}), ...)"
+                if isinstance(graph, (str, os.PathLike))
+                else "opsched.load(model, path, example_inputs) for an nn.Module")
+        raise FrontendError(f"load_graph() takes an imported Graph, got {type(graph).__name__}: {hint}")
+    dev = _device(device)
+    graph = place(graph, dev, dtype, channels_last)
+    sched = Schedule.load(path).validate(graph)
+    module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last)
+    _warn_if_moved(sched, dev, path)
+    return module
+
+
+def _warn_if_moved(sched: Schedule, dev: torch.device, path: str | os.PathLike[str]) -> None:
+    """Schedules travel between devices, but were tuned for the one they were made on."""
     here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
     if here and sched.device and here not in sched.device:
         log.warning("schedule %s was made for %s; running it on %s", path, sched.device, here)
-    return module

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from opsched.errors import InvalidScheduleError
 from opsched.ir import Graph
-from opsched.schedule.validate import check_schedule
+from opsched.schedule.validate import check_schedule, input_types
 from opsched.transforms.split_instances import Split, split_instances
 
 __all__ = ["Stage", "Lane", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
@@ -129,6 +129,9 @@ class Schedule:
     estimated_ms: float | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     splits: tuple[Split, ...] = ()
+    #: The inputs of the graph it was made for (name: type, as ``f32[1,3,224,224]``), in order; what
+    #: a mismatch names. Empty in schedules written before schedules recorded them.
+    inputs: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lanes", tuple(_lane(lane) for lane in self.lanes))
@@ -206,7 +209,7 @@ class Schedule:
         validated against ``graph`` (every node once, dependencies, merges); it runs correctly
         but was tuned for the graph it was made for (see ``benchmarks/specialization.py``)."""
         moved = dataclasses.replace(self, graph_hash=graph.structural_hash(), graph_name=graph.name,
-                                    batch=graph_batch(graph), estimated_ms=None)
+                                    batch=graph_batch(graph), inputs=input_types(graph), estimated_ms=None)
         return moved.validate(graph)
 
     def validate(self, graph: Graph) -> Schedule:
@@ -230,6 +233,7 @@ class Schedule:
         return {
             "format": FORMAT, "version": FORMAT_VERSION,
             "graph": self.graph_name, "graph_hash": self.graph_hash, "batch": self.batch,
+            **({"inputs": dict(self.inputs)} if self.inputs else {}),
             "device": self.device, "scheduler": self.scheduler, "options": dict(self.options),
             "estimated_ms": self.estimated_ms, "stats": dict(self.stats),
             "lanes": [lane(ln) for ln in self.lanes],
@@ -251,7 +255,8 @@ class Schedule:
             meta = dict(graph_name=data.get("graph", ""), batch=int(data.get("batch", 1)),
                         device=data.get("device", ""), scheduler=data.get("scheduler", ""),
                         options=dict(data.get("options") or {}), estimated_ms=data.get("estimated_ms"),
-                        stats=dict(data.get("stats") or {}))
+                        stats=dict(data.get("stats") or {}),
+                        inputs={str(k): str(v) for k, v in (data.get("inputs") or {}).items()})
             if version == 1 and data.get("lanes") is None:  # version 1's stage-based form
                 stages = [Stage(tuple(tuple(g) for g in s["groups"]), s.get("strategy", "parallel"))
                           for s in data.get("stages") or ()]

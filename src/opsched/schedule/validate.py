@@ -19,7 +19,13 @@ from opsched.ir.ops.conv import check_merge
 if TYPE_CHECKING:
     from opsched.schedule.types import Schedule
 
-__all__ = ["check_schedule"]
+__all__ = ["check_schedule", "input_types"]
+
+
+def input_types(graph: Graph) -> dict[str, str]:
+    """What a schedule records of the inputs of the graph it was made for (name: ``f32[1,3,224,224]``),
+    so that applied to another graph it can say what differs."""
+    return {i.name: str(i.type) for i in graph.inputs}
 
 
 def check_schedule(schedule: Schedule, graph: Graph) -> Graph:
@@ -29,9 +35,8 @@ def check_schedule(schedule: Schedule, graph: Graph) -> Graph:
     ghash = graph.structural_hash()
     if schedule.graph_hash != ghash:
         raise ScheduleMismatchError(
-            f"this schedule was made for graph {schedule.graph_name or '?'} (structural hash "
-            f"{schedule.graph_hash[:12]}), not for {graph.name!r} ({ghash[:12]}): re-run the scheduler "
-            f"for this model, batch size, input shape and precision (or, for the same model at another "
+            f"this schedule was made for graph {schedule.graph_name or '?'} {_difference(schedule, graph)}: re-run "
+            f"the scheduler for this model, batch size, input shape and precision (or, for the same model at another "
             f"batch size, Schedule.retarget(graph) runs it untuned)")
     graph = schedule.instance_graph(graph)
     _check_cover(schedule, graph)
@@ -39,6 +44,23 @@ def check_schedule(schedule: Schedule, graph: Graph) -> Graph:
     _check_merges(schedule, graph, where)
     _check_order(schedule, graph, where)
     return graph
+
+
+def _difference(schedule: Schedule, graph: Graph) -> str:
+    """How the graph ``schedule`` was made for differs from ``graph``, as far as the schedule
+    recorded it (schedules written before they recorded their inputs have only the hash)."""
+    here = input_types(graph)
+    made = dict(schedule.inputs)
+
+    def listing(types: dict[str, str]) -> str:
+        return ", ".join(f"{name} {t}" for name, t in types.items())
+    if not made:
+        return (f"(structural hash {schedule.graph_hash[:12]}), not for {graph.name!r} "
+                f"({graph.structural_hash()[:12]}, inputs {listing(here)})")
+    if list(made.values()) != list(here.values()):  # names are not part of the structure
+        return f"with inputs {listing(made)}, not for {graph.name!r}, whose inputs are {listing(here)}"
+    return (f"with inputs {listing(made)}, not for {graph.name!r}: the inputs are alike, but the operators differ "
+            f"(another model, another version of it, or other import options)")
 
 
 def _check_cover(schedule: Schedule, graph: Graph) -> None:

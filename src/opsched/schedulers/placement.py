@@ -23,7 +23,7 @@ from opsched.cost import CostModel
 from opsched.cost.unit_costs import PlatformCost, UnitCosts, platform_cost
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
-from opsched.schedule import Lane, Schedule, graph_batch
+from opsched.schedule import Lane, Schedule, graph_batch, input_types
 from opsched.schedulers.placed_sim import replay, simulate_placed
 from opsched.schedulers.registry import option
 from opsched.schedulers.tasks import GraphTasks, TaskSchedule
@@ -73,7 +73,7 @@ def placed_schedule(graph: Graph, costs: UnitCosts, unit_of: Mapping[str, str], 
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
     values["platform"] = platform.name
     sched = Schedule(graph.structural_hash(), lanes, graph_name=graph.name, batch=graph_batch(graph),
-                     device=platform.name, scheduler=name, options=values)
+                     device=platform.name, scheduler=name, options=values, inputs=input_types(graph))
     sim = simulate_placed(sched, costs)
     placed = {u.name: sum(1 for v in order if unit_of[v] == u.name) for u in platform.units}
     return dataclasses.replace(sched, estimated_ms=sim.makespan_ms,

@@ -26,7 +26,7 @@ from opsched.cost import CostModel, StageCoster, estimate_stages
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.progress import Progress
-from opsched.schedule import Lane, Schedule, Stage, graph_batch
+from opsched.schedule import Lane, Schedule, Stage, graph_batch, input_types
 from opsched.transforms import Split
 
 __all__ = ["SchedulerSpec", "Progress", "NoOptions", "register", "spec", "scheduler_names", "make_options",
@@ -169,7 +169,8 @@ def schedule(graph: Graph, scheduler: str, cost: CostModel, options: Any = None,
 
 def _meta(graph: Graph, cost: CostModel, name: str, options: Any) -> dict[str, Any]:
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}  # as JSON
-    return dict(graph_name=graph.name, batch=graph_batch(graph), device=cost.device, scheduler=name, options=values)
+    return dict(graph_name=graph.name, batch=graph_batch(graph), device=cost.device, scheduler=name, options=values,
+                inputs=input_types(graph))
 
 
 def staged(graph: Graph, cost: CostModel, stages: list[Stage], name: str, options: Any,
