@@ -123,6 +123,70 @@ def test_an_onnx_files_open_sizes_come_from_batch_and_input_shape(tmp_path, caps
     assert "--input-shape mask=..." in capsys.readouterr().err
 
 
+FACTORIES = """
+import torch
+from torch import nn
+
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table, self.head = nn.Embedding(10, 8), nn.Linear(8, 3)
+
+    def forward(self, ids, mask=None, return_dict=True):
+        out = self.head(self.table(ids) * mask.unsqueeze(-1))
+        return {"logits": out} if return_dict else (out,)
+
+
+def tokens():
+    torch.manual_seed(0)
+    return Tokens(), {"ids": torch.randint(0, 10, (2, 5)), "mask": torch.ones(2, 5), "return_dict": False}
+
+
+def conv():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    model.example_input_shape = (1, 3, 8, 8)
+    return model
+
+
+def number():
+    return 3
+"""
+
+
+def test_a_factory_gives_a_model_and_example_inputs(tmp_path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """A factory could return a module of one float input only: no token ids, no keyword calls."""
+    import opsched
+    from opsched.cli.models import load_model
+    from opsched.errors import OpschedError
+    from opsched.testing import assert_close
+
+    (tmp_path / "cli_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for dtype in ("float32", "float16"):  # float16: the model is placed in it, its token ids stay int64
+        out = tmp_path / dtype
+        assert main(["optimize", "cli_factories:tokens", "--dtype", dtype, "--cost", "analytic", "--rounds", "1",
+                     "--out", str(out)]) == 0
+        assert "as fast as eager PyTorch" in capsys.readouterr().out
+    import cli_factories  # type: ignore[import-not-found]
+
+    model, example = cli_factories.tokens()
+    module = opsched.load(model, tmp_path / "float32" / "schedule.json", example)  # the CLI's schedule, reused
+    with torch.no_grad():
+        assert_close(list(module(**example)), list(model(**example)))
+    loaded = load_model("cli_factories:conv", input_shapes=["1,3,6,6"])
+    assert [t.shape for t in loaded.inputs] == [(1, 3, 6, 6)] and loaded.graph.name == "conv"
+    assert [t.shape for t in load_model("cli_factories:conv").inputs] == [(1, 3, 8, 8)]
+    for spec, kwargs, why in [
+            ("cli_factories:tokens", {"input_shapes": ["2,5"]}, r"returns example inputs, which fix the shapes"),
+            ("cli_factories:conv", {"batch": 4}, r"--batch is for zoo models and \.onnx files"),
+            ("cli_factories:conv", {"input_shapes": ["x=1,3,8,8"]}, r"return \(module, example inputs\) from the"),
+            ("cli_factories:number", {}, r"number\(\) returned int: a factory returns an nn.Module, or a pair"),
+            ("cli_factories:nothing", {}, r"cannot load 'cli_factories:nothing'")]:
+        with pytest.raises(OpschedError, match=why):
+            load_model(spec, **kwargs)
+
+
 def test_bad_model_spec_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["optimize", "no_such_model", "--cost", "analytic"]) == 1
     assert "is not a zoo model" in capsys.readouterr().err

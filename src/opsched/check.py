@@ -14,8 +14,8 @@ from opsched.ir import Graph
 from opsched.progress import Progress
 from opsched.structure import InputStructure
 
-__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "fresh_inputs",
-           "verify_against"]
+__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "placed_model",
+           "fresh_inputs", "verify_against"]
 
 #: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
 #: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
@@ -49,6 +49,14 @@ def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.de
     return tuple(t.to(device, getattr(torch, i.type.dtype)) for i, t in zip(graph.inputs, inputs))
 
 
+def placed_model(model: nn.Module, device: torch.device, dtype: str | None, moved: bool) -> nn.Module:
+    """``model`` placed as a scheduled module of it runs, on ``device`` in ``dtype``: a copy where
+    that moves it (``moved``: its inputs had to move), else the model itself."""
+    if dtype is None and not moved:
+        return model
+    return copy.deepcopy(model).to(device, None if dtype is None else getattr(torch, dtype))
+
+
 def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.Tensor, ...]:
     """Random inputs like ``inputs`` (shapes, dtypes, devices) but not equal to them: floats drawn
     around the examples' mean and spread, integers and booleans within the examples' range (token
@@ -77,8 +85,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
     both called as ``call`` on ``inputs`` and on fresh random inputs (a module that replayed a
     value recorded at import would pass the first)."""
     placed = placed_inputs(graph, inputs, device)
-    if dtype is not None or any(p.device != t.device for p, t in zip(placed, inputs)):  # compare like with like
-        model = copy.deepcopy(model).to(device, None if dtype is None else getattr(torch, dtype))
+    model = placed_model(model, device, dtype, any(p.device != t.device for p, t in zip(placed, inputs)))
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
     for k, (which, xs) in enumerate(cases.items()):
         with torch.no_grad():

@@ -11,6 +11,7 @@ from torch import nn
 
 from opsched.errors import OpschedError
 from opsched.ir import Graph
+from opsched.structure import ExampleInputs, InputStructure, bind_example
 
 __all__ = ["LoadedModel", "load_model"]
 
@@ -19,17 +20,19 @@ __all__ = ["LoadedModel", "load_model"]
 class LoadedModel:
     name: str
     graph: Graph
-    inputs: tuple[torch.Tensor, ...]
+    inputs: tuple[torch.Tensor, ...]  # the graph's inputs
     module: nn.Module | None  # None for ONNX files
+    call: InputStructure | None = None  # how ``module`` is called with ``inputs``
 
 
 def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> LoadedModel:
     """The model ``spec`` names, imported, with example inputs: for a zoo model at ``batch``; for
-    a factory at its one ``input_shapes`` entry (``"1,3,224,224"``) or its ``example_input_shape``;
-    for an ONNX file at its declared shapes, a dynamic first dimension set to ``batch`` and other
-    dynamic ones from ``input_shapes`` (``"NAME=1,128"``, or unnamed for a file of one input).
-    ONNX inputs are random: normal floats, integers and booleans of 0 and 1 (valid token ids,
-    masks and segment ids alike)."""
+    a factory (see :func:`_from_factory`) at the example inputs it returns, else at its one
+    ``input_shapes`` entry (``"1,3,224,224"``) or its ``example_input_shape``; for an ONNX file at
+    its declared shapes, a dynamic first dimension set to ``batch`` and other dynamic ones from
+    ``input_shapes`` (``"NAME=1,128"``, or unnamed for a file of one input). ONNX inputs are
+    random: normal floats, integers and booleans of 0 and 1 (valid token ids, masks and segment
+    ids alike)."""
     from opsched.frontends import from_onnx, from_torch
     from opsched.models import MODELS, example_inputs, get_model
 
@@ -39,28 +42,57 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
             raise OpschedError(f"{spec} is a zoo model: its shape is fixed but for --batch; --input-shape is for "
                                f".onnx files and package.module:factory models")
         module, inputs = get_model(spec), example_inputs(spec, batch)
-        return LoadedModel(spec, from_torch(module, inputs, name=spec), inputs, module)
+        call = bind_example(module.forward, inputs)[0]
+        return LoadedModel(spec, from_torch(module, inputs, name=spec), inputs, module, call)
     if spec.endswith(".onnx"):
         graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named))
         gen = torch.Generator().manual_seed(0)
         inputs = tuple(_random(i.type.shape, getattr(torch, i.type.dtype), gen) for i in graph.inputs)
         return LoadedModel(graph.name, graph, inputs, None)
     if ":" in spec:
-        mod_name, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise OpschedError(f"cannot load {spec!r}: {e}") from None
-        module = factory().eval()
-        if named:
-            raise OpschedError(f"{spec}: a module takes one unnamed --input-shape (e.g. 1,3,224,224)")
-        shape = unnamed or getattr(module, "example_input_shape", None)
-        if shape is None:
-            raise OpschedError(f"{spec}: give the input shape with --input-shape (e.g. 1,3,224,224) or an "
-                               f"example_input_shape attribute on the module")
-        inputs = (torch.randn(*shape),)
-        return LoadedModel(attr, from_torch(module, inputs, name=attr), inputs, module)
+        name = spec.partition(":")[2]
+        module, example = _from_factory(spec, batch, unnamed, named)
+        call, inputs = bind_example(module.forward, example)
+        return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
     raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file or package.module:factory")
+
+
+def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
+                  named: dict[str, tuple[int, ...]]) -> tuple[nn.Module, ExampleInputs]:
+    """What ``package.module:factory()`` returns: a module, or ``(module, example inputs)`` with
+    the inputs as :func:`opsched.optimize` takes them (a tensor, positional arguments, or keyword
+    arguments such as a tokenizer's output); a module alone is called on one random float tensor
+    of the ``--input-shape`` given, else of its ``example_input_shape``."""
+    mod_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise OpschedError(f"cannot load {spec!r}: {e}") from None
+    made = factory()
+    module, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    if not isinstance(module, nn.Module):
+        raise OpschedError(f"{spec}() returned {type(made).__name__}: a factory returns an nn.Module, or a pair "
+                           f"(module, example inputs) whose inputs are a tensor, a tuple of positional arguments or a "
+                           f"dict of keyword arguments (a tokenizer's output)")
+    module.eval()
+    if batch != 1:
+        raise OpschedError(f"{spec}: --batch is for zoo models and .onnx files; a factory's model runs at the shapes "
+                           f"of the example inputs it returns, or of --input-shape")
+    if example is not None:
+        if unnamed or named:
+            raise OpschedError(f"{spec}() returns example inputs, which fix the shapes: --input-shape is for a "
+                               f"factory that returns a module alone")
+        return module, example
+    if named:
+        raise OpschedError(f"{spec}: a module alone takes one unnamed --input-shape (e.g. 1,3,224,224); for "
+                           f"several inputs, or integer ones such as token ids, return (module, example inputs) "
+                           f"from the factory")
+    shape = unnamed or getattr(module, "example_input_shape", None)
+    if shape is None:
+        raise OpschedError(f"{spec}: give the input shape with --input-shape (e.g. 1,3,224,224), an "
+                           f"example_input_shape attribute on the module, or return (module, example inputs) from "
+                           f"the factory")
+    return module, torch.randn(*shape)
 
 
 def _parse_shapes(values: Sequence[str]) -> tuple[tuple[int, ...] | None, dict[str, tuple[int, ...]]]:

@@ -10,7 +10,6 @@ under ``--out``.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -54,14 +53,15 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         from opsched.api import check_request, optimize_graph
-        from opsched.check import placed_inputs
+        from opsched.check import placed_inputs, placed_model
         from opsched.cli.models import load_model
         from opsched.progress import phases
         from opsched.race import race
 
         names = [name.strip() for name in args.scheduler.split(",")]
         options = scheduler_values(args)
-        check_request(device=args.device, scheduler=names, backend=args.backend, dtype=args.dtype, **options)
+        request = check_request(device=args.device, scheduler=names, backend=args.backend, dtype=args.dtype,
+                                **options)
         progress = phases(True)
         loaded = load_model(args.model, args.batch, args.input_shape)
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
@@ -77,10 +77,11 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
             rows = [[name, f"{ms:.2f}", mib(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
                      "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
             print(format_table(["schedule", "median ms", "peak activations", ""], rows))
-        if loaded.module is not None and not args.no_compare:
-            moved = inputs[0] is not loaded.inputs[0]
-            eager = copy.deepcopy(loaded.module).to(module.device, inputs[0].dtype) if moved else loaded.module
-            calls: dict[str, Callable[[], object]] = {"eager PyTorch": lambda: eager(*inputs),
+        if loaded.module is not None and loaded.call is not None and not args.no_compare:
+            moved = any(p.device != t.device for p, t in zip(inputs, loaded.inputs))
+            eager = placed_model(loaded.module, module.device, request.dtype, moved)
+            eager_args, eager_kwargs = loaded.call.call(inputs)
+            calls: dict[str, Callable[[], object]] = {"eager PyTorch": lambda: eager(*eager_args, **eager_kwargs),
                                                       "kept plan": lambda: module(*inputs)}
             ms = race(calls, clock=module.backend.clock(module.run), rounds=args.rounds,
                       progress=progress("timing eager PyTorch"))
