@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["count", "mib"]
+__all__ = ["count", "size"]
 
 
 def count(n: int, noun: str) -> str:
@@ -10,6 +10,9 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def mib(nbytes: float) -> str:
-    """``12.3 MiB``: a size in bytes, as reports give it."""
-    return f"{nbytes / 2**20:.1f} MiB"
+def size(nbytes: float) -> str:
+    """``12.3 MiB``, ``52.0 KiB``, ``600 B``: a size in bytes, as reports give it (in KiB below a
+    MiB, so that a small model's activations do not all read 0.0 MiB)."""
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes:.0f} B"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsched._text import mib
+from opsched._text import size
 from opsched.backends import Backend, resolve_backend
 from opsched.check import verify_against
 from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
@@ -281,9 +281,9 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         if memory_budget is not None:
             over = {name: peak for name, peak in peaks.items() if peak > memory_budget}
             if len(over) == len(modules):
-                listing = ", ".join(f"{name}'s at {mib(peak)}" for name, peak in over.items())
+                listing = ", ".join(f"{name}'s at {size(peak)}" for name, peak in over.items())
                 raise ScheduleError(f"no plan of {graph.name!r} fits memory_budget={memory_budget} bytes "
-                                    f"({mib(memory_budget)}): their activations peak {listing}")
+                                    f"({size(memory_budget)}): their activations peak {listing}")
             modules = {name: m for name, m in modules.items() if name not in over}
         race = None
         kept = next(name for name in (*request.schedulers, *modules) if name in modules)

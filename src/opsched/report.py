@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsched._text import count, mib
+from opsched._text import count, size
 from opsched.cost.measured import MeasurementCounts
 from opsched.runtime import Plan
 from opsched.schedule import Schedule
@@ -61,7 +61,7 @@ class RaceResult:
 
     def __str__(self) -> str:
         def one(name: str, ms: float) -> str:
-            return f"{name} {ms:.2f} ms" + (f" at {mib(self.peak_bytes[name])}" if name in self.peak_bytes else "")
+            return f"{name} {ms:.2f} ms" + (f" at {size(self.peak_bytes[name])}" if name in self.peak_bytes else "")
         return ", ".join(one(name, ms) for name, ms in self.times_ms.items()) + f": kept {self.kept}"
 
 
@@ -99,15 +99,15 @@ class OptimizeReport:
                  f"  {s}", f"  {self.executor}"]
         if self.peak_bytes is not None:
             budget = self.outcome.memory_budget
-            lines.append(f"  peak activations: {mib(self.peak_bytes)}"
-                         + (f" (budget {mib(budget)})" if budget is not None else ""))
+            lines.append(f"  peak activations: {size(self.peak_bytes)}"
+                         + (f" (budget {size(budget)})" if budget is not None else ""))
         if s.search:
             lines.append(f"  {s.search}")
         o = self.outcome
         if o.race is not None:
             lines.append(f"  end-to-end check: {o.race}")
         for name, peak in o.over_budget.items():
-            lines.append(f"  {name}'s plan was left out: its activations peak at {mib(peak)}, over the budget")
+            lines.append(f"  {name}'s plan was left out: its activations peak at {size(peak)}, over the budget")
         for other in o.searched:
             lines.append(f"  searched schedule ({other.scheduler}, lost the race): {other}"
                          + (f"; {other.search}" if other.search else ""))

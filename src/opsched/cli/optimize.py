@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from opsched._text import mib
+from opsched._text import size
 from opsched.cli.main import INPUT_SHAPE_HELP, Handler, positive_int, subcommand
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
@@ -74,7 +74,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         inputs = placed_inputs(module.graph, loaded.inputs, module.device)
         race_ = module.outcome.race
         if race_ is not None:
-            rows = [[name, f"{ms:.2f}", mib(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
+            rows = [[name, f"{ms:.2f}", size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
                      "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
             print(format_table(["schedule", "median ms", "peak activations", ""], rows))
         if loaded.module is not None and loaded.call is not None and not args.no_compare:
