@@ -22,6 +22,7 @@ Beside the latencies:
     python benchmarks/memory.py                                  # the default models, batch 1 8 32
     python benchmarks/memory.py --models resnet18 --corpus --batch 8 --rounds 3
     python benchmarks/memory.py --hierarchy cpu                  # preset bandwidths, not measured
+    python benchmarks/memory.py --batch 8 32 --corpus --name memory-epyc  # another machine, zoo only
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--block", type=int, default=2)
     p.add_argument("--hierarchy", default="cpu-measured", help="the hierarchy preset plans are made and simulated for")
+    p.add_argument("--name", default="memory", help="results page name (docs/results/NAME.md): another machine's "
+                                                  "run kept beside this one's")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     h = hierarchy(args.hierarchy)
@@ -184,7 +187,7 @@ def main() -> None:
              "The ablation per model is in the JSON. "
              "Models marked (corpus) are Hugging Face definitions from `opsched.testing.corpus` on "
              f"{args.image_size}-pixel images, their ORT session from their `torch.onnx.export` (dynamo)."]
-    write_table("memory", intro, headers, rows, geo, {"results": records})
+    write_table(args.name, intro, headers, rows, geo, {"results": records})
 
 
 if __name__ == "__main__":

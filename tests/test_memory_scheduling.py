@@ -147,6 +147,15 @@ def test_measured_hierarchy_probes_each_level_once_per_store(tmp_path, monkeypat
     assert by["L3"].bandwidth_gbps == 30.0 * 4  # one core's figure, times the cores that share the L3
     assert by["DRAM"].bandwidth_gbps == 25.0    # every core copying: the whole DRAM's figure
     assert h.name.endswith("-measured") and "measured, 1 MiB copies" in str(h)
+    # an L2 too quick to time keeps its preset, but never below what the L3 moves per core
+    l2 = preset.level("L2").bandwidth_gbps
+    figures.update({MIB: 0.0, 16 * MIB: l2 / 2})  # the L3: l2 / 2 per core, times 4 cores
+    slow = {lv.name: lv for lv in measured_host_hierarchy(None, root).levels}
+    assert (slow["L2"].bandwidth_gbps, slow["L2"].measured_at) == (l2, None)
+    figures[16 * MIB] = 2 * l2
+    fast = {lv.name: lv for lv in measured_host_hierarchy(None, root).levels}
+    assert (fast["L2"].bandwidth_gbps, fast["L2"].measured_at) == (2 * l2, None)
+    assert fast["L1"].bandwidth_gbps == max(preset.level("L1").bandwidth_gbps, 2 * l2)
 
 
 def test_graphturbo_measures_the_hierarchy_with_a_measured_cost_model(tmp_path, monkeypatch):
