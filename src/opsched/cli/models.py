@@ -23,6 +23,7 @@ class LoadedModel:
     inputs: tuple[torch.Tensor, ...]  # the graph's inputs
     module: nn.Module | None  # None for ONNX files
     call: InputStructure | None = None  # how ``module`` is called with ``inputs``
+    onnx_path: str | None = None  # the file, for an ONNX file
 
 
 def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> LoadedModel:
@@ -48,7 +49,7 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
         graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named))
         gen = torch.Generator().manual_seed(0)
         inputs = tuple(_random(i.type.shape, getattr(torch, i.type.dtype), gen) for i in graph.inputs)
-        return LoadedModel(graph.name, graph, inputs, None)
+        return LoadedModel(graph.name, graph, inputs, None, onnx_path=spec)
     if ":" in spec:
         name = spec.partition(":")[2]
         module, example = _from_factory(spec, batch, unnamed, named)

@@ -1,10 +1,10 @@
 """``opsched optimize MODEL``: search, race the plan against the baselines, write the results.
 
 The table is the race that chose the plan: every schedule in it was a candidate (the searched
-ones, sequential and greedy), and the fastest is the one kept; eager PyTorch is timed against
-the kept plan afterwards. Writes ``schedule.json``, ``timeline.png`` (a Gantt chart of one
-profiled run: lanes by time, operators coloured by kind) and ``trace.json`` (Chrome/Perfetto)
-under ``--out``.
+ones, sequential and greedy), and the fastest is the one kept; eager PyTorch (for an ONNX file,
+ONNX Runtime's own session of it) is timed against the kept plan afterwards. Writes
+``schedule.json``, ``timeline.png`` (a Gantt chart of one profiled run: lanes by time, operators
+coloured by kind) and ``trace.json`` (Chrome/Perfetto) under ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from opsched.cli.table import format_table
 if TYPE_CHECKING:
     import torch
 
+    from opsched.cli.models import LoadedModel
     from opsched.module import ScheduledModule
 
 #: Schedules every comparison races beside the searched ones.
@@ -44,7 +45,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--backend", default="auto", help="auto, ort or torch on a CPU; cuda on a GPU")
     p.add_argument("--rounds", type=positive_int, default=15, help="timed rounds of the race")
     p.add_argument("--no-compare", action="store_true",
-                   help="race only the searched plans (and sequential); no greedy, no eager PyTorch")
+                   help="race only the searched plans (and sequential); no greedy, no eager PyTorch or "
+                        "ONNX Runtime session to compare with")
     p.add_argument("--cache-dir", help="profile store directory")
     p.add_argument("--memory-budget", type=float, metavar="MIB",
                    help="search within, and keep only plans whose live activations peak within, this many MiB")
@@ -53,7 +55,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         from opsched.api import check_request, optimize_graph
-        from opsched.check import placed_inputs, placed_model
+        from opsched.check import placed_inputs
         from opsched.cli.models import load_model
         from opsched.progress import phases
         from opsched.race import race
@@ -77,19 +79,38 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
             rows = [[name, f"{ms:.2f}", size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
                      "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
             print(format_table(["schedule", "median ms", "peak activations", ""], rows))
-        if loaded.module is not None and loaded.call is not None and not args.no_compare:
-            moved = any(p.device != t.device for p, t in zip(inputs, loaded.inputs))
-            eager = placed_model(loaded.module, module.device, request.dtype, moved)
-            eager_args, eager_kwargs = loaded.call.call(inputs)
-            calls: dict[str, Callable[[], object]] = {"eager PyTorch": lambda: eager(*eager_args, **eager_kwargs),
-                                                      "kept plan": lambda: module(*inputs)}
+        baseline = None if args.no_compare else _baseline(loaded, module, inputs, request.dtype)
+        if baseline is not None:
+            name, call = baseline
+            calls: dict[str, Callable[[], object]] = {name: call, "kept plan": lambda: module(*inputs)}
             ms = race(calls, clock=module.backend.clock(module.run), rounds=args.rounds,
-                      progress=progress("timing eager PyTorch"))
-            print(f"the kept plan runs {ms['eager PyTorch'] / ms['kept plan']:.2f}x as fast as eager PyTorch "
-                  f"({ms['kept plan']:.2f} against {ms['eager PyTorch']:.2f} ms)")
+                      progress=progress(f"timing {name}"))
+            print(f"the kept plan runs {ms[name] / ms['kept plan']:.2f}x as fast as {name} "
+                  f"({ms['kept plan']:.2f} against {ms[name]:.2f} ms)")
         _write(args, loaded.name, module, inputs)
         return 0
     return run
+
+
+def _baseline(loaded: LoadedModel, module: ScheduledModule, inputs: tuple[torch.Tensor, ...],
+              dtype: str | None) -> tuple[str, Callable[[], object]] | None:
+    """What the kept plan is timed against: the model in eager PyTorch, placed as the plan runs;
+    for an ONNX file on a CPU, ONNX Runtime's own session of it (default options: what running
+    the file without opsched means), unless the plan runs it in another precision."""
+    from opsched.check import placed_model
+
+    if loaded.module is not None and loaded.call is not None:
+        moved = any(p.device != t.device for p, t in zip(inputs, loaded.inputs))
+        eager = placed_model(loaded.module, module.device, dtype, moved)
+        args, kwargs = loaded.call.call(inputs)
+        return "eager PyTorch", lambda: eager(*args, **kwargs)
+    if loaded.onnx_path is not None and module.device.type == "cpu" and dtype is None:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(loaded.onnx_path, providers=["CPUExecutionProvider"])
+        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), loaded.inputs)}  # the file's names
+        return "ONNX Runtime's own session", lambda: session.run(None, feeds)
+    return None
 
 
 def _write(args: argparse.Namespace, name: str, module: ScheduledModule, inputs: tuple[torch.Tensor, ...]) -> None:
