@@ -95,7 +95,11 @@ class OnnxBuilder:
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.fresh(op), **attrs))
 
     def model(self, inputs: Sequence[str], outputs: Sequence[str]) -> onnx.ModelProto:
-        """The model of everything added, reading ``inputs`` and producing ``outputs`` (graph values)."""
+        """The model of everything added, reading ``inputs`` and producing ``outputs`` (graph values),
+        declared at :data:`OPSET`, or at :data:`~opsched.ir.ops.onnx_opsets.OLDEST` where every node
+        means the same there."""
+        from opsched.ir.ops.onnx_opsets import declared_oldest
+
         def info(v: str) -> onnx.ValueInfoProto:
             t = self.graph.types[v]
             return helper.make_tensor_value_info(v, ONNX_DTYPES[t.dtype], list(t.shape))
@@ -103,4 +107,5 @@ class OnnxBuilder:
         g = helper.make_graph(self.nodes, "segment", [info(v) for v in inputs], [info(v) for v in outputs],
                               self.inits)
         opsets = [helper.make_opsetid("", OPSET), *(helper.make_opsetid(d, v) for d, v in self.domains.items())]
-        return helper.make_model(g, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, True))
+        model = helper.make_model(g, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, True))
+        return declared_oldest(model, OPSET)  # ONNX Runtime's older kernels where they mean the same

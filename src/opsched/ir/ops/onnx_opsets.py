@@ -32,16 +32,24 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx.defs
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
 
-__all__ = ["CHECKED_THROUGH", "Declaration", "declaration_at", "lacks"]
+__all__ = ["CHECKED_THROUGH", "OLDEST", "Declaration", "declaration_at", "declared_oldest", "lacks"]
 
 #: The newest opset whose changes were read for this module (from ONNX's changelog and release
 #: notes, with the schemas' signatures compared version by version through ``onnx.defs``).
 CHECKED_THROUGH = 23
+
+#: The opset a segment is declared at where each of its nodes means the same there: ONNX Runtime's
+#: kernels for some ops' newer versions are slower (its CPU AveragePool-19, which added
+#: ``dilations``, runs a generic loop instead of MLAS: 10x slower on a tensor whose channels miss
+#: the blocked layout, 361 against 41 us on 11x56x56, which cost NASNet-A mobile 30% of its time).
+#: 18 keeps what segments were moved to newer opsets for (Col2Im, GroupNormalization 18, the
+#: Reduce ops' ``axes`` inputs); a segment with a node only 19 or 20 has (Gelu) stays at its opset.
+OLDEST = 18
 
 #: Attribute values that a later version gave meaning to, under unchanged attribute names, with
 #: that version: a node using one cannot be declared at an older version.
@@ -178,3 +186,71 @@ def _type_string(t: TensorType) -> str:
 
     code = ONNX_DTYPES.get(t.dtype)
     return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})" if code is not None else t.dtype
+
+
+def declared_oldest(model: onnx.ModelProto, opset: int, oldest: int = OLDEST) -> onnx.ModelProto:
+    """``model``, written at ai.onnx ``opset``, declared at ``oldest`` where every node means the
+    same there (as :func:`declaration_at` restates a node, its element types found by ONNX's shape
+    inference); else ``model`` itself. Nodes with sub-graphs keep a segment at ``opset`` (their
+    inner nodes would move with it), and so does any value whose type inference leaves unknown."""
+    nodes = model.graph.node
+    if any(_subgraph(n) for n in nodes):
+        return model
+    newer = []
+    for n in nodes:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            since = onnx.defs.get_schema(n.op_type, opset).since_version
+        except onnx.defs.SchemaError:
+            return model
+        if since > oldest:
+            newer.append(n)
+    if newer:
+        types = _value_types(model)
+        small = {t.name: t for t in model.graph.initializer if int(np.prod(t.dims)) <= 64}
+        declared = []
+        for n in newer:
+            ins = [types.get(v) if v else None for v in n.input]
+            out = types.get(n.output[0]) if n.output and n.output[0] else None
+            if any(v and t is None for v, t in zip(n.input, ins)) or out is None:
+                return model
+            constants = {j: numpy_helper.to_array(small[v]) for j, v in enumerate(n.input) if v in small}
+            try:
+                declared.append(declaration_at(oldest, n.op_type, opset, n.attribute, ins, constants, len(n.output),
+                                               out, 0))
+            except NotExportable:
+                return model
+        for n, d in zip(newer, declared):
+            kept = [n.input[j] for j in d.inputs]
+            del n.input[:], n.attribute[:]
+            n.input.extend(kept)
+            n.attribute.extend(d.attributes)
+    opsets = [helper.make_opsetid("", oldest) if o.domain in ("", "ai.onnx") else o for o in model.opset_import]
+    del model.opset_import[:]
+    model.opset_import.extend(opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets, True)
+    return model
+
+
+def _subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, TensorType]:
+    """Every value's element type (shapes left out), by ONNX's shape inference over the graph
+    without its weights' contents (their types are all it needs)."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    names = {code: name for name, code in ONNX_DTYPES.items()}
+    g = model.graph
+    weights = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer]
+    light = helper.make_model(helper.make_graph(g.node, g.name, [*g.input, *weights], g.output),
+                              opset_imports=model.opset_import, ir_version=model.ir_version)
+    inferred = onnx.shape_inference.infer_shapes(light).graph
+    out = {}
+    for v in (*inferred.input, *inferred.value_info, *inferred.output):
+        code = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+        if code in names:
+            out[v.name] = TensorType((), names[code])
+    return out
