@@ -1,11 +1,15 @@
 """ONNX forms of one op, timed on ONNX Runtime on this CPU: the native op that opsched's segments
-use at opset 20 against the spelling it would otherwise need.
+use at opset 20 against the spelling it would otherwise need, and an op at the opset segments
+declare it at against the newer one.
 
 - ``gelu`` (erf and tanh forms): ONNX's ``Gelu`` against the formula in elementwise nodes (what
   segments held at opset 17, which has no Gelu);
 - ``fold``: ONNX's ``Col2Im`` against :func:`opsched.ir.ops.aten_onnx.col2im_by_scatter` (what
   segments hold for the dtypes ONNX Runtime's Col2Im lacks), both made by opsched's own export of
-  an ``F.fold`` call.
+  an ``F.fold`` call;
+- ``avg pool``: NASNet's pool (3x3, stride 1, padding not counted, 11 channels: outside ORT's
+  blocked layout) declared at opset 18 (AveragePool-11, where segments declare it:
+  :data:`opsched.ir.ops.onnx_opsets.OLDEST`) against opset 20 (AveragePool-19).
 
 Each is a one-op ONNX Runtime session on the same input, timed interleaved; the ratio is the
 median of per-round ratios. Writes ``docs/results/onnx-forms.md`` (and ``.json``).
@@ -36,16 +40,18 @@ from opsched import from_torch  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.ir.ops.aten_onnx import ONNX_FORMS, col2im_by_scatter  # noqa: E402
 from opsched.ir.ops.onnx_builder import OPSET, OnnxBuilder  # noqa: E402
+from opsched.ir.ops.onnx_opsets import OLDEST  # noqa: E402
 from opsched.timing import interleave  # noqa: E402
 
 Forms = dict[str, onnx.ModelProto]
 
 
-def _model(nodes: list[onnx.NodeProto], shape: list[int], inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
-    """A model of ``nodes`` from ``x`` to ``y``, both of ``shape``."""
+def _model(nodes: list[onnx.NodeProto], shape: list[int], inits: Sequence[onnx.TensorProto] = (),
+           opset: int = OPSET) -> onnx.ModelProto:
+    """A model of ``nodes`` from ``x`` to ``y``, both of ``shape``, at ``opset``."""
     graph = helper.make_graph(nodes, "form", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def gelu_forms(approximate: str, shape: list[int]) -> Forms:
@@ -66,6 +72,14 @@ def gelu_forms(approximate: str, shape: list[int]) -> Forms:
     inits += [c("half", 0.5), c("one", 1.0)]
     return {"native": _model([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], shape),
             "spelled out": _model(nodes, shape, inits)}
+
+
+def avg_pool_forms(shape: list[int]) -> Forms:
+    """One AveragePool (3x3, stride 1, padding 1 not counted) at the opset segments declare it at
+    and at :data:`OPSET`."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+                            count_include_pad=0)
+    return {"native": _model([node], shape, opset=OLDEST), f"opset {OPSET}": _model([node], shape)}
 
 
 def fold_forms(channels: int, size: int, kernel: int) -> tuple[Forms, list[int]]:
@@ -119,7 +133,8 @@ def main() -> None:
     fold, fold_shape = fold_forms(256, 32, 2)
     cases = [("gelu (erf)", gelu_forms("none", [4, 197, 768]), [4, 197, 768]),
              ("gelu (tanh)", gelu_forms("tanh", [4, 197, 768]), [4, 197, 768]),
-             ("fold 256x32x32, 2x2 blocks", fold, fold_shape)]
+             ("fold 256x32x32, 2x2 blocks", fold, fold_shape),
+             ("avg pool 3x3 (opset 18 as native)", avg_pool_forms([1, 11, 56, 56]), [1, 11, 56, 56])]
     rows, records = [], []
     for name, forms, shape in cases:
         med, ratio, diff = race(forms, shape, args.rounds, args.threads)

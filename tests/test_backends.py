@@ -348,8 +348,8 @@ class _PoolThenGelu(torch.nn.Module):
 
 @pytest.mark.parametrize("gelu", [None, "tanh"])
 def test_segments_are_declared_at_the_oldest_opset_their_nodes_mean_the_same_at(gelu: str | None) -> None:
-    """At opset 20 ONNX Runtime ran AveragePool-19's generic loop, 10x slower than AveragePool-11's
-    MLAS kernel: NASNet-A mobile's plan ran 1.3x slower than ORT's own session of its export."""
+    """At opset 20 ONNX Runtime ran AveragePool-19's generic loop, about 10x slower than
+    AveragePool-11's MLAS kernel here (benchmarks/onnx_forms.py), and NASNet-A mobile's plans with it."""
     import onnx
 
     from opsched.backends.ort_export import export_segment

@@ -45,8 +45,8 @@ CHECKED_THROUGH = 23
 
 #: The opset a segment is declared at where each of its nodes means the same there: ONNX Runtime's
 #: kernels for some ops' newer versions are slower (its CPU AveragePool-19, which added
-#: ``dilations``, runs a generic loop instead of MLAS: 10x slower on a tensor whose channels miss
-#: the blocked layout, 361 against 41 us on 11x56x56, which cost NASNet-A mobile 30% of its time).
+#: ``dilations``, runs a generic loop instead of MLAS, on a tensor whose channels miss the blocked
+#: layout: ``benchmarks/onnx_forms.py``; NASNet-A mobile's plans paid it, ``benchmarks/cpu.py``).
 #: 18 keeps what segments were moved to newer opsets for (Col2Im, GroupNormalization 18, the
 #: Reduce ops' ``axes`` inputs); a segment with a node only 19 or 20 has (Gelu) stays at its opset.
 OLDEST = 18
@@ -193,8 +193,10 @@ def declared_oldest(model: onnx.ModelProto, opset: int, oldest: int = OLDEST) ->
     same there (as :func:`declaration_at` restates a node, its element types found by ONNX's shape
     inference); else ``model`` itself. Nodes with sub-graphs keep a segment at ``opset`` (their
     inner nodes would move with it), and so does any value whose type inference leaves unknown."""
+    from opsched.ir.ops.onnx_node import _subgraphs
+
     nodes = model.graph.node
-    if any(_subgraph(n) for n in nodes):
+    if any(_subgraphs(n) for n in nodes):
         return model
     newer = []
     for n in nodes:
@@ -231,10 +233,6 @@ def declared_oldest(model: onnx.ModelProto, opset: int, oldest: int = OLDEST) ->
     model.opset_import.extend(opsets)
     model.ir_version = helper.find_min_ir_version_for(opsets, True)
     return model
-
-
-def _subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, TensorType]:
