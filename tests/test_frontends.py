@@ -176,6 +176,56 @@ def test_decoder_idioms_import_whole_and_equal_eager(tracer: str, model_type: ty
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class _ComplexRotary(nn.Module):
+    """Rotary embeddings as Meta's reference LLaMA code writes them: query and key as complex
+    numbers, turned by a complex buffer, and back to real."""
+
+    def __init__(self, dim: int = 16, tokens: int = 8) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        angles = torch.outer(torch.arange(tokens).float(), 1 / 10_000 ** (torch.arange(0, dim, 2).float() / dim))
+        self.register_buffer("turn", torch.polar(torch.ones_like(angles), angles))
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * self.turn).flatten(-2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.rotate(self.q(x)) @ self.rotate(self.k(x)).transpose(-1, -2), -1) @ x
+
+
+class _SpectralFilter(nn.Module):
+    """Complex in, complex out: a learned filter applied in the frequency domain."""
+
+    def __init__(self, n: int = 32) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.randn(n, dtype=torch.complex64))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.fft.ifft(torch.fft.fft(z) * self.gain) + z.conj()
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+@pytest.mark.parametrize("model_type", [_ComplexRotary, _SpectralFilter])
+def test_complex_values_are_held_and_run_on_torch_kernels_between_sessions(backend: str,
+                                                                           model_type: type[nn.Module]) -> None:
+    """ONNX Runtime's CPU kernels take no complex tensors: nodes that read or make one stay out
+    of its sessions, and run on torch between them."""
+    from opsched.backends.ort_export import exportable
+
+    torch.manual_seed(0)
+    model = model_type().eval()
+    x = torch.randn(2, 8, 16) if model_type is _ComplexRotary else torch.randn(3, 32, dtype=torch.complex64)
+    module = opsched.optimize(model, x, cost="analytic", backend=backend, scheduler="sequential")
+    graph = module.graph
+    assert "complex64" in graph.dtypes and not [n for n in graph.nodes if n.op == "opaque"]
+    complex_nodes = [n for n in graph.nodes if "complex" in n.out.dtype or
+                     any("complex" in graph.types[v].dtype for v in n.inputs)]
+    assert complex_nodes and not [n.name for n in complex_nodes if exportable(graph, n)]
+    with torch.no_grad():
+        assert_close([module(x)], [model(x)])
+
+
 class _ReturnsACache(nn.Module):
     class KeyValueCache:
         def __init__(self, keys: torch.Tensor) -> None:

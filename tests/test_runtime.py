@@ -343,6 +343,15 @@ def test_tolerances_follow_the_reference_dtype_and_scale() -> None:
     assert tolerance(torch.tensor([2.0], dtype=torch.bfloat16)) == pytest.approx(0.1)
 
 
+def test_differences_of_complex_outputs_count_both_parts() -> None:
+    from opsched.testing import mismatch
+
+    z = torch.tensor([1 + 2j, -3j])
+    assert mismatch([z + 1e-3j], [z])  # the imaginary part alone differs
+    assert not mismatch([z + 1e-5j], [z])
+    assert mismatch([z.real], [z.real + 1e-2]) and not mismatch([z], [z.conj().conj()])
+
+
 @pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
 def test_only_a_module_that_is_one_ort_session_lets_its_threads_spin() -> None:
     """Spinning threads keep a core busy after a run: only a plan of one session (nothing else

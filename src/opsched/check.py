@@ -14,8 +14,8 @@ from opsched.ir import Graph
 from opsched.progress import Progress
 from opsched.structure import InputStructure
 
-__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "placed_inputs", "placed_model",
-           "fresh_inputs", "verify_against"]
+__all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "largest_difference", "placed_inputs",
+           "placed_model", "fresh_inputs", "verify_against"]
 
 #: Absolute tolerance relative to the reference's largest magnitude, per dtype. Floating-point
 #: sums reassociate (BN folding, merged convolutions, other kernels), so bitwise equality is
@@ -44,6 +44,15 @@ def tolerance(reference: torch.Tensor) -> float:
     return rel * max(1.0, scale)
 
 
+def largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max|actual - expected|`` in double precision (complex values as complex: both parts
+    count), 0 for empty tensors; NaN where either holds one."""
+    if not expected.numel():
+        return 0.0
+    wide = torch.complex128 if actual.is_complex() or expected.is_complex() else torch.float64
+    return float((actual.to(wide) - expected.to(wide)).abs().max())
+
+
 def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
     """``inputs`` moved to ``device`` and cast to ``graph``'s input dtypes (after placement)."""
     return tuple(t.to(device, getattr(torch, i.type.dtype)) for i, t in zip(graph.inputs, inputs))
@@ -64,7 +73,9 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.T
     gen = torch.Generator().manual_seed(seed)
     out = []
     for t in inputs:
-        if t.is_floating_point():
+        if t.is_complex():
+            fresh = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        elif t.is_floating_point():
             ref = t.detach().float()
             scale = float(ref.std()) if ref.numel() > 1 else 1.0
             fresh = float(ref.mean()) + (scale or 1.0) * torch.randn(t.shape, generator=gen)
@@ -103,7 +114,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
             if not isinstance(e, torch.Tensor):
                 continue
             tol = tolerance(e)
-            err = float((a.double() - e.double()).abs().max()) if e.numel() and a.shape == e.shape else 0.0
+            err = largest_difference(a, e) if a.shape == e.shape else 0.0
             if a.shape != e.shape or err > tol:
                 raise ExecutionError(f"on {which}, the scheduled module's output {i} differs from the model's "
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, largest difference {err:.3g}, "

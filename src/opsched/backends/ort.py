@@ -79,7 +79,9 @@ def _session(model_bytes: bytes, threads: int, profile_prefix: str | None = None
 
 
 def _to_numpy(v: Any) -> np.ndarray:
-    return v.detach().numpy() if isinstance(v, torch.Tensor) else v
+    """``v`` as an array sharing its memory; a lazily conjugated or negated view (``z.conj()``)
+    is made real first, as NumPy has no such views."""
+    return v.detach().resolve_conj().resolve_neg().numpy() if isinstance(v, torch.Tensor) else v
 
 
 def _to_torch(v: Any) -> torch.Tensor:
@@ -168,7 +170,7 @@ class _OrtSegments(SegmentBuilder):
             result = kernel(*[_to_torch(slots[i]) for i in ins])
             values = (result,) if len(outs) == 1 else result
             for slot, value in zip(outs, values):
-                slots[slot] = value.numpy()
+                slots[slot] = _to_numpy(value)
             for f in frees:
                 slots[f] = None
         return Item(len(self.items), step.label, step.op, run, (), step_category(step))

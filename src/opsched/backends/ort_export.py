@@ -23,9 +23,11 @@ __all__ = ["export_segment", "exportable"]
 
 
 def exportable(graph: Graph, node: Node) -> bool:
-    """Whether ``node`` exports to ONNX (its op has an exporter that accepts its configuration)."""
+    """Whether ``node`` exports to ONNX: its op has an exporter that accepts its configuration,
+    and ONNX has a type for every value it reads and makes (none for complex numbers)."""
     export = op_def(node.op).onnx
-    if export is None or node.out.dtype not in ONNX_DTYPES:
+    held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
+    if export is None or any(t.dtype not in ONNX_DTYPES for t in held):
         return False
     try:
         export(OnnxBuilder(graph, dry_run=True), node)

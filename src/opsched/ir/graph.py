@@ -182,7 +182,8 @@ def random_inputs(graph: Graph, device: str | torch.device = "cpu", seed: int = 
     for i in graph.inputs:
         dtype = getattr(torch, i.type.dtype)
         if dtype.is_floating_point or dtype.is_complex:
-            out.append(torch.randn(i.type.shape, generator=gen).to(device, dtype))
+            drawn = dtype if dtype.is_complex else torch.float32  # complex: both parts drawn
+            out.append(torch.randn(i.type.shape, generator=gen, dtype=drawn).to(device, dtype))
         else:
             out.append(torch.full(i.type.shape, dtype == torch.bool, dtype=dtype, device=device))
     return out

@@ -9,7 +9,9 @@ from typing import Any
 
 __all__ = ["TensorType", "FrozenAttrs", "DTYPE_BYTES"]
 
-#: Bytes per element of each dtype name the IR knows.
+#: Bytes per element of each dtype name the IR knows. Complex values are held (FNet's Fourier
+#: mixing, rotary embeddings written as complex products) and run on torch kernels: ONNX
+#: Runtime's CPU kernels take none, so no segment exports a node that reads or makes one.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
     "float16": 2,
@@ -21,6 +23,8 @@ DTYPE_BYTES: dict[str, int] = {
     "int8": 1,
     "uint8": 1,
     "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
 }
 
 
@@ -50,7 +54,8 @@ class TensorType:
         return len(self.shape)
 
     def __str__(self) -> str:
-        short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
+        short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "complex64": "c64",
+                 "complex128": "c128"}
         return f"{short.get(self.dtype, self.dtype)}[{','.join(map(str, self.shape))}]"
 
 

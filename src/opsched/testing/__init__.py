@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from opsched.check import TF32_TOLERANCE, TOLERANCES, tf32_in_use, tolerance
+from opsched.check import TF32_TOLERANCE, TOLERANCES, largest_difference, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
 from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamProgram, Wait
 
@@ -26,7 +26,7 @@ def mismatch(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[t
         if a.shape != e.shape:
             return f"{what}[{i}]: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
         tol = tolerance(e)
-        err = float((a.double() - e.double()).abs().max())
+        err = largest_difference(a, e)
         if not err <= tol:
             return f"{what}[{i}]: max abs error {err:.3g} exceeds {tol:.3g}"
     return ""

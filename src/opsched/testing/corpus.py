@@ -84,6 +84,9 @@ def corpus() -> dict[str, CorpusModel]:
         # grouped-query attention, a gated MLP; no key-value cache (the hint torch.export's error gets)
         CorpusModel("llama", "LlamaForCausalLM", lambda: hf.LlamaForCausalLM(hf.LlamaConfig(
             hidden_size=64, num_key_value_heads=2, max_position_embeddings=64, use_cache=False, **text)), tokens()),
+        # token mixing by a 2-D Fourier transform: complex intermediates, run on torch kernels
+        CorpusModel("fnet", "FNetModel", lambda: hf.FNetModel(hf.FNetConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, intermediate_size=128)), tokens()),
         CorpusModel("vit", "ViTModel", lambda: hf.ViTModel(hf.ViTConfig(**vision)), image()),
         CorpusModel("deit", "DeiTModel", lambda: hf.DeiTModel(hf.DeiTConfig(**vision)), image()),
         CorpusModel("swin", "SwinModel", lambda: hf.SwinModel(hf.SwinConfig(
