@@ -434,6 +434,71 @@ def test_large_weights_stay_out_of_onnx_passes_and_import_exactly(listed_as_inpu
         from_onnx(model)
 
 
+class _BatchStatistics(nn.Module):
+    """Normalised by each batch's own statistics, in eval mode too: a batch norm that keeps no
+    running ones, and a weight-standardised convolution (BiT, NFNet) whose weight's
+    standardisation exports as a BatchNormalization in training mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8, track_running_stats=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.conv.weight
+        standard = F.batch_norm(w.reshape(1, 8, -1), None, None, training=True, eps=1e-6).reshape_as(w)
+        return torch.relu(self.norm(F.conv2d(x, standard, self.conv.bias, padding=1)))
+
+
+@pytest.mark.parametrize("opset", [9, 13, 17])
+def test_a_batch_norm_in_training_mode_normalises_by_the_batch_as_onnx_runtime_does(opset: int) -> None:
+    """Before opset 14 a BatchNormalization with more outputs than ``Y`` runs in training mode:
+    ``onnx.version_converter`` refuses its ``saved_*`` outputs and, once they are dropped, leaves
+    ``training_mode`` at 0 (the running statistics); opsched keeps the batch's."""
+    import numpy as np
+    import onnxruntime
+
+    torch.manual_seed(0)
+    model, x = _BatchStatistics().eval(), torch.randn(2, 3, 8, 8)
+    buf = io.BytesIO()
+    torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=opset)
+    proto = onnx.load_model_from_string(buf.getvalue())
+    assert [len(n.output) for n in proto.graph.node if n.op_type == "BatchNormalization"] == \
+        ([5, 5] if opset < 14 else [3, 3])
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(want, model(x).numpy(), rtol=0, atol=1e-5)
+    graph = from_onnx(proto)
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(x).numpy(), want, rtol=0, atol=1e-5, err_msg=backend)
+
+
+def test_a_training_mode_batch_norm_with_constant_running_statistics_still_uses_the_batchs() -> None:
+    import numpy as np
+    import onnxruntime
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    stats = [numpy_helper.from_array(v.astype(np.float32), name) for v, name in
+             ((rng.random(4) + 0.5, "scale"), (rng.standard_normal(4), "bias"), (np.zeros(4), "mean"),
+              (np.ones(4), "var"))]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                            training_mode=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])], initializer=stats)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    x = (3 + 2 * rng.standard_normal((2, 4, 3, 3))).astype(np.float32)  # far from the running statistics
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    imported = from_onnx(model)
+    assert [n.op for n in imported.nodes] == ["onnx.norm"]  # ONNX Runtime's node, not opsched's batch_norm
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(imported, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=0, atol=1e-5, err_msg=backend)
+
+
 def test_invalid_onnx_graph_is_malformed() -> None:
     model = _model([helper.make_node("Relu", ["nothing_defines_this"], ["y"])])
     with pytest.raises(MalformedModelError, match="not a valid ONNX model: .*nothing_defines_this.*; ONNX Runtime "

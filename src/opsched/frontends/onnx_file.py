@@ -176,7 +176,9 @@ def at_our_opset(file: OnnxFile) -> OnnxFile:
     if opset == OPSET:
         return file
     try:
+        model, training = _batch_norms_in_training(model, source) if opset < 14 else (model, [])
         converted = version_converter.convert_version(model, OPSET)
+        _mark_training(converted, training)
         if opset < 11:
             _resize_10_semantics(model, converted, source)
         if opset < 13:
@@ -189,6 +191,42 @@ def at_our_opset(file: OnnxFile) -> OnnxFile:
         raise FrontendError(f"{source}: opset {opset} cannot be upgraded to {OPSET} by onnx.version_converter: "
                             f"{first_line(e)}") from e
     return dataclasses.replace(file, model=converted, opset=OPSET)
+
+
+def _batch_norms_in_training(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The outputs (``Y``) of the BatchNormalization nodes that run in training mode, which before
+    opset 14 is said by having more outputs than ``Y`` (weight-standardised convolutions, as in
+    BiT and NFNet, export so), and the model without their ``saved_mean`` and ``saved_var``
+    outputs (a copy where it had any), which opset 14 lacks and ``onnx.version_converter``
+    refuses: they are dropped where nothing reads them, and refused where something does."""
+    training = [node for node in model.graph.node
+                if node.op_type == "BatchNormalization" and not node.domain and len(node.output) > 1]
+    if not any(len(node.output) > 3 for node in training):
+        return model, [node.output[0] for node in training]
+    read = {i for node in model.graph.node for i in (*node.input, *captured(node))}
+    read |= {o.name for o in model.graph.output}
+    for node in training:
+        if used := [o for o in node.output[3:] if o and o in read]:
+            raise FrontendError(f"{source}: node {node.name or node.output[0]!r} (BatchNormalization): its training "
+                                f"statistics {', '.join(map(repr, used))} are read, and opset 14 has no such outputs")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.op_type == "BatchNormalization" and not node.domain:
+            del node.output[3:]
+    return copy, [node.output[0] for node in training]
+
+
+def _mark_training(converted: onnx.ModelProto, outputs: list[str]) -> None:
+    """Say ``training_mode=1`` on the converted BatchNormalization nodes making ``outputs``: the
+    13 -> 14 adapter keeps their running-statistics outputs but leaves the attribute at its
+    default, 0, which normalises by the running statistics instead of the batch's."""
+    wanted = set(outputs)
+    for node in converted.graph.node:
+        if node.op_type == "BatchNormalization" and node.output[0] in wanted:
+            kept = [a for a in node.attribute if a.name != "training_mode"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
 
 
 def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, source: str) -> None:

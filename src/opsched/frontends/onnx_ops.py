@@ -197,6 +197,8 @@ def _matmul(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str,
 
 @onnx_converter("BatchNormalization")
 def _batch_norm(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
+    if a.get("training_mode", 0):  # normalised by the batch's own statistics (weight standardisation)
+        raise Unsupported("BatchNormalization in training mode (the batch's statistics, not the running ones)")
     params = [c.param(v, hint) for v, hint in zip(ins[1:5], n.input[1:5])]
     return c.ctx.add("batch_norm", [c.tensor(ins[0])], name=c.out_name(), params=params,
                      eps=float(a.get("epsilon", 1e-5)))
