@@ -60,6 +60,9 @@ class Program:
     encode: Callable[[torch.Tensor], Any] = staticmethod(lambda t: t)
     decode: Callable[[Any], torch.Tensor] = staticmethod(lambda v: v)
     sessions: tuple[Any, ...] = ()  # per item, the backend session that runs it (ONNX Runtime), or None
+    #: The whole program as one call, inputs to outputs, where a backend has one (a plan that is
+    #: one ONNX Runtime session); an untraced run takes it, skipping the slots.
+    direct: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None
 
 
 def torch_program(graph: Graph, plan: Plan) -> Program:
@@ -121,6 +124,8 @@ class LaneExecutor:
     def run(self, inputs: Sequence[torch.Tensor], trace: list[TraceEvent] | None = None) -> list[torch.Tensor]:
         """Run the program; with a ``trace`` list, append one :class:`TraceEvent` per item."""
         prog = self.program
+        if prog.direct is not None and trace is None:
+            return prog.direct(inputs)
         run = _Run(prog, self._evented, trace)
         for slot, t in zip(prog.input_slots, inputs):
             run.slots[slot] = prog.encode(t)

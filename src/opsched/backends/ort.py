@@ -38,6 +38,7 @@ from opsched.backends.ort_profile import KernelTimes, kernel_events, kernel_time
 from opsched.backends.segments import Segment, SegmentBuilder
 from opsched.cost import SegmentCut, StageTiming, TimingPolicy
 from opsched.cost.measured import Calibrations
+from opsched.errors import ExecutionError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
 from opsched.ir.analysis import live_values
@@ -130,6 +131,32 @@ class _OrtSegments(SegmentBuilder):
             for slot, a, b in join.parts:
                 self.part_of.setdefault(slot, (join, a, b))
         self.lock = threading.Lock()
+        self.io: list[tuple[Any, list[str], tuple[int, ...], list[str], tuple[int, ...]]] = []  # per segment
+
+    def build(self) -> Program:
+        program = super().build()
+        return dataclasses.replace(program, direct=self._direct(program))
+
+    def _direct(self, program: Program) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
+        """A plan that is one session reading the graph's inputs and making its outputs, as one
+        call: the feeds keyed by name, the outputs wrapped, none of the slots (microseconds a
+        call, which on a model of 0.1 ms is a tenth of its time)."""
+        if program.n_items != 1 or len(self.io) != 1 or self.joins:
+            return None
+        session, in_names, ins, out_names, outs = self.io[0]
+        if not set(ins) <= set(program.input_slots) or not set(program.output_slots) <= set(outs):
+            return None
+        feeds = [(name, program.input_slots.index(slot)) for name, slot in zip(in_names, ins)]
+        picks = [outs.index(slot) for slot in program.output_slots]
+        item = next(it for phase in program.phases for lane in phase for it in lane)
+
+        def direct(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            try:
+                made = session.run(out_names, {name: np.asarray(_to_numpy(inputs[k]), order="C") for name, k in feeds})
+            except Exception as e:
+                raise ExecutionError(f"node {item.label!r} ({item.op}) failed: {type(e).__name__}: {e}") from e
+            return [torch.from_numpy(made[j]) for j in picks]
+        return direct
 
     def _join(self, step: Step) -> _Join | None:
         """``step`` as a join made in place: a concat along the batch that waits for another lane
@@ -209,6 +236,7 @@ class _OrtSegments(SegmentBuilder):
                 slots[f] = None
         if any(o in self.part_of for o in outs):
             run = run_into_joins
+        self.io.append((session, in_names, ins, out_names, outs))
         return (Item(len(self.items), segment.label, f"onnxruntime[{len(segment.steps)} steps]", run, (), "segment"),
                 session)
 
