@@ -26,7 +26,7 @@ from torch import nn
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["CorpusModel", "corpus", "corpus_available", "export_onnx"]
+__all__ = ["CorpusModel", "corpus", "wide_corpus", "corpus_available", "export_onnx"]
 
 
 @dataclass(frozen=True)
@@ -123,16 +123,121 @@ def corpus() -> dict[str, CorpusModel]:
     return {e.name: e for e in entries}
 
 
-def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...],
-                opset: int | None = None) -> tuple[onnx.ModelProto, str]:
+def wide_corpus() -> dict[str, CorpusModel]:
+    """More architectures, each a model family of its own (encoders, decoders, state-space
+    models, speech, video, detection and depth heads), shrunk the same way: too many to run
+    every scheduler x backend on in CI, so the sweep (``benchmarks/sweep.py``) and the tests
+    under ``--runslow`` run each through ``optimize()`` and through its ``torch.onnx`` exports."""
+    import transformers as hf
+
+    def tokens() -> tuple[torch.Tensor, ...]:
+        return (torch.randint(0, 100, (1, 16)),)
+
+    def image(size: int = 64) -> Callable[[], tuple[torch.Tensor, ...]]:
+        return lambda: (torch.randn(1, 3, size, size),)
+
+    def shaped(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+        return lambda: (torch.randn(*shape),)
+
+    layers: dict[str, Any] = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    text: dict[str, Any] = {"vocab_size": 100, "hidden_size": 64, **layers}
+    vision: dict[str, Any] = {"image_size": 64, "patch_size": 16, "hidden_size": 64, **layers}
+    decoder: dict[str, Any] = {**text, "num_key_value_heads": 2, "use_cache": False}
+    four: dict[str, Any] = {"depths": [1, 1, 1, 1], "hidden_sizes": [16, 32, 64, 128]}
+    labels: dict[str, Any] = {"num_labels": 3}
+    entries = [
+        CorpusModel("distilbert", "DistilBertModel", lambda: hf.DistilBertModel(hf.DistilBertConfig(
+            vocab_size=100, dim=64, n_layers=2, n_heads=4, hidden_dim=128)), tokens),
+        CorpusModel("albert", "AlbertModel", lambda: hf.AlbertModel(hf.AlbertConfig(embedding_size=32, **text)),
+                    tokens),
+        CorpusModel("electra", "ElectraModel", lambda: hf.ElectraModel(hf.ElectraConfig(embedding_size=32, **text)),
+                    tokens),
+        CorpusModel("convbert", "ConvBertModel", lambda: hf.ConvBertModel(hf.ConvBertConfig(
+            embedding_size=64, **text)), tokens),
+        CorpusModel("squeezebert", "SqueezeBertModel", lambda: hf.SqueezeBertModel(hf.SqueezeBertConfig(
+            embedding_size=64, **text)), tokens),
+        CorpusModel("mpnet", "MPNetModel", lambda: hf.MPNetModel(hf.MPNetConfig(**text)), tokens),
+        CorpusModel("deberta_v2", "DebertaV2Model", lambda: hf.DebertaV2Model(hf.DebertaV2Config(**text)), tokens),
+        CorpusModel("funnel", "FunnelModel", lambda: hf.FunnelModel(hf.FunnelConfig(
+            vocab_size=100, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1])), tokens),
+        CorpusModel("t5_encoder", "T5EncoderModel", lambda: hf.T5EncoderModel(hf.T5Config(
+            vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)), tokens),
+        CorpusModel("bart", "BartModel", lambda: hf.BartModel(hf.BartConfig(
+            vocab_size=100, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, use_cache=False)), tokens),
+        CorpusModel("opt", "OPTModel", lambda: hf.OPTModel(hf.OPTConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+            word_embed_proj_dim=64, use_cache=False)), tokens),
+        CorpusModel("bloom", "BloomModel", lambda: hf.BloomModel(hf.BloomConfig(
+            vocab_size=100, hidden_size=64, n_layer=2, n_head=4, use_cache=False)), tokens),
+        CorpusModel("gpt_neox", "GPTNeoXModel", lambda: hf.GPTNeoXModel(hf.GPTNeoXConfig(use_cache=False, **text)),
+                    tokens),
+        CorpusModel("phi", "PhiModel", lambda: hf.PhiModel(hf.PhiConfig(use_cache=False, **text)), tokens),
+        CorpusModel("qwen2", "Qwen2Model", lambda: hf.Qwen2Model(hf.Qwen2Config(**decoder)), tokens),
+        CorpusModel("mistral", "MistralModel", lambda: hf.MistralModel(hf.MistralConfig(**decoder)), tokens),
+        CorpusModel("gemma", "GemmaModel", lambda: hf.GemmaModel(hf.GemmaConfig(head_dim=16, **decoder)), tokens),
+        CorpusModel("mamba", "MambaModel", lambda: hf.MambaModel(hf.MambaConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, state_size=8, use_cache=False)), tokens),
+        CorpusModel("rwkv", "RwkvModel", lambda: hf.RwkvModel(hf.RwkvConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128,
+            use_cache=False)), tokens),
+        CorpusModel("clip_vision", "CLIPVisionModel", lambda: hf.CLIPVisionModel(hf.CLIPVisionConfig(**vision)),
+                    image()),
+        CorpusModel("beit", "BeitModel", lambda: hf.BeitModel(hf.BeitConfig(**vision)), image()),
+        CorpusModel("data2vec_vision", "Data2VecVisionModel",
+                    lambda: hf.Data2VecVisionModel(hf.Data2VecVisionConfig(**vision)), image()),
+        CorpusModel("yolos", "YolosModel", lambda: hf.YolosModel(hf.YolosConfig(
+            image_size=[64, 64], patch_size=16, hidden_size=64, num_detection_tokens=10, **layers)), image()),
+        CorpusModel("dpt", "DPTForDepthEstimation", lambda: hf.DPTForDepthEstimation(hf.DPTConfig(
+            image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+            intermediate_size=128, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[16, 32, 64, 64],
+            fusion_hidden_size=32)), image()),
+        CorpusModel("mobilenet_v1", "MobileNetV1Model",
+                    lambda: hf.MobileNetV1Model(hf.MobileNetV1Config(image_size=64)), image()),
+        # weight-standardised convolutions: a batch norm in training mode on each weight
+        CorpusModel("bit", "BitModel", lambda: hf.BitModel(hf.BitConfig(num_groups=8, embedding_size=16, **four)),
+                    image()),
+        CorpusModel("cvt", "CvtModel", lambda: hf.CvtModel(hf.CvtConfig()), image()),
+        CorpusModel("pvt", "PvtModel", lambda: hf.PvtModel(hf.PvtConfig(
+            image_size=64, num_attention_heads=[1, 2, 4, 8], **four)), image()),
+        CorpusModel("swiftformer", "SwiftFormerModel", lambda: hf.SwiftFormerModel(hf.SwiftFormerConfig(
+            depths=[1, 1, 1, 1], embed_dims=[16, 32, 64, 128])), image()),
+        CorpusModel("focalnet", "FocalNetModel", lambda: hf.FocalNetModel(hf.FocalNetConfig(
+            image_size=64, embed_dim=16, depths=[1, 1], hidden_sizes=[16, 32])), image()),
+        CorpusModel("glpn", "GLPNForDepthEstimation", lambda: hf.GLPNForDepthEstimation(hf.GLPNConfig(
+            num_attention_heads=[1, 2, 4, 8], decoder_hidden_size=32, **four)), image()),
+        CorpusModel("hiera", "HieraModel", lambda: hf.HieraModel(hf.HieraConfig(
+            image_size=[64, 64], embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 4], query_stride=[2, 2],
+            masked_unit_size=[8, 8], patch_stride=[4, 4])), image()),
+        CorpusModel("wav2vec2", "Wav2Vec2Model", lambda: hf.Wav2Vec2Model(hf.Wav2Vec2Config(
+            hidden_size=64, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **layers)), shaped(1, 4000)),
+        CorpusModel("whisper_encoder", "WhisperForAudioClassification",
+                    lambda: hf.WhisperForAudioClassification(hf.WhisperConfig(
+                        d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16,
+                        max_source_positions=50, **labels)), shaped(1, 16, 100)),
+        CorpusModel("ast", "ASTModel", lambda: hf.ASTModel(hf.ASTConfig(
+            hidden_size=64, num_mel_bins=32, max_length=64, **layers)), shaped(1, 64, 32)),
+        CorpusModel("videomae", "VideoMAEModel", lambda: hf.VideoMAEModel(hf.VideoMAEConfig(
+            image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=64, **layers)),
+                    shaped(1, 4, 3, 32, 32)),
+    ]
+    return {e.name: e for e in entries}
+
+
+def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], opset: int | None = None, *,
+                torchscript: bool = False) -> tuple[onnx.ModelProto, str]:
     """``model`` exported as users export it: ``torch.onnx.export`` with its default (dynamo)
     exporter, else the TorchScript one (which some models need: Swin's decompositions fail in
-    the first), at the exporter's default opset or ``opset``. Returns the model and which
-    exporter made it; raises the last exporter's error."""
+    the first), at the exporter's default opset or ``opset``; with ``torchscript``, the
+    TorchScript one alone (the files of older tools: ``input.1`` names, opsets before 14).
+    Returns the model and which exporter made it; raises the last exporter's error."""
     import onnx
 
     with _quiet():
         try:
+            if torchscript:
+                raise NotImplementedError("the TorchScript exporter was asked for")
             program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, opset_version=opset)
             assert program is not None
             return program.model_proto, "dynamo"

@@ -1,0 +1,139 @@
+"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 36 Hugging Face
+architectures beyond the corpus) through every way a user brings a model, on this CPU.
+
+Per model: ``opsched.optimize`` with its defaults (its own check against the model included) and
+the largest difference of its outputs from eager PyTorch's; the model's ``torch.onnx`` export
+(the dynamo exporter) imported with ``opsched.from_onnx``, its sequential plan on ONNX Runtime
+and the largest difference from ONNX Runtime's own session of the file; and the same for the
+TorchScript exporter at an older opset (``--torchscript-opset``), the files older tools wrote.
+A failure is the first line of its error, marked *exporter* where torch.onnx itself could not
+write the file and *opsched* where opsched failed. No timings: what runs, and how exactly.
+
+    python benchmarks/sweep.py
+    python benchmarks/sweep.py --models bit mamba --torchscript-opset 13
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from _report import write  # noqa: E402
+
+import opsched  # noqa: E402
+from opsched.api import host_cpu_model  # noqa: E402
+from opsched.cli.table import format_table  # noqa: E402
+from opsched.frontends.onnx_file import first_line  # noqa: E402
+from opsched.testing.corpus import export_onnx, wide_corpus  # noqa: E402
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def torch_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_s: float) -> dict[str, Any]:
+    start = time.perf_counter()
+    module = opsched.optimize(model, inputs, budget_s=budget_s, progress=False)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        diff = max(float((a.double() - e.double()).abs().max())
+                   for a, e in zip(tensors(module(*inputs)), tensors(model(*inputs)), strict=True))
+    graph = module.graph
+    return {"operators": len(graph.nodes), "opaque": sum(n.op == "opaque" for n in graph.nodes),
+            "max_diff": diff, "optimize_s": seconds, "scheduler": module.schedule.scheduler}
+
+
+def onnx_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], opset: int | None,
+              torchscript: bool) -> dict[str, Any]:
+    try:
+        proto, exporter = export_onnx(model, inputs, opset, torchscript=torchscript)
+    except Exception as e:  # noqa: BLE001 (torch.onnx raises many types)
+        return {"failed": "exporter", "error": first_line(e)}
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)})
+    graph = opsched.from_onnx(proto)
+    module = opsched.optimize_graph(graph, cost=host_cpu_model(), scheduler="sequential", backend="ort", check=False)
+    got = module(*inputs)
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    diff = max(float(np.abs(a.numpy().astype(np.float64) - w).max()) for a, w in zip(got, want, strict=True))
+    return {"exporter": exporter, "opset": max(o.version for o in proto.opset_import if not o.domain),
+            "inputs": [i.name for i in proto.graph.input][:len(inputs)], "operators": len(graph.nodes),
+            "sessions": module.executor.sessions, "max_diff": diff}
+
+
+def attempt(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 (the sweep records every failure and goes on)
+        return {"failed": "opsched", "error": f"{type(e).__name__}: {first_line(e)}"}
+
+
+def cell(r: dict[str, Any], text: Callable[[dict[str, Any]], str], failure: bool = True) -> str:
+    """``text(r)``, or where that path failed, whose failure it was and why (or nothing)."""
+    if "failed" in r:
+        return f"{r['failed']}: {r['error'][:120]}" if failure else ""
+    return text(r)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="*", default=list(wide_corpus()))
+    p.add_argument("--torchscript-opset", type=int, default=17)
+    p.add_argument("--budget", type=float, default=2.0, help="seconds of IOS search per model in optimize()")
+    p.add_argument("--name", default="sweep")
+    args = p.parse_args()
+    entries = wide_corpus()
+    rows, records = [], []
+    for name in args.models:
+        model, inputs = entries[name].build()
+        record = {"model": name, "architecture": entries[name].architecture,
+                  "torch": attempt(functools.partial(torch_path, model, inputs, args.budget)),
+                  "dynamo": attempt(functools.partial(onnx_path, model, inputs, None, torchscript=False)),
+                  "torchscript": attempt(functools.partial(onnx_path, model, inputs, args.torchscript_opset,
+                                                           torchscript=True))}
+        records.append(record)
+        t, d, s = record["torch"], record["dynamo"], record["torchscript"]
+        rows.append([name, record["architecture"],
+                     cell(t, lambda r: f"{r['operators']} / {r['opaque']}"),
+                     cell(t, lambda r: f"{r['max_diff']:.1e}", False),
+                     cell(t, lambda r: f"{r['optimize_s']:.1f}", False),
+                     cell(d, lambda r: f"{r['exporter']} {r['opset']}: {r['operators']} / {r['sessions']}"),
+                     cell(d, lambda r: f"{r['max_diff']:.1e}", False),
+                     cell(s, lambda r: f"{r['operators']} / {r['sessions']}, inputs {', '.join(r['inputs'])}"),
+                     cell(s, lambda r: f"{r['max_diff']:.1e}", False)])
+        print(" | ".join(map(str, rows[-1])), flush=True)
+    ok = {path: sum("failed" not in r[path] for r in records) for path in ("torch", "dynamo", "torchscript")}
+    exporter = sum(r["torchscript"].get("failed") == "exporter" for r in records)
+    headers = ["model", "architecture", "torch: ops / opaque", "optimize() vs eager, max diff", "optimize s",
+               "dynamo ONNX: ops / sessions", "vs ORT, max diff", f"TorchScript opset {args.torchscript_opset}: "
+               "ops / sessions", "vs ORT, max diff"]
+    summary = (f"Of {len(records)} models: `optimize()` ran {ok['torch']}; the dynamo export imported and ran "
+               f"{ok['dynamo']}; the TorchScript export at opset {args.torchscript_opset} {ok['torchscript']} "
+               f"({exporter} that torch.onnx could not write, "
+               f"{len(records) - ok['torchscript'] - exporter} that opsched failed).")
+    md = "\n".join([
+        "# The sweep: the wide corpus through every frontend", "",
+        "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
+        "random weights, shrunk configs, batch 1). *torch*: `opsched.optimize` with its defaults (an IOS budget "
+        f"of {args.budget:g} s; its own check against the model passed) and the largest output difference from "
+        "eager; *dynamo ONNX*: `torch.onnx.export`'s default exporter, its opset, then `opsched.from_onnx` and "
+        "the sequential plan on ONNX Runtime against ONNX Runtime's own session of the file; *TorchScript*: "
+        "the same for the TorchScript exporter at an older opset. A failure shows whose it is and the first "
+        "line of its error.", "", format_table(headers, rows, markdown=True), "", summary])
+    md_path, js_path = write(args.name, md, {"rows": records, "torchscript_opset": args.torchscript_opset})
+    print(summary)
+    print(f"wrote {md_path} and {js_path}")
+
+
+if __name__ == "__main__":
+    main()
