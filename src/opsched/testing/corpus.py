@@ -54,12 +54,17 @@ def corpus_available() -> bool:
     return True
 
 
-def corpus() -> dict[str, CorpusModel]:
-    """The corpus, by name (see the module docstring)."""
+def _transformers() -> Any:
     try:
-        import transformers as hf
+        import transformers
     except ImportError as e:
         raise ImportError("the model corpus needs Hugging Face transformers: pip install transformers") from e
+    return transformers
+
+
+def corpus() -> dict[str, CorpusModel]:
+    """The corpus, by name (see the module docstring)."""
+    hf = _transformers()
 
     def image(size: int = 64, channels: int = 3) -> Callable[[], tuple[torch.Tensor, ...]]:
         return lambda: (torch.randn(1, channels, size, size),)
@@ -128,7 +133,7 @@ def wide_corpus() -> dict[str, CorpusModel]:
     models, speech, video, detection and depth heads), shrunk the same way: too many to run
     every scheduler x backend on in CI, so the sweep (``benchmarks/sweep.py``) and the tests
     under ``--runslow`` run each through ``optimize()`` and through its ``torch.onnx`` exports."""
-    import transformers as hf
+    hf = _transformers()
 
     def tokens() -> tuple[torch.Tensor, ...]:
         return (torch.randint(0, 100, (1, 16)),)
