@@ -392,3 +392,23 @@ def test_cuda_measured_cost_and_channels_last() -> None:
         expected = get_model("inception_v3").eval().cuda()(*xs)
     assert_close(module(*xs), expected)
     assert "captured into one CUDA graph" in str(module.report())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheduler", ["greedy", "ios"])
+def test_fnets_complex_fourier_transforms_run_captured_equal_to_eager(scheduler: str) -> None:
+    """Complex values on CUDA: FNet's FFTs (cuFFT, its plans made before capture) and the real
+    parts taken of them, in one captured graph, against eager."""
+    from opsched.testing.corpus import corpus, corpus_available
+
+    if not corpus_available():
+        pytest.skip("needs Hugging Face transformers")
+    model, (ids,) = corpus()["fnet"].build()
+    module = optimize(model, ids, device="cuda", scheduler=scheduler, cost="analytic", verify=False,
+                      **({"budget_s": 10} if scheduler == "ios" else {}))
+    assert "complex64" in module.graph.dtypes
+    with torch.no_grad():
+        expected = model.cuda()(ids.cuda())
+        got = module(ids.cuda())
+    assert_close([got.last_hidden_state, got.pooler_output], [expected.last_hidden_state, expected.pooler_output])
+    assert "captured into one CUDA graph" in module._executor.describe()
