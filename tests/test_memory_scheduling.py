@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import opsched
 from opsched import from_torch
 from opsched.api import measured_cost
-from opsched.backends.ort import JOIN_IN_PLACE
+from opsched.backends.ort_program import JOIN_IN_PLACE
 from opsched.cost import AnalyticCostModel, ProfileStore, host_cpu_spec
 from opsched.cost import hierarchy as hierarchy_module
 from opsched.cost.bandwidth import copy_gbps
