@@ -32,6 +32,7 @@ from _report import write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import host_cpu_model  # noqa: E402
+from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.frontends.onnx_file import first_line  # noqa: E402
 from opsched.testing.corpus import export_onnx, wide_corpus  # noqa: E402
@@ -46,8 +47,8 @@ def torch_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_
     module = opsched.optimize(model, inputs, budget_s=budget_s, progress=False)
     seconds = time.perf_counter() - start
     with torch.no_grad():
-        diff = max(float((a.double() - e.double()).abs().max())
-                   for a, e in zip(tensors(module(*inputs)), tensors(model(*inputs)), strict=True))
+        diff = max(largest_difference(a, e) for a, e in zip(tensors(module(*inputs)), tensors(model(*inputs)),
+                                                            strict=True))
     graph = module.graph
     return {"operators": len(graph.nodes), "opaque": sum(n.op == "opaque" for n in graph.nodes),
             "max_diff": diff, "optimize_s": seconds, "scheduler": module.schedule.scheduler}

@@ -62,19 +62,28 @@ def _transformers() -> Any:
     return transformers
 
 
+def _image(size: int = 64, channels: int = 3) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randn(1, channels, size, size),)
+
+
+def _tokens(n: int = 16, vocab: int = 100) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randint(0, vocab, (1, n)),)
+
+
+def _shaped(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+    return lambda: (torch.randn(*shape),)
+
+
+#: The shrunk sizes both corpora share: two layers of four heads, 64-pixel images in 16-pixel patches.
+_LAYERS: dict[str, Any] = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+_VISION: dict[str, Any] = {"image_size": 64, "patch_size": 16, "hidden_size": 64, **_LAYERS}
+
+
 def corpus() -> dict[str, CorpusModel]:
     """The corpus, by name (see the module docstring)."""
     hf = _transformers()
-
-    def image(size: int = 64, channels: int = 3) -> Callable[[], tuple[torch.Tensor, ...]]:
-        return lambda: (torch.randn(1, channels, size, size),)
-
-    def tokens(n: int = 16, vocab: int = 100) -> Callable[[], tuple[torch.Tensor, ...]]:
-        return lambda: (torch.randint(0, vocab, (1, n)),)
-
-    layers: dict[str, Any] = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    image, tokens, layers, vision = _image, _tokens, _LAYERS, _VISION
     text: dict[str, Any] = {"vocab_size": 100, **layers}
-    vision: dict[str, Any] = {"image_size": 64, "patch_size": 16, "hidden_size": 64, **layers}
     labels: dict[str, Any] = {"num_labels": 4}
     every_stage: dict[str, Any] = {"out_features": ["stage1", "stage2", "stage3", "stage4"]}
     stages: dict[str, Any] = {"embedding_size": 16, "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1]}
@@ -134,19 +143,9 @@ def wide_corpus() -> dict[str, CorpusModel]:
     every scheduler x backend on in CI, so the sweep (``benchmarks/sweep.py``) and the tests
     under ``--runslow`` run each through ``optimize()`` and through its ``torch.onnx`` exports."""
     hf = _transformers()
-
-    def tokens() -> tuple[torch.Tensor, ...]:
-        return (torch.randint(0, 100, (1, 16)),)
-
-    def image(size: int = 64) -> Callable[[], tuple[torch.Tensor, ...]]:
-        return lambda: (torch.randn(1, 3, size, size),)
-
-    def shaped(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
-        return lambda: (torch.randn(*shape),)
-
-    layers: dict[str, Any] = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    image, shaped, layers, vision = _image, _shaped, _LAYERS, _VISION
+    tokens = _tokens()
     text: dict[str, Any] = {"vocab_size": 100, "hidden_size": 64, **layers}
-    vision: dict[str, Any] = {"image_size": 64, "patch_size": 16, "hidden_size": 64, **layers}
     decoder: dict[str, Any] = {**text, "num_key_value_heads": 2, "use_cache": False}
     four: dict[str, Any] = {"depths": [1, 1, 1, 1], "hidden_sizes": [16, 32, 64, 128]}
     labels: dict[str, Any] = {"num_labels": 3}
