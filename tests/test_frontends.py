@@ -7,6 +7,7 @@ import logging
 import re
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -321,7 +322,6 @@ def test_missing_empty_garbage_and_truncated_onnx_files(tmp_path) -> None:  # ty
 def test_weights_stored_beside_the_file_are_read_from_its_directory(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """torch.onnx.export(model, args, "model.onnx") writes the weights to model.onnx.data by default;
     the file imports from any working directory. Without its data: one error saying where it is."""
-    import numpy as np
     import onnxruntime
 
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
@@ -353,7 +353,6 @@ def _model(nodes: list[onnx.NodeProto], opset: int = 17, dims: list[object] | No
 
 
 def test_ops_without_a_converter_run_through_onnx_runtime_equal_to_its_own_session() -> None:
-    import numpy as np
     import onnxruntime
 
     model = _model([
@@ -397,7 +396,6 @@ def test_large_weights_stay_out_of_onnx_passes_and_import_exactly(listed_as_inpu
     """ONNX's checker, version converter and shape inference serialise the model they are given:
     they see it without its large initializers (here a 64 KiB weight), which are read once, by
     name, as constants; an old opset is still upgraded and the model runs equal to ONNX Runtime."""
-    import numpy as np
     import onnxruntime
     from onnx import numpy_helper
 
@@ -455,7 +453,6 @@ def test_a_batch_norm_in_training_mode_normalises_by_the_batch_as_onnx_runtime_d
     """Before opset 14 a BatchNormalization with more outputs than ``Y`` runs in training mode:
     ``onnx.version_converter`` refuses its ``saved_*`` outputs and, once they are dropped, leaves
     ``training_mode`` at 0 (the running statistics); opsched keeps the batch's."""
-    import numpy as np
     import onnxruntime
 
     torch.manual_seed(0)
@@ -476,7 +473,6 @@ def test_a_batch_norm_in_training_mode_normalises_by_the_batch_as_onnx_runtime_d
 
 
 def test_a_training_mode_batch_norm_with_constant_running_statistics_still_uses_the_batchs() -> None:
-    import numpy as np
     import onnxruntime
     from onnx import numpy_helper
 
@@ -511,7 +507,6 @@ def test_a_file_the_checker_refuses_but_onnx_runtime_runs_imports_as_ort_reads_i
         defect: str, caplog: pytest.LogCaptureFixture) -> None:
     """Both defects are common in files from the wild; ORT runs them, so opsched must too (with
     a warning), equal to ORT, leaving the caller's ModelProto as it was."""
-    import numpy as np
     import onnxruntime
 
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"]),
@@ -545,7 +540,6 @@ def test_an_opset_10_resize_means_what_it_meant_after_the_upgrade(op: str, opset
     (onnx/onnx#8480); the import restores what ONNX Runtime computes at 10: ``x / scale``,
     nearest rounded down where the image grows and up where it shrinks. Every case here
     differed from ORT before."""
-    import numpy as np
     import onnxruntime
     from onnx import numpy_helper
 
@@ -616,7 +610,6 @@ def test_torch_onnx_exports_of_interpolate_at_old_opsets_run_equal_to_onnx_runti
     tensor (11), which opset 13 forbids."""
     import io
 
-    import numpy as np
     import onnxruntime
 
     model, x = _Resizes(shrink=opset > 9), torch.randn(1, 2, 7, 7)
@@ -636,7 +629,6 @@ def test_a_newer_files_generic_nodes_join_one_ort_session_equal_to_its_own() -> 
     down): its MatMul, Transpose, IsNaN (version 20, newer types only), Where, a Gather of a 0-d
     index, a Resize that sets version 19's antialias to its default and a ReduceL2 with version
     18's axes input all run inside one ONNX Runtime session."""
-    import numpy as np
     import onnxruntime
 
     from opsched.backends.lanes import LaneExecutor
@@ -686,7 +678,6 @@ def _newer_reference(model: onnx.ModelProto) -> Any:
 
 def _control_flow(case: str, opset: int) -> onnx.ModelProto:
     """Models whose If and Loop sub-graphs read the model's input ``x`` from outside."""
-    import numpy as np
     from onnx import numpy_helper
 
     def info(name: str, elem: int = TensorProto.FLOAT, shape: list[int] | None = None) -> onnx.ValueInfoProto:
@@ -732,7 +723,6 @@ def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, o
     renamed to its own value names. In a file at or upgraded to the segments' opset they join the
     segment; in a file the converter cannot bring down their sub-graphs keep the file's opset, in a
     session of their own."""
-    import numpy as np
 
     from opsched.backends.lanes import LaneExecutor
 
@@ -756,7 +746,6 @@ def test_ops_the_segments_lack_are_expanded_into_their_onnx_functions() -> None:
     scale) and RMSNormalization are new in 23, so the segments' opset lacks them; each becomes
     the body ONNX defines it by, the file comes down to the segments' opset, and all of it runs
     in one ONNX Runtime session, equal to ONNX Runtime's own run of the file."""
-    import numpy as np
     from onnx import numpy_helper
 
     from opsched.backends.lanes import LaneExecutor
@@ -807,7 +796,6 @@ def test_a_moved_or_newer_op_runs_as_its_function_equal_to_onnx_runtime(op: str,
     """GroupNormalization 21 scales per channel where opset 20's (18) scales per group: declared
     at 20 as it is it would compute something else, so it is expanded too; its body's Cast and
     Reshape, written at 21, are read at 23 in the second case."""
-    import numpy as np
     from onnx import numpy_helper
 
     from opsched.backends.lanes import LaneExecutor
@@ -840,7 +828,6 @@ def test_empty_slices_and_split_pieces_are_dropped_by_the_concat_that_reads_them
     """The IR has no empty tensors; ONNX has them (a rotary embedding that rotates every channel
     splits off zero pass-through channels and concatenates them back): the empty piece of a
     Slice or a Split is a constant that the Concat leaves out."""
-    import numpy as np
     import onnxruntime
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
@@ -866,7 +853,6 @@ def test_a_quantized_weight_stays_quantized_so_ort_runs_its_integer_kernels() ->
     QuantizeLinear and DequantizeLinear, which it computes in float where its own session fuses
     QLinearConv, off by a quantization step (0.12 on a ResNet). Kept, the segment is fused as the
     file is: equal to ONNX Runtime's own run."""
-    import numpy as np
     import onnxruntime
     from onnx import numpy_helper
 
@@ -896,10 +882,122 @@ def test_a_quantized_weight_stays_quantized_so_ort_runs_its_integer_kernels() ->
     module = opsched.optimize_graph(graph, backend="ort", scheduler="sequential", cost="analytic", check=False)
     np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=0, atol=1e-6)
 
+def _dft_file(opset: int, shape: list[int], axis: int, *, inverse: int = 0, onesided: int = 0,
+              length: int | None = None, then_inverse: bool = False) -> tuple[onnx.ModelProto, Any]:
+    """A Relu, a DFT (and, with ``then_inverse``, the inverse DFT of its spectrum) and a Sigmoid,
+    the DFT's axis an attribute before opset 20 and an input from it; and the file's function
+    computed in float64 by NumPy."""
+    from onnx import numpy_helper
+
+    inits = [] if length is None else [numpy_helper.from_array(np.array(length, np.int64), "n")]
+    extra, attrs = ["" if length is None else "n"], {"inverse": inverse, "onesided": onesided}
+    if opset >= 20:
+        inits.append(numpy_helper.from_array(np.array(axis, np.int64), "axis"))
+        extra.append("axis")
+    else:
+        attrs["axis"] = axis
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("DFT", ["r", *extra], ["f"], **attrs)]
+    if then_inverse:
+        nodes.append(helper.make_node("DFT", ["f", *extra], ["g"], **{**attrs, "inverse": 1}))
+    nodes.append(helper.make_node("Sigmoid", [nodes[-1].output[0]], ["y"]))
+    at = axis % len(shape)
+
+    def computed(x: Any) -> Any:
+        r = np.maximum(x.astype(np.float64), 0)
+        signal = r[..., 0] if shape[-1] == 1 else r[..., 0] + 1j * r[..., 1]
+        f = (np.fft.rfft if onesided else np.fft.ifft if inverse else np.fft.fft)(signal, n=length, axis=at)
+        f = np.fft.ifft(f, n=length, axis=at) if then_inverse else f
+        return 1 / (1 + np.exp(-np.stack([f.real, f.imag], -1)))
+    out = list(computed(np.zeros(shape)).shape)
+    model = helper.make_model(helper.make_graph(
+        nodes, "dft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits),
+        opset_imports=[helper.make_opsetid("", opset)])
+    return model, computed
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize(("shape", "axis", "form", "kernels"), [
+    ([2, 12, 96, 1], 2, {}, ["squeeze.dim", "fft_fft.default", "view_as_real.default"]),
+    ([2, 12, 96, 1], -2, {"onesided": 1}, ["squeeze.dim", "fft_rfft.default", "view_as_real.default"]),
+    ([2, 12, 96, 2], 1, {"inverse": 1}, ["clone.default", "view_as_complex.default", "fft_ifft.default",
+                                         "view_as_real.default"]),
+    ([2, 12, 96, 2], 1, {"length": 20, "then_inverse": True},  # trimmed to 20, then back without the pairs
+     ["clone.default", "view_as_complex.default", "fft_fft.default", "fft_ifft.default", "view_as_real.default"]),
+    ([2, 64, 64, 2], 2, {"then_inverse": True},  # a power of two, large enough
+     ["clone.default", "view_as_complex.default", "fft_fft.default", "fft_ifft.default", "view_as_real.default"]),
+    ([2, 16, 64, 2], 2, {"then_inverse": True}, []),  # too small to pay for a session cut: ONNX Runtime's
+    ([1, 4, 96, 1], 2, {}, []),
+])
+def test_a_dft_large_enough_runs_as_torchs_fft(opset: int, shape: list[int], axis: int, form: dict[str, Any],
+                                               kernels: list[str]) -> None:
+    """ONNX Runtime's CPU DFT is 7-110x slower than torch's FFT (benchmarks/fourier.py): a DFT
+    large enough to pay for a session cut (fewer values where the length is not a power of two)
+    is imported as torch's FFT between sessions (on every backend), and a chain of DFTs passes
+    complex spectra without pairs between them. Checked against the file's function in
+    float64, to float32 rounding; ONNX Runtime's own session of a length-96 DFT is 100 times
+    further from it (5e-5), and agrees to 1e-4."""
+    import onnxruntime
+
+    if opset < 20 and axis < 0:
+        axis += len(shape)
+    model, computed = _dft_file(opset, shape, axis, **form)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    graph = from_onnx(model)
+    made = [n.attrs["target"].removeprefix("aten::") for n in graph.nodes if "target" in n.attrs]
+    assert made == kernels
+    transforms = [n for n in graph.nodes if n.attrs.get("op_type") == "DFT"]
+    assert len(transforms) == (0 if kernels else 1 + form.get("then_inverse", False))
+    own = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        got = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, computed(x), rtol=0, atol=1e-6 if kernels else 1e-4)  # ORT's: coarser
+        np.testing.assert_allclose(got, own, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(("components", "samples", "size", "window", "onesided", "on_torch"), [
+    (1, 1000, 100, True, 1, True), (1, 1000, 100, True, 0, True), (2, 1000, 100, False, 0, True),
+    (1, 1000, 64, True, 1, True),
+    (1, 200, 64, True, 1, False),  # 14 frames of a power of two: ONNX Runtime's STFT
+])
+def test_an_stft_large_enough_runs_as_torchs_fft(components: int, samples: int, size: int, window: bool,
+                                                 onesided: int, on_torch: bool) -> None:
+    """ONNX's STFT (frames every ``step`` samples, times the window, transformed) as torch's
+    unfold and FFT where it pays for a session cut; checked against NumPy in float64."""
+    import onnxruntime
+    from onnx import numpy_helper
+
+    hann = np.hanning(size).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array(10, np.int64), "step"), numpy_helper.from_array(hann, "window"),
+             numpy_helper.from_array(np.array(size, np.int64), "length")]
+    stft = helper.make_node("STFT", ["x", "step", "window" if window else "", "" if window else "length"], ["y"],
+                            onesided=onesided)
+    model = helper.make_model(helper.make_graph(
+        [stft], "stft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, samples, components])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((2, samples, components)).astype(np.float32)
+    signal = x[..., 0].astype(np.float64) if components == 1 else x[..., 0] + 1j * x[..., 1].astype(np.float64)
+    frames = np.lib.stride_tricks.sliding_window_view(signal, size, axis=1)[:, ::10] * (hann if window else 1)
+    spectrum = (np.fft.rfft if onesided else np.fft.fft)(frames, axis=-1)
+    want = np.stack([spectrum.real, spectrum.imag], -1)
+    graph = from_onnx(model)
+    assert [n.attrs.get("op_type") for n in graph.nodes].count("STFT") == (not on_torch)
+    assert (("aten::fft_rfft.default" if onesided else "aten::fft_fft.default") in
+            [n.attrs.get("target") for n in graph.nodes]) == on_torch
+    own = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_allclose(own, want, rtol=0, atol=1e-2)  # the same function, by ORT's own (coarser) kernel
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=0, atol=2e-5)
+
+
 def test_onnx_runtimes_own_ops_join_its_segments() -> None:
     """A file as ONNX Runtime's transformer optimizer writes it: com.microsoft's BiasGelu and
     SkipLayerNormalization between standard ops, all in one session, equal to ORT's own."""
-    import numpy as np
     import onnxruntime
     from onnx import numpy_helper
 
@@ -957,7 +1055,6 @@ def test_a_newer_node_joins_a_segment_only_where_it_means_the_same(
         op: str, opset: int, attrs: dict[str, object], dtypes: tuple[str | None, ...],
         constants: dict[int, list[int]], refused: str | None, declared: tuple[set[str], tuple[int, ...]] | None,
 ) -> None:
-    import numpy as np
 
     from opsched.ir import TensorType
     from opsched.ir.ops.onnx_opsets import declaration_at

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from opsched.errors import FrontendError
 from opsched.ir import Graph, GraphBuilder, TensorType, tensor_type
+from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
 
-__all__ = ["Unsupported", "ConversionContext", "held_type", "report_opaque"]
+__all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque"]
 
 log = logging.getLogger("opsched.frontends")
 
 
 class Unsupported(Exception):
     """Raised by a converter for a configuration it does not handle (internal signal)."""
+
+
+@dataclass(frozen=True)
+class In:
+    """Among the arguments given to :meth:`ConversionContext.aten`: the node's ``k``-th input."""
+
+    k: int
 
 
 class ConversionContext:
@@ -47,6 +56,22 @@ class ConversionContext:
 
     def type(self, value: str) -> TensorType:
         return self.b.type(value)
+
+    def aten(self, op: torch._ops.OpOverload, inputs: Sequence[str], args: Sequence[Any],
+             kwargs: Mapping[str, Any] | None = None, *, name: str, flops: int = 0) -> str:
+        """A generic ATen node (:mod:`opsched.ir.ops.aten`) calling ``op`` on ``args`` and
+        ``kwargs``, where :class:`In` marks the node's inputs (top-level arguments only); its
+        output type from running ``op`` on meta tensors of the inputs' types."""
+        metas = [torch.empty(t.shape, dtype=getattr(torch, t.dtype), device="meta") for t in map(self.type, inputs)]
+
+        def bound(a: Any) -> Any:
+            return metas[a.k] if isinstance(a, In) else a
+        call_args, call_kwargs = [bound(a) for a in args], {k: bound(v) for k, v in (kwargs or {}).items()}
+        out = held_type(op(*call_args, **call_kwargs), f"node {name!r} ({target_of(op)})")
+        marks = {id(m): ("t", k) for k, m in enumerate(metas)}
+        return self.add(generic_kind(op), inputs, name=name, out=out, target=target_of(op),
+                        args=encode_args(tuple(call_args), marks)[1],
+                        kwargs=tuple((k, encode_args(v, marks)) for k, v in call_kwargs.items()), flops=flops)
 
 
 def held_type(value: Any, what: str) -> TensorType:

@@ -102,6 +102,7 @@ class _OnnxConverter:
         self.env: dict[str, Value] = {}
         self.input_shapes = input_shapes
         self.failures: list[tuple[onnx.NodeProto, str]] = []
+        self.complex_of: dict[str, str] = {}  # a DFT's output (pairs of reals) -> its complex spectrum
         self._opsets = {o.domain or "": o.version for o in model.opset_import}
 
     def value_name(self, onnx_name: str) -> str:
