@@ -17,7 +17,9 @@ complex tensors).
    at the corpus's size, at powers of two, and at FNet-base's width (768) at 128 and 512 tokens;
    exported by ``torch.onnx`` (dynamo), whose DFTs ONNX Runtime's own session runs, against
    eager PyTorch, opsched's import of that file (sequential plan) and ``opsched.optimize`` on the
-   model itself. Each contender's largest difference from eager is reported.
+   model itself (which plan its race kept: on ONNX Runtime's kernels, with the FFTs on torch
+   between sessions, or the sequential plan on torch's kernels). Each contender's largest
+   difference from eager is reported.
 
 Latencies are medians over interleaved rounds in one process (:func:`opsched.timing.interleave`,
 50 ms of sleep before each turn of one untimed and ``--block`` timed calls); ratios are
@@ -148,10 +150,13 @@ def fnet(size: str, rounds: int, block: int, budget: float) -> tuple[list[object
               for k in ("ONNX-file seq", "optimize()")}
     ratios["optimize() vs eager"] = statistics.median(a / b for a, b in zip(times["eager"], times["optimize()"]))
     diff = {k: float((v - want).abs().max()) for k, v in outputs.items()}
-    row: list[object] = [size, f"{on_torch} / {on_ort}", *(f"{ms[k]:.2f}" for k in calls),
+    race = optimized.outcome.race
+    kept = race.kept if race is not None else optimized.schedule.scheduler
+    row: list[object] = [size, f"{on_torch} / {on_ort}", kept, *(f"{ms[k]:.2f}" for k in calls),
                          *(f"{ratios[k]:.2f}" for k in ratios), *(f"{diff[k]:.1e}" for k in diff)]
     print(" | ".join(map(str, row)), flush=True)
-    return row, {"model": size, "ffts_on_torch": on_torch, "dfts_on_ort": on_ort, "median_ms": ms,
+    return row, {"model": size, "ffts_on_torch": on_torch, "dfts_on_ort": on_ort, "optimize_kept": kept,
+                 "median_ms": ms,
                  "ratios": ratios, "max_diff_vs_eager": diff}
 
 
@@ -175,7 +180,7 @@ def main() -> None:
            for k in ("ONNX-file seq", "optimize()", "optimize() vs eager")}
     kernel_headers = ["transform", "power of two", "ORT ms", "torch ms", "ORT / torch", "ORT rel. error",
                       "torch rel. error"]
-    model_headers = ["FNet hidden x tokens", "FFTs on torch / DFTs in ORT", "eager ms", "ORT own ms",
+    model_headers = ["FNet hidden x tokens", "FFTs on torch / DFTs in ORT", "optimize() kept", "eager ms", "ORT own ms",
                      "ONNX-file seq ms", "optimize() ms", "ONNX-file seq vs ORT", "optimize() vs ORT",
                      "optimize() vs eager", "ORT own diff", "ONNX-file seq diff", "optimize() diff"]
     markdown = "\n".join([

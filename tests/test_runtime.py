@@ -237,13 +237,48 @@ def test_measured_cost_model_and_store(tmp_path) -> None:  # type: ignore[no-unt
     assert second.schedule.stages == first.schedule.stages
 
 
-def test_optimize_never_returns_a_plan_slower_than_sequential_in_its_race(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_optimize_never_returns_a_plan_slower_than_sequential_or_torchs_kernels_in_its_race(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On a CPU the sequential plan on torch's kernels (eager PyTorch's, op by op) races too:
+    where ONNX Runtime's lose, the module stays as fast as eager."""
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
     module = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
     race = module.outcome.race
-    assert race is not None and set(race.times_ms) == {"ios", "sequential"} and race.kept == module.schedule.scheduler
+    assert race is not None and set(race.times_ms) == {"ios", "sequential", "sequential on torch"}
     assert race.times_ms[race.kept] == min(race.times_ms.values())
+    on_torch = race.kept == "sequential on torch"
+    assert race.kept.removesuffix(" on torch") == module.schedule.scheduler
+    assert (module.backend.name == "torch") == on_torch
     assert f"end-to-end check: {race}" in str(module.report())
+
+
+def test_a_plan_kept_on_torchs_kernels_loads_on_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A schedule whose lanes name a backend runs there under backend="auto", so the plan that won
+    optimize()'s race on torch's kernels saves and loads as it was kept; an ONNX file's graph
+    (whose generic nodes torch runs as one-node sessions) and an analytic search race no such plan."""
+    from opsched.api import _on_backend
+
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    graph = opsched.from_torch(model, inputs)
+    kept = _on_backend(schedule(graph, "sequential", CPU), "torch")
+    module = opsched.ScheduledModule(graph, kept)
+    assert module.backend.name == "torch"
+    module.save(tmp_path / "kept.json")
+    loaded = opsched.load(model, tmp_path / "kept.json", inputs)
+    assert loaded.backend.name == "torch" and opsched.load(model, tmp_path / "kept.json", inputs, backend="torch")
+    with pytest.raises(OpschedError, match="places a lane on the module device with backend torch"):
+        opsched.load(model, tmp_path / "kept.json", inputs, backend="ort")
+    with torch.no_grad():
+        assert_close([loaded(*inputs)], [model(*inputs)])
+    analytic = opsched.optimize(model, inputs, cost="analytic", scheduler=("ios", "sequential"))
+    assert analytic.outcome.race is not None and "sequential on torch" not in analytic.outcome.race.times_ms
+    from onnx import TensorProto, helper
+
+    erf = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Erf", ["r"], ["y"])], "erf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])]), opset_imports=[helper.make_opsetid("", 17)])
+    from_file = opsched.optimize_graph(opsched.from_onnx(erf), cache_dir=str(tmp_path / "store"))
+    assert from_file.outcome.race is not None and set(from_file.outcome.race.times_ms) == {"ios", "sequential"}
 
 
 def test_several_schedulers_race_and_the_fastest_plan_is_kept() -> None:

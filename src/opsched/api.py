@@ -198,9 +198,12 @@ def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
     budget are left out (the report names them, with their peaks), and where none fits the
     error gives every peak.
 
-    At a batch larger than 1, with the measured cost model (whose plans race end to end),
-    the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's cache, run
-    depth-first) races the others too, and is kept only where it runs faster.
+    With the measured cost model, the plans race end to end and the fastest is kept: the searched
+    schedule's, the sequential one's, and on a CPU (backend ``"auto"``) the sequential plan on
+    torch's kernels, so that the module keeps up with eager PyTorch where ONNX Runtime's kernels
+    lose to torch's. At a batch larger than 1 the ``graphturbo`` plan (sub-graphs split into
+    batch instances that fit a core's cache, run depth-first) races the others too, and is kept
+    only where it runs faster.
     """
     if isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"optimize() takes a torch.nn.Module, got the path {os.fspath(model)!r}: for an ONNX "
@@ -276,6 +279,13 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
                 made["graphturbo"] = split
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
                                          inputs=inputs, outputs=outputs) for name, s in made.items()}
+        if checked and request.backend == "auto" and be.name != TORCH_KERNELS and _torch_runs_it(graph, dev):
+            # where ONNX Runtime's kernels lose to torch's (FNet at BERT's width ran at 0.81-0.94x of eager
+            # on them: benchmarks/fourier.py), the sequential plan on torch's kernels keeps up with eager
+            on_torch = _on_backend(made["sequential"], TORCH_KERNELS)
+            modules[f"sequential on {TORCH_KERNELS}"] = ScheduledModule(
+                graph, on_torch, backend=TORCH_KERNELS, device=dev, channels_last=channels_last, inputs=inputs,
+                outputs=outputs)
         peaks = {name: m.peak_bytes for name, m in modules.items()}
         over = {}
         if memory_budget is not None:
@@ -298,6 +308,21 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         counts = cost_model.counts if isinstance(cost_model, MeasuredCostModel) else None
         module.outcome = OptimizeOutcome(race, searched, counts, time.perf_counter() - start, memory_budget, over)
     return module
+
+
+#: The backend whose plan races the others on a CPU: eager PyTorch's kernels, op by op.
+TORCH_KERNELS = "torch"
+
+
+def _torch_runs_it(graph: Graph, device: torch.device) -> bool:
+    """Whether torch's kernels run ``graph`` as eager PyTorch would: on a CPU, a graph of torch's
+    operators (it runs an ONNX file's generic nodes as one-node ONNX Runtime sessions)."""
+    return device.type == "cpu" and not any(n.op.startswith("onnx.") for n in graph.nodes)
+
+
+def _on_backend(sched: Schedule, backend: str) -> Schedule:
+    """``sched`` with every lane on ``backend``: what its module, saved and loaded, runs on."""
+    return dataclasses.replace(sched, lanes=tuple(dataclasses.replace(lane, backend=backend) for lane in sched.lanes))
 
 
 def measured_platform(base: MeasuredCostModel, name: str | None = None) -> PlatformCost:

@@ -49,6 +49,8 @@ class ScheduledModule(nn.Module):
         self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True, platform=placed)
         if placed is not None:  # lanes on the units of a platform
             backend = get_backend("units")
+        elif backend == "auto" and len(named := {lane.backend or "" for lane in schedule.lanes} - {""}) == 1:
+            backend = named.pop()  # the backend the schedule was kept on (optimize()'s race)
         self.backend: Backend = (resolve_backend(backend, self.run.device, graph.dtypes) if isinstance(backend, str)
                                  else backend)
         for lane in () if placed is not None else schedule.lanes:
