@@ -2,10 +2,9 @@
 (token mixing by a 2-D Fourier transform) through ONNX Runtime's own session and through opsched.
 
 ONNX Runtime's CPU ``DFT`` and ``STFT`` are far slower than torch's FFT (its radix-2 FFT for
-power-of-two lengths, a slower algorithm for others); opsched imports a transform large enough
-to pay for a session cut as torch's FFT, between its sessions (:mod:`opsched.frontends.onnx_ops`),
-and its torch import runs ``torch.fft`` calls on torch kernels anyway (ONNX Runtime takes no
-complex tensors).
+power-of-two lengths, a slower algorithm for others); from either frontend, opsched runs a
+transform large enough to pay for a session cut as torch's FFT between its sessions, and a
+smaller one inside the session as ONNX's DFT (:mod:`opsched.ir.ops.fourier`).
 
 1. *Kernels*: a DFT along the last axis of a float32 ``[1, 128, n]`` signal, and an STFT of one
    second of 16 kHz audio (frames of ``n`` every ``hop`` samples, a Hann window: Whisper's

@@ -207,11 +207,17 @@ class _SpectralFilter(nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["torch", "ort"])
-@pytest.mark.parametrize("model_type", [_ComplexRotary, _SpectralFilter])
-def test_complex_values_are_held_and_run_on_torch_kernels_between_sessions(backend: str,
-                                                                           model_type: type[nn.Module]) -> None:
-    """ONNX Runtime's CPU kernels take no complex tensors: nodes that read or make one stay out
-    of its sessions, and run on torch between them."""
+@pytest.mark.parametrize(("model_type", "in_sessions"), [
+    (_ComplexRotary, {"view_as_complex", "view_as_real", "view_as_complex_1", "view_as_real_1"}),
+    (_SpectralFilter, {"fft_fft", "fft_ifft", "_conj"}),
+])
+def test_complex_values_are_held_and_cross_sessions_as_pairs_of_parts(backend: str, model_type: type[nn.Module],
+                                                                      in_sessions: set[str]) -> None:
+    """ONNX Runtime's kernels take no complex tensors: a session holds a complex value as its
+    pairs of parts, in the ops that have a form on them (small Fourier transforms, the views
+    between complex and real, the conjugate), and takes and makes it so at its edges (the
+    spectral filter's input and output are complex); complex products, sums and constants run
+    on torch between sessions."""
     from opsched.backends.ort_export import exportable
 
     torch.manual_seed(0)
@@ -222,7 +228,68 @@ def test_complex_values_are_held_and_run_on_torch_kernels_between_sessions(backe
     assert "complex64" in graph.dtypes and not [n for n in graph.nodes if n.op == "opaque"]
     complex_nodes = [n for n in graph.nodes if "complex" in n.out.dtype or
                      any("complex" in graph.types[v].dtype for v in n.inputs)]
-    assert complex_nodes and not [n.name for n in complex_nodes if exportable(graph, n)]
+    assert {n.name for n in complex_nodes if exportable(graph, n)} == in_sessions
+    with torch.no_grad():
+        assert_close([module(x)], [model(x)])
+
+
+@pytest.mark.parametrize(("hidden", "tokens", "in_session"), [(64, 16, True), (384, 64, False)])
+def test_a_fourier_transform_joins_the_session_where_a_cut_would_cost_more(hidden: int, tokens: int,
+                                                                           in_session: bool) -> None:
+    """FNet's token mixing (a 2-D FFT, the real part kept) as ONNX Runtime's DFT on pairs inside
+    one session where it is small, and as torch's FFT between sessions where ORT's kernel would
+    cost more than the cuts (opsched.ir.ops.fourier.pays_outside_ort)."""
+    from opsched.backends.ort_export import exportable
+
+    class Mixing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(hidden)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x + torch.fft.fftn(x, dim=(1, 2)).real)
+
+    torch.manual_seed(0)
+    model, x = Mixing().eval(), torch.randn(1, tokens, hidden)
+    module = opsched.optimize(model, x, cost="analytic", backend="ort", scheduler="sequential")
+    (transform,) = [n for n in module.graph.nodes if n.attrs.get("target") == "aten::fft_fftn.default"]
+    assert exportable(module.graph, transform) == in_session
+    assert ("fft_fftn (aten.data)" in module.executor.describe()) != in_session  # named where it runs on torch
+    assert len([s for s in module.executor.program.sessions if s is not None]) == 1
+    with torch.no_grad():
+        assert_close([module(x)], [model(x)])
+
+
+class _Transform(nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(self.fn(x)) * 2 if self.fn(x).is_complex() else self.fn(x) * 2
+
+
+@pytest.mark.parametrize(("complex_input", "fn"), [
+    (False, lambda x: torch.fft.fft(x)),
+    (False, lambda x: torch.fft.fft(x, n=20, dim=1, norm="ortho")),  # padded along the other axis
+    (False, lambda x: torch.fft.rfft(x, n=10, norm="forward")),  # trimmed, one-sided
+    (True, lambda x: torch.fft.ifft(x, norm="ortho")),
+    (True, lambda x: torch.fft.ifft(x, norm="forward")),
+    (True, lambda x: torch.fft.ifftn(x)),
+    (False, lambda x: torch.fft.fft2(x, norm="forward")),
+    (True, lambda x: torch.fft.fftn(x, s=(6,), dim=(0,)).imag),
+    (True, lambda x: torch.fft.fft(x).conj_physical()),
+], ids=["fft", "fft-n-dim-ortho", "rfft-n-forward", "ifft-ortho", "ifft-forward", "ifftn", "fft2-forward",
+        "fftn-s-imag", "conj-physical"])
+def test_small_fourier_transforms_run_in_the_session_as_onnx_dfts_equal_to_eager(complex_input: bool,
+                                                                                  fn: Any) -> None:
+    """Each ``torch.fft`` form a segment holds (lengths, axes, norms, one-sided, parts,
+    conjugate), as ONNX's DFT on pairs of parts, one session, equal to eager."""
+    x = torch.randn(4, 12, dtype=torch.complex64 if complex_input else torch.float32)
+    model = _Transform(fn).eval()
+    module = opsched.optimize(model, x, cost="analytic", backend="ort", scheduler="sequential")
+    assert any(n.attrs.get("target", "").startswith("aten::fft_") for n in module.graph.nodes)
+    assert "with torch between them" not in module.executor.describe()  # nothing left out of the session
     with torch.no_grad():
         assert_close([module(x)], [model(x)])
 

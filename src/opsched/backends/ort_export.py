@@ -16,7 +16,9 @@ import onnx
 from opsched.ir import Graph, Node
 from opsched.ir.ops import NotExportable, op_def
 from opsched.ir.ops.conv import export_merged
+from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OnnxBuilder
+from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime.plan import step_label
 
 __all__ = ["export_segment", "exportable"]
@@ -24,10 +26,14 @@ __all__ = ["export_segment", "exportable"]
 
 def exportable(graph: Graph, node: Node) -> bool:
     """Whether ``node`` exports to ONNX: its op has an exporter that accepts its configuration,
-    and ONNX has a type for every value it reads and makes (none for complex numbers)."""
+    and ONNX has a type for every value it reads and makes; complex values, which ONNX Runtime's
+    kernels do not take, only as pairs of parts, read and made by the overloads that have a form
+    on pairs (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
     export = op_def(node.op).onnx
     held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
-    if export is None or any(t.dtype not in ONNX_DTYPES for t in held):
+    unheld = {t.dtype for t in held} - set(ONNX_DTYPES)
+    if export is None or unheld and not (unheld <= set(COMPLEX_PARTS) and node.attrs.get("target") in PAIR_FORMS
+                                         and not node.params):
         return False
     try:
         export(OnnxBuilder(graph, dry_run=True), node)

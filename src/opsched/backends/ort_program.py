@@ -24,6 +24,8 @@ from opsched.backends.ort_export import export_segment, exportable
 from opsched.backends.segments import Segment, SegmentBuilder
 from opsched.errors import ExecutionError
 from opsched.ir import Graph
+from opsched.ir.ops.fourier import as_pairs, from_pairs
+from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
 from opsched.runtime.plan import Step
@@ -60,6 +62,30 @@ def _to_torch(v: Any) -> torch.Tensor:
 
 #: The op of a join whose parts were written in place (an item with nothing left to compute).
 JOIN_IN_PLACE = "join in place"
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """A segment's session and what crosses its edges: the slots it reads and makes (and their
+    value names, its inputs' and outputs'), and those freed after it."""
+
+    session: Any
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    frees: tuple[int, ...]
+    in_names: list[str]
+    out_names: list[str]
+
+
+def _runs(e: _Edges) -> Callable[[list[Any]], None]:
+    """A session reading and making NumPy arrays in the slots."""
+    def run(slots: list[Any]) -> None:
+        feeds = {n: np.asarray(slots[i], order="C") for n, i in zip(e.in_names, e.ins)}
+        for slot, value in zip(e.outs, e.session.run(e.out_names, feeds)):
+            slots[slot] = value
+        for f in e.frees:
+            slots[f] = None
+    return run
 
 
 @dataclass(frozen=True)
@@ -113,7 +139,8 @@ class _OrtSegments(SegmentBuilder):
         if program.n_items != 1 or len(self.io) != 1 or self.joins:
             return None
         session, in_names, ins, out_names, outs = self.io[0]
-        if not set(ins) <= set(program.input_slots) or not set(program.output_slots) <= set(outs):
+        if not set(ins) <= set(program.input_slots) or not set(program.output_slots) <= set(outs) \
+                or self._paired([*in_names, *out_names]):
             return None
         feeds = [(name, program.input_slots.index(slot)) for name, slot in zip(in_names, ins)]
         picks = [outs.index(slot) for slot in program.output_slots]
@@ -127,13 +154,17 @@ class _OrtSegments(SegmentBuilder):
             return [torch.from_numpy(made[j]) for j in picks]
         return direct
 
+    def _paired(self, names: Sequence[str]) -> frozenset[str]:
+        """Those of ``names`` that are complex: a session takes and makes them as pairs of parts."""
+        return frozenset(n for n in names if self.graph.types[n].dtype in COMPLEX_PARTS)
+
     def _join(self, step: Step) -> _Join | None:
         """``step`` as a join made in place: a concat along the batch that waits for another lane
         (so its parts end segments anyway; a join whose parts all came before it on its own lane
         stays in its session, where ORT concatenates in its blocked layout without converting)."""
         node = self.graph.node(step.nodes[0])
         if step.merged or node.op != "concat" or node.attr("axis", 1) != 0 or not step.waits \
-                or len(set(step.inputs)) < len(step.inputs):
+                or len(set(step.inputs)) < len(step.inputs) or node.out.dtype in COMPLEX_PARTS:
             return None
         parts, at = [], 0
         for slot in step.inputs:
@@ -173,42 +204,54 @@ class _OrtSegments(SegmentBuilder):
 
     def segment_item(self, segment: Segment, threads: int) -> tuple[Item, Any]:
         steps, names = self.plan.steps, self.plan.slot_names
-        ins, outs, frees = segment.inputs, segment.outputs, segment.frees
+        ins, outs = segment.inputs, segment.outputs
         model = export_segment(self.graph, [steps[s].nodes for s in segment.steps], [names[i] for i in ins],
                                [names[o] for o in outs])
         prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")
         session = _session(model.SerializeToString(), threads, prefix, self.spin)
-        in_names, out_names = [names[i] for i in ins], [names[o] for o in outs]
+        edges = _Edges(session, ins, outs, segment.frees, [names[i] for i in ins], [names[o] for o in outs])
+        if any(o in self.part_of for o in outs):
+            run = self._runs_into_joins(edges)
+        elif self._paired([*edges.in_names, *edges.out_names]):
+            run = self._runs_on_pairs(edges)
+        else:
+            run = _runs(edges)
+        self.io.append((session, edges.in_names, ins, edges.out_names, outs))
+        return (Item(len(self.items), segment.label, f"onnxruntime[{len(segment.steps)} steps]", run, (), "segment"),
+                session)
+
+    def _runs_on_pairs(self, e: _Edges) -> Callable[[list[Any]], None]:
+        """A session some of whose inputs or outputs are complex: they cross its edge as pairs."""
+        paired_in, paired_out = self._paired(e.in_names), self._paired(e.out_names)
 
         def run(slots: list[Any]) -> None:
-            feeds = {n: np.asarray(slots[i], order="C") for n, i in zip(in_names, ins)}
-            for slot, value in zip(outs, session.run(out_names, feeds)):
-                slots[slot] = value
-            for f in frees:
+            feeds = {n: as_pairs(slots[i]) if n in paired_in else np.asarray(slots[i], order="C")
+                     for n, i in zip(e.in_names, e.ins)}
+            for slot, name, value in zip(e.outs, e.out_names, e.session.run(e.out_names, feeds)):
+                slots[slot] = from_pairs(value) if name in paired_out else value
+            for f in e.frees:
                 slots[f] = None
+        return run
 
-        def run_into_joins(slots: list[Any]) -> None:
-            binding = session.io_binding()
-            for n, i in zip(in_names, ins):
+    def _runs_into_joins(self, e: _Edges) -> Callable[[list[Any]], None]:
+        """A session making parts of joins: it writes them into their places (I/O binding)."""
+        def run(slots: list[Any]) -> None:
+            binding = e.session.io_binding()
+            for n, i in zip(e.in_names, e.ins):
                 binding.bind_cpu_input(n, np.asarray(slots[i], order="C"))
-            targets = [self._target(slots, o) for o in outs]
-            for n, target in zip(out_names, targets):
+            targets = [self._target(slots, o) for o in e.outs]
+            for n, target in zip(e.out_names, targets):
                 if target is None:
                     binding.bind_output(n, "cpu")
                 else:
                     binding.bind_output(n, "cpu", 0, target.dtype, target.shape, target.ctypes.data)
-            session.run_with_iobinding(binding)
+            e.session.run_with_iobinding(binding)
             made = binding.get_outputs()
-            for slot, target, value in zip(outs, targets, made):
+            for slot, target, value in zip(e.outs, targets, made):
                 slots[slot] = value.numpy() if target is None else target
-            for f in frees:
+            for f in e.frees:
                 slots[f] = None
-        if any(o in self.part_of for o in outs):
-            run = run_into_joins
-        self.io.append((session, in_names, ins, out_names, outs))
-        return (Item(len(self.items), segment.label, f"onnxruntime[{len(segment.steps)} steps]", run, (), "segment"),
-                session)
-
+        return run
 
     def _join_item(self, s: int) -> Item:
         step, join = self.plan.steps[s], self.joins[s]

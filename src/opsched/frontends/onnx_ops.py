@@ -16,6 +16,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from opsched.frontends._common import In, Unsupported
+from opsched.ir.ops.fourier import pays_outside_ort
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 from opsched.ir.types import TensorType
 
@@ -441,28 +442,18 @@ def _reduce_mean_v18(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: 
 
 
 # --- Fourier transforms --------------------------------------------------------------------
-# ONNX Runtime's CPU DFT and STFT are far slower than torch's FFT: 7-24x on power-of-two lengths
-# (its radix-2 FFT) and 50-110x on others, and further from the exact transform on the latter
-# (``benchmarks/fourier.py``). A transform large enough to pay for the session cut that running
-# it outside ONNX Runtime costs is imported as ATen calls, which run on torch between sessions:
-# the signal as a tensor torch transforms (the real one squeezed, ONNX's pairs viewed as complex
-# numbers), the FFT, and the spectrum viewed as pairs again. A transform of what another such
-# transform made reads its complex spectrum directly. A smaller one stays ONNX Runtime's node.
-
-#: ONNX Runtime's time per value transformed (signals times length), in ns, for power-of-two
-#: lengths and others (16-22 and 95-112 measured on an AMD EPYC: ``benchmarks/fourier.py``; torch's, 1-2).
-_ORT_NS_PER_VALUE = {True: 16, False: 100}
-#: What a transform's leaving its session costs, in ns: the cut and its torch calls (the corpus's
-#: FNet, 64 by 16, ran 0.33 ms slower cut four times than as one session: ``benchmarks/fourier.py``).
-_CUT_NS = 80_000
+# ONNX Runtime's CPU DFT and STFT are far slower than torch's FFT (:mod:`opsched.ir.ops.fourier`).
+# A transform large enough to pay for the session cut that running it outside ONNX Runtime costs
+# is imported as ATen calls, which run on torch between sessions: the signal as a tensor torch
+# transforms (the real one squeezed, ONNX's pairs viewed as complex numbers), the FFT, and the
+# spectrum viewed as pairs again. A transform of what another such transform made reads its
+# complex spectrum directly. A smaller one stays ONNX Runtime's node.
 
 
-def _outside_ort(values: int, size: int, what: str) -> None:
-    """Leave a transform of ``values`` (signals times ``size``) to ONNX Runtime where its slower
-    kernel would still cost less there than a session cut."""
-    power = size & (size - 1) == 0
-    if values * _ORT_NS_PER_VALUE[power] < _CUT_NS:
-        raise Unsupported(f"a {what} of {values} values (length {size}), too small to pay for a session cut")
+def _outside_ort(signals: int, size: int, what: str) -> None:
+    """Leave to ONNX Runtime a transform of ``signals`` of ``size`` values too small to pay for a cut."""
+    if not pays_outside_ort([(signals, size)]):
+        raise Unsupported(f"a {what} of {signals} signals of {size}, too small to pay for a session cut")
 
 
 _aten = torch.ops.aten
@@ -509,7 +500,7 @@ def _dft(c: _OnnxConverter, x: Value, length: Value | None, axis: int, a: dict[s
     if length is not None and not isinstance(length, np.ndarray):
         raise Unsupported("a DFT length computed at run time")
     size = int(length) if length is not None else t.shape[axis]
-    _outside_ort(math.prod(t.shape[:-1]) // t.shape[axis] * size, size, "DFT")
+    _outside_ort(math.prod(t.shape[:-1]) // t.shape[axis], size, "DFT")
     inverse, onesided = bool(a.get("inverse", 0)), bool(a.get("onesided", 0))
     if onesided and (inverse or t.shape[-1] == 2):
         raise Unsupported("a one-sided DFT of a complex signal, or an inverse one")
@@ -547,7 +538,7 @@ def _stft(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, A
         raise Unsupported("an STFT with neither a window nor a frame length")
     if window is not None and window.shape != (size,):
         raise Unsupported(f"an STFT window of shape {window.shape}, for frames of {size}")
-    _outside_ort(t.shape[0] * ((t.shape[1] - size) // int(step) + 1) * size, size, "STFT")
+    _outside_ort(t.shape[0] * ((t.shape[1] - size) // int(step) + 1), size, "STFT")
     onesided = bool(a.get("onesided", 1))
     if onesided and t.shape[-1] == 2:
         raise Unsupported("a one-sided STFT of a complex signal")

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-__all__ = ["TensorType", "FrozenAttrs", "DTYPE_BYTES"]
+__all__ = ["TensorType", "FrozenAttrs", "DTYPE_BYTES", "COMPLEX_PARTS"]
 
 #: Bytes per element of each dtype name the IR knows. Complex values are held (FNet's Fourier
-#: mixing, rotary embeddings written as complex products) and run on torch kernels: ONNX
-#: Runtime's CPU kernels take none, so no segment exports a node that reads or makes one.
+#: mixing, rotary embeddings written as complex products): ONNX Runtime's kernels take none, so
+#: a segment holds one only as its pairs of parts, in the few ops that have a form on them
+#: (:mod:`opsched.ir.ops.fourier`); the rest run on torch kernels.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
     "float16": 2,
@@ -26,6 +27,9 @@ DTYPE_BYTES: dict[str, int] = {
     "complex64": 8,
     "complex128": 16,
 }
+
+#: Each complex dtype and the dtype of its parts.
+COMPLEX_PARTS: dict[str, str] = {"complex64": "float32", "complex128": "float64"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@ Runtime segment: casts (``_to_copy``); the writes an in-place index assignment b
 functionalised (``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), as ScatterElements
 over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.fold`` (``im2col``,
 ``col2im``), as a Gather over the pixel positions of their blocks, and ONNX's ``Col2Im`` (a
-summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks).
-Each form is exact for every dtype ONNX has; it raises :class:`NotExportable` otherwise.
+summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks);
+and the Fourier transforms and views of complex values, on pairs of parts
+(:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
+:class:`NotExportable` otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from opsched.ir.node import Node
 from opsched.ir.ops.aten import overload
+from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
 
@@ -203,4 +206,5 @@ def _arguments(node: Node) -> dict[str, Any]:
 ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
-    "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col}
+    "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
+    **PAIR_FORMS}

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
 from opsched.ir.ops.registry import NotExportable
-from opsched.ir.types import TensorType
+from opsched.ir.types import COMPLEX_PARTS, TensorType
 
 __all__ = ["NotExportable", "OnnxBuilder", "ONNX_DTYPES", "OPSET"]
 
@@ -102,6 +102,8 @@ class OnnxBuilder:
 
         def info(v: str) -> onnx.ValueInfoProto:
             t = self.graph.types[v]
+            if t.dtype in COMPLEX_PARTS:  # as its pairs of parts (opsched.ir.ops.fourier)
+                return helper.make_tensor_value_info(v, ONNX_DTYPES[COMPLEX_PARTS[t.dtype]], [*t.shape, 2])
             return helper.make_tensor_value_info(v, ONNX_DTYPES[t.dtype], list(t.shape))
 
         g = helper.make_graph(self.nodes, "segment", [info(v) for v in inputs], [info(v) for v in outputs],
