@@ -998,7 +998,7 @@ def _dft_file(opset: int, shape: list[int], axis: int, *, inverse: int = 0, ones
 ])
 def test_a_dft_large_enough_runs_as_torchs_fft(opset: int, shape: list[int], axis: int, form: dict[str, Any],
                                                kernels: list[str]) -> None:
-    """ONNX Runtime's CPU DFT is 7-110x slower than torch's FFT (benchmarks/fourier.py): a DFT
+    """ONNX Runtime's CPU DFT is 7-166x slower than torch's FFT (benchmarks/fourier.py): a DFT
     large enough to pay for a session cut (fewer values where the length is not a power of two)
     is imported as torch's FFT between sessions (on every backend), and a chain of DFTs passes
     complex spectra without pairs between them. Checked against the file's function in

@@ -264,7 +264,8 @@ def test_a_plan_kept_on_torchs_kernels_loads_on_them(tmp_path) -> None:  # type:
     assert module.backend.name == "torch"
     module.save(tmp_path / "kept.json")
     loaded = opsched.load(model, tmp_path / "kept.json", inputs)
-    assert loaded.backend.name == "torch" and opsched.load(model, tmp_path / "kept.json", inputs, backend="torch")
+    assert loaded.backend.name == "torch"
+    assert opsched.load(model, tmp_path / "kept.json", inputs, backend="torch").backend.name == "torch"
     with pytest.raises(OpschedError, match="places a lane on the module device with backend torch"):
         opsched.load(model, tmp_path / "kept.json", inputs, backend="ort")
     with torch.no_grad():

@@ -280,8 +280,9 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
                                          inputs=inputs, outputs=outputs) for name, s in made.items()}
         if checked and request.backend == "auto" and be.name != TORCH_KERNELS and _torch_runs_it(graph, dev):
-            # where ONNX Runtime's kernels lose to torch's (FNet at BERT's width ran at 0.81-0.94x of eager
-            # on them: benchmarks/fourier.py), the sequential plan on torch's kernels keeps up with eager
+            # where ONNX Runtime's kernels lose to torch's (FNet's ONNX file, its FFTs on torch, runs at
+            # 0.76-0.87x of eager at BERT's width: docs/results/fourier.md), the sequential plan on torch's
+            # kernels keeps up with eager
             on_torch = _on_backend(made["sequential"], TORCH_KERNELS)
             modules[f"sequential on {TORCH_KERNELS}"] = ScheduledModule(
                 graph, on_torch, backend=TORCH_KERNELS, device=dev, channels_last=channels_last, inputs=inputs,

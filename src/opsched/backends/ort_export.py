@@ -32,8 +32,8 @@ def exportable(graph: Graph, node: Node) -> bool:
     export = op_def(node.op).onnx
     held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
     unheld = {t.dtype for t in held} - set(ONNX_DTYPES)
-    if export is None or unheld and not (unheld <= set(COMPLEX_PARTS) and node.attrs.get("target") in PAIR_FORMS
-                                         and not node.params):
+    on_pairs = unheld <= set(COMPLEX_PARTS) and node.attrs.get("target") in PAIR_FORMS and not node.params
+    if export is None or (unheld and not on_pairs):
         return False
     try:
         export(OnnxBuilder(graph, dry_run=True), node)

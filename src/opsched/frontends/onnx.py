@@ -24,6 +24,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
+from opsched.frontends import onnx_fourier  # noqa: F401 (registers the DFT and STFT converters)
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
 from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line, read_onnx
 from opsched.frontends.onnx_functions import expand_functions

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["GENERIC_OPS", "category_of", "encode_args", "generic_kind", "overload", "target_of"]
+__all__ = ["GENERIC_OPS", "arguments", "category_of", "encode_args", "generic_kind", "overload", "target_of"]
 
 #: Generic op kinds, by the category each is costed and drawn as.
 GENERIC_OPS: dict[str, str] = {
@@ -115,6 +115,28 @@ def encode_args(value: Any, tensors: dict[int, tuple[str, int]]) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return ("v", value)
     raise TypeError(f"an argument of type {type(value).__name__} cannot be an attribute")
+
+
+_NOT_A_VALUE = object()
+
+
+def _value(enc: Any) -> Any:
+    """An encoded argument that is a value (a scalar, a string, None, a list of them), decoded."""
+    tag, value = enc
+    if tag == "v":
+        return value
+    if tag == "list":
+        items = [_value(v) for v in value]
+        return _NOT_A_VALUE if any(v is _NOT_A_VALUE for v in items) else items
+    return _NOT_A_VALUE
+
+
+def arguments(node: Node) -> dict[str, Any]:
+    """A generic node's arguments that are values (scalars, strings, None, lists of them), by
+    their schema names; tensors, dtypes and devices left out."""
+    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
+    bound = {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
+    return {k: v for k, enc in bound.items() if (v := _value(enc)) is not _NOT_A_VALUE}
 
 
 def _decode(enc: Any, inputs: Sequence[Any], params: Sequence[Any], device: torch.device,

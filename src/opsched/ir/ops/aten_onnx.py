@@ -15,12 +15,12 @@ and the Fourier transforms and views of complex values, on pairs of parts
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opsched.ir.node import Node
-from opsched.ir.ops.aten import overload
+from opsched.ir.ops.aten import arguments
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
@@ -45,7 +45,7 @@ def _slice_scatter(b: OnnxBuilder, node: Node) -> None:
     """``base`` with ``src`` written over ``base[..., start:end:step, ...]`` (what an in-place
     slice assignment becomes once functionalised): a ScatterElements whose indices are the
     slice's positions along ``dim``."""
-    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    given, (base, src) = arguments(node), _tensor_types(b, node, 2)
     dim = given.get("dim", 0) % base.rank
     start, _, step = slice(given.get("start"), given.get("end"), given.get("step", 1)).indices(base.shape[dim])
     _scatter_along(b, node, dim, start + step * np.arange(src.shape[dim], dtype=np.int64), src.shape,
@@ -55,7 +55,7 @@ def _slice_scatter(b: OnnxBuilder, node: Node) -> None:
 def _select_scatter(b: OnnxBuilder, node: Node) -> None:
     """``base`` with ``src`` written over ``base.select(dim, index)`` (``x[:, 0] = y``): ``src``
     given its dimension back, then scattered at ``index``."""
-    given, (base, src) = _arguments(node), _tensor_types(b, node, 2)
+    given, (base, src) = arguments(node), _tensor_types(b, node, 2)
     dim = given["dim"] % base.rank
     shape = (*src.shape[:dim], 1, *src.shape[dim:])
     axes = b.init(np.array([dim], dtype=np.int64), f"{node.name}_axes")
@@ -84,7 +84,7 @@ def _fill(b: OnnxBuilder, node: Node) -> None:
     if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
         b.add("Expand", [_operand(b, node, 1), shape], node.name)
         return
-    value = np.array([_arguments(node)["value"]], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: float
+    value = np.array([arguments(node)["value"]], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: float
     b.add("ConstantOfShape", [shape], node.name, value=helper.make_tensor("value", ONNX_DTYPES[node.out.dtype], [1],
                                                                           value))
 
@@ -193,13 +193,6 @@ def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
 def _operand(b: OnnxBuilder, node: Node, position: int) -> str:
     """The ONNX value of a generic node's tensor argument at ``position``."""
     return b.operand(node, node.attrs["args"][position])
-
-
-def _arguments(node: Node) -> dict[str, Any]:
-    """A generic node's scalar arguments by their schema names (tensors left out)."""
-    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
-    bound = {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
-    return {k: enc[1] for k, enc in bound.items() if enc[0] == "v"}
 
 
 #: ONNX forms of overloads that torch.onnx cannot export on their own, by target.

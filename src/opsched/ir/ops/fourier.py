@@ -1,7 +1,7 @@
 """Fourier transforms between torch and ONNX Runtime: where one runs, and its ONNX form.
 
 ONNX Runtime's CPU ``DFT`` and ``STFT`` are far slower than torch's FFT (7-25x on power-of-two
-lengths, its radix-2 FFT; 60-140x on others: ``benchmarks/fourier.py``), but a transform run
+lengths, its radix-2 FFT; 58-166x on others: docs/results/fourier.md), but a transform run
 outside a session cuts it, and a cut costs more than ORT's slower kernel on a small transform.
 :func:`pays_outside_ort` says which side of that line a transform is on; both frontends follow
 it (an ONNX file's large transforms become torch's FFT, a torch model's small ones join ONNX
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opsched.ir.node import Node
-from opsched.ir.ops.aten import overload
+from opsched.ir.ops.aten import arguments
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import COMPLEX_PARTS
 
@@ -35,11 +35,12 @@ if TYPE_CHECKING:
 __all__ = ["COMPLEX_PARTS", "PAIR_FORMS", "as_pairs", "from_pairs", "ort_transform_ns", "pays_outside_ort"]
 
 #: ONNX Runtime's time per value transformed (signals times length), in ns, for power-of-two
-#: lengths and others (16-22 and 95-112 measured on an AMD EPYC: ``benchmarks/fourier.py``;
+#: lengths and others (17-21 and 86-133 on an AMD EPYC, docs/results/fourier.md's kernel rows;
 #: torch's, 1-2).
 _ORT_NS_PER_VALUE = {True: 16, False: 100}
 #: What a transform's leaving its session costs, in ns: the cut and its torch calls (the corpus's
-#: FNet, 64 by 16, ran 0.33 ms slower cut four times than as one session: ``benchmarks/fourier.py``).
+#: FNet, 64 by 16, ran 0.33 ms slower cut four times than as one session: docs/results/fourier.md
+#: at 2b8986f, optimize() against the ONNX file, from before small transforms joined sessions).
 CUT_NS = 80_000
 
 
@@ -67,17 +68,6 @@ def from_pairs(value: np.ndarray) -> np.ndarray:
 
 
 # --- ONNX forms, on pairs -------------------------------------------------------------------
-def _decoded(enc: Any) -> Any:
-    tag, value = enc
-    return [_decoded(v) for v in value] if tag == "list" else value if tag == "v" else None
-
-
-def _given(node: Node) -> dict[str, Any]:
-    """A generic node's arguments by their schema names, tensors as None, lists as lists."""
-    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
-    return {k: _decoded(v) for k, v in {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}.items()}
-
-
 _Form = Callable[["OnnxBuilder", Node], None]
 
 
@@ -88,7 +78,7 @@ def _fft(inverse: bool, onesided: bool = False, *, axes: str | tuple[int, ...] =
     ``len(s)``). One DFT per axis, the first on the signal (a real one given its last dimension
     of 1), then a Mul where ``norm`` scales otherwise than ONNX (unscaled forward, ``1/n`` inverse)."""
     def form(b: OnnxBuilder, node: Node) -> None:
-        given = _given(node)
+        given = arguments(node)
         x = b.graph.types[node.inputs[0]]
         real = x.dtype not in COMPLEX_PARTS
         if onesided and not real:
