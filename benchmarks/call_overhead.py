@@ -35,7 +35,7 @@ import opsched  # noqa: E402
 from opsched.api import host_cpu_model  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 COLUMNS = ("session", "executor, slots", "executor, direct", "module", "optimize()", "output object",
            "executor + output object")
@@ -66,7 +66,7 @@ def run(name: str, rounds: int, block: int, budget: float) -> tuple[list[object]
     with torch.no_grad():
         times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block)
     us = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    ratio = statistics.median(a / b for a, b in zip(times["executor, slots"], times["executor, direct"]))
+    ratio = paired_ratio(times["executor, slots"], times["executor, direct"])
     row: list[object] = [name, type(opt.outputs.build(made)).__name__, *(f"{us[k]:.1f}" for k in COLUMNS),
                          f"{ratio:.2f}"]
     return row, {"model": name, "median_us": us, "slots_vs_direct": ratio}

@@ -41,7 +41,7 @@ from opsched.cost import ProfileStore  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
 from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 
 def sessions(module: ScheduledModule) -> int:
@@ -117,7 +117,7 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
     med = {k: statistics.median(v) for k, v in times.items()}
 
     def ratio(slow: str, fast: str) -> float:
-        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+        return paired_ratio(times[slow], times[fast])
     ratios = {"seq vs ORT": ratio("ORT own session", "opsched sequential"),
               "ONNX-file seq vs ORT": ratio("ORT own session", "ONNX-file sequential"),
               "session vs ORT": ratio("ORT own session", "opsched session") if alone else float("nan"),

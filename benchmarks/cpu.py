@@ -55,7 +55,7 @@ from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph, schedule  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 
 def ort_session(model_bytes: bytes, parallel: bool) -> ort.InferenceSession:
@@ -118,7 +118,7 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
 
     def ratio(slow: str, fast: str) -> float:
         """Median over rounds of the round's ratio: drift that slows a whole round cancels."""
-        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+        return paired_ratio(times[slow], times[fast])
     ratios = {"IOS vs ORT seq": ratio("ORT sequential", "opsched IOS"),
               "IOS vs eager": ratio("eager PyTorch", "opsched IOS"),
               "IOS vs own seq": ratio("opsched sequential", "opsched IOS"),
@@ -172,7 +172,7 @@ def run_compile(name: str, batch: int, budget: float, rounds: int,
     med = {k: statistics.median(v) for k, v in times.items()}
 
     def ratio(slow: str, fast: str) -> float:
-        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+        return paired_ratio(times[slow], times[fast])
     best_compile = min(COMPILE_MODES, key=lambda k: med[k])
     ratios = {"opsched-compile vs best compile": ratio(best_compile, "opsched-compile"),
               "opsched-compile vs eager": ratio("eager", "opsched-compile"),

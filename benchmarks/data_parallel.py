@@ -35,7 +35,7 @@ from opsched.schedulers import schedule  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions  # noqa: E402
 from opsched.schedulers.memory import Group, bind, depth_first, instance_dag  # noqa: E402
 from opsched.schedulers.registry import laned  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 from opsched.transforms.split_instances import split_refusal  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main() -> None:
                  **{k: functools.partial(m, *inputs) for k, m in modules.items()}}
         times = interleave(calls, args.rounds, warmup=1, settle_s=0.05, block=2)
         med = {k: statistics.median(v) for k, v in times.items()}
-        ratio = statistics.median(a / b for a, b in zip(times["ORT session"], times["data parallel"]))
+        ratio = paired_ratio(times["ORT session"], times["data parallel"])
         print(f"{name} batch {args.batch} factor {args.factor}: "
               + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items()) + f"; ORT / data parallel {ratio:.2f}x",
               flush=True)

@@ -45,7 +45,7 @@ from _report import geomean, write  # noqa: E402
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.testing.corpus import export_onnx  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 #: FNet sizes, ``HIDDENxTOKENS``: the corpus's, powers of two only, FNet-base's width.
 MODELS = ("64x16", "256x128", "768x128", "768x512")
@@ -106,7 +106,7 @@ def kernels(cases: list[tuple[str, bytes, np.ndarray, Any, np.ndarray]], rounds:
         times = interleave({"ort": lambda: session.run(None, feeds), "torch": fft},  # noqa: B023 (called here)
                            rounds, warmup=1, settle_s=0.05, block=block)
         ms = {k: statistics.median(v) for k, v in times.items()}
-        ratio = statistics.median(a / b for a, b in zip(times["ort"], times["torch"]))
+        ratio = paired_ratio(times["ort"], times["torch"])
         power = n & (n - 1) == 0
         rows.append([label, "yes" if power else "no", f"{ms['ort']:.3f}", f"{ms['torch']:.3f}", f"{ratio:.1f}",
                      f"{ort_error:.1e}", f"{torch_error:.1e}"])
@@ -145,9 +145,9 @@ def fnet(size: str, rounds: int, block: int, budget: float) -> tuple[list[object
                    "ONNX-file seq": from_file(*inputs)[0], "optimize()": optimized(*inputs).last_hidden_state}
         times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block)
     ms = {k: statistics.median(v) for k, v in times.items()}
-    ratios = {k: statistics.median(a / b for a, b in zip(times["ORT own"], times[k]))
+    ratios = {k: paired_ratio(times["ORT own"], times[k])
               for k in ("ONNX-file seq", "optimize()")}
-    ratios["optimize() vs eager"] = statistics.median(a / b for a, b in zip(times["eager"], times["optimize()"]))
+    ratios["optimize() vs eager"] = paired_ratio(times["eager"], times["optimize()"])
     diff = {k: float((v - want).abs().max()) for k, v in outputs.items()}
     race = optimized.outcome.race
     kept = race.kept if race is not None else optimized.schedule.scheduler

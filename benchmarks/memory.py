@@ -49,7 +49,7 @@ from opsched.schedulers import schedule  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions, graphturbo_groups  # noqa: E402
 from opsched.schedulers.memory import Group, bind, breadth_first, depth_first, instance_dag, simulate  # noqa: E402
 from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 MIB = 2**20
 DEFAULT_MODELS = ["squeezenet1_1", "resnet18", "googlenet", "inception_v3", "resnet50", "randwire_small",
@@ -122,7 +122,7 @@ def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onn
     med = {k: statistics.median(v) for k, v in times.items()}
 
     def ratio(slow: str, fast: str) -> float:
-        return statistics.median(a / b for a, b in zip(times[slow], times[fast]))
+        return paired_ratio(times[slow], times[fast])
     best_split = min(("opsched split", "opsched split 1 lane"), key=med.__getitem__)
     ratios = {"split vs ORT": ratio("ORT session", best_split),
               "split vs unsplit": ratio("opsched unsplit", best_split)}

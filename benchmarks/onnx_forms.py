@@ -41,7 +41,7 @@ from opsched.cli.table import format_table  # noqa: E402
 from opsched.ir.ops.aten_onnx import ONNX_FORMS, col2im_by_scatter  # noqa: E402
 from opsched.ir.ops.onnx_builder import OPSET, OnnxBuilder  # noqa: E402
 from opsched.ir.ops.onnx_opsets import OLDEST  # noqa: E402
-from opsched.timing import interleave  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 Forms = dict[str, onnx.ModelProto]
 
@@ -119,7 +119,7 @@ def race(forms: Forms, shape: list[int], rounds: int, threads: int) -> tuple[dic
     native, other = (calls[k]() for k in forms)
     times = interleave(calls, rounds, block=5, settle_s=0.02)  # what the other session left spinning goes idle
     (other_label,) = [k for k in forms if k != "native"]
-    ratio = statistics.median(o / n for o, n in zip(times[other_label], times["native"]))
+    ratio = paired_ratio(times[other_label], times["native"])
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}, ratio, float(np.abs(native - other).max())
 
 

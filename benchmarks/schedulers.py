@@ -109,7 +109,7 @@ def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str)
     modules = {k: ScheduledModule(graph, s, device=device) for k, (s, _) in made.items()}
     some = next(iter(modules.values()))
     lat = race({k: (lambda m=m: m(*inputs)) for k, m in modules.items()}, clock=some.backend.clock(some.run),
-               rounds=rounds)
+               rounds=rounds).medians
     secs = {k: t for k, (_, t) in made.items()}
     record = {"model": name, "median_ms": lat, "schedule_s": secs, "ios_stats": dict(made["ios"][0].stats),
               "est_measurements": est_measurements, "lanes": {k: len(s.lanes) for k, (s, _) in made.items()}}

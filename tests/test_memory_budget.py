@@ -104,11 +104,11 @@ def test_ios_within_a_budget_runs_as_many_wide_branches_at_once_as_fit() -> None
 
 def test_optimize_passes_its_budget_to_the_search() -> None:
     # unconstrained, IOS runs branches at once (peaking over this budget); told the budget, its
-    # plan fits and races instead of being left out
+    # plan fits (here, the sequential plan itself) and is kept instead of being left out
     budget = INPUT + WIDE + 5 * NARROW
     module = _optimize(memory_budget=budget, scheduler="ios")
-    assert module.outcome.race is not None and module.outcome.over_budget == {}
-    assert module.outcome.race.peak_bytes["ios"] <= budget
+    assert module.outcome.over_budget == {} and module.outcome.same_plan == {"sequential": "ios"}
+    assert module.schedule.scheduler == "ios" and module.peak_bytes <= budget
     assert _optimize(scheduler="ios").peak_bytes > budget
 
 

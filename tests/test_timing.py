@@ -1,10 +1,14 @@
-"""Interleaved timing: rounds pair up, and the order changes from round to round."""
+"""Interleaved timing: rounds pair up, the order changes from round to round, and a race is
+decided round by round."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from opsched.timing import interleave
+import pytest
+
+from opsched.race import Standings, race
+from opsched.timing import interleave, paired_ratio
 
 
 def test_rounds_pair_up_and_no_contender_always_follows_the_same_one() -> None:
@@ -40,3 +44,47 @@ def test_blocks_sample_the_median_of_a_turn_after_one_untimed_call() -> None:
     assert len(log) == 3 * 2 * 4  # (1 untimed + 3 timed) per turn, 2 calls, 3 rounds
     assert all(len(v) == 2 for v in times.values())
     assert sorted(times["a"] + times["b"]) == [7.0, 10.0, 13.0, 16.0]  # rounds after the warm-up one
+
+
+def test_a_race_is_decided_round_by_round_so_load_that_comes_and_goes_cancels() -> None:
+    # "a" is 10% faster than "b" in four rounds of seven, the ones both ran under the same load;
+    # in the other three only "a" met heavier load: its median is the higher one, and the
+    # paired comparison still names it
+    load = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+    a = tuple(10.0 * f for f in load)
+    b = tuple(11.0 * f for f in load[:3]) + (11.0, 11.0, 11.0, 33.0)
+    standings = Standings({"a": a, "b": b})
+    assert standings.medians == {"a": 30.0, "b": 11.0}  # the medians would keep "b"
+    assert paired_ratio(a, b) == pytest.approx(10 / 11)  # four of seven rounds: 10/11
+    assert standings.fastest == "a"
+    assert standings.relative("a") == {"a": 1.0, "b": pytest.approx(11 / 10)}
+    with pytest.raises(ValueError, match="two equal, non-empty series, got 2 and 1"):
+        paired_ratio((1.0, 2.0), (1.0,))
+
+
+def test_the_fastest_beats_every_other_contender_and_otherwise_has_the_mildest_worst_comparison() -> None:
+    winner = Standings({"x": (3.0, 3.0, 3.0), "y": (2.0, 2.0, 2.0), "z": (2.5, 1.0, 4.0)})
+    assert winner.fastest == "y"  # y beats x every round and z in two of three
+    # a cycle (noise among plans of about one speed): p beats q, q beats r, r beats p, each in
+    # two of three rounds; kept: the one whose losing comparison is the mildest
+    cycle = Standings({"p": (1.0, 2.0, 3.0), "q": (2.0, 3.0, 1.0), "r": (3.0, 1.5, 2.0)})
+    worst = {k: max(cycle.ratio(k, o) for o in "pqr" if o != k) for k in "pqr"}
+    assert worst == pytest.approx({"p": 4 / 3, "q": 1.5, "r": 1.5})
+    assert cycle.fastest == "p"
+    tied = Standings({"first": (5.0, 4.0, 6.0), "second": (5.0, 4.0, 6.0)})
+    assert tied.fastest == "first"  # a tie keeps the first named (optimize(): the scheduler asked for)
+    assert Standings({"alone": (1.0,)}).fastest == "alone"
+
+
+def test_race_returns_every_round_of_every_contender() -> None:
+    times = iter(float(t) for t in range(100))
+
+    def clock(call: Callable[[], object]) -> float:
+        call()
+        return next(times)
+
+    standings = race({"a": lambda: None, "b": lambda: None}, clock=clock, rounds=5, warmup=1, settle_s=0.0,
+                     block=1)
+    assert all(len(v) == 5 for v in standings.samples.values())
+    assert sorted(standings.samples["a"] + standings.samples["b"]) == [float(t) for t in range(2, 12)]
+

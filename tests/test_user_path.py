@@ -229,8 +229,8 @@ def test_plans_race_on_ids_valid_in_any_table(backend: str, tmp_path: Path) -> N
     """The race's inputs are made from the graph alone, which does not know a table's size: random
     integers indexed past a two-row table (ORT) or below zero (torch) and optimize() failed."""
     model, ids, types = TokenTypes().eval(), torch.randint(0, 50, (2, 6)), torch.randint(0, 2, (2, 6))
-    module = opsched.optimize(model, (ids, types), backend=backend, cache_dir=str(tmp_path))
-    assert module.outcome.race is not None
+    module = opsched.optimize(model, (ids, types), backend=backend, cache_dir=str(tmp_path), scheduler="greedy")
+    assert module.outcome.race is not None  # greedy's lanes race the sequential plan
     equal_on_fresh_inputs(model, module, (ids, types))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from opsched._text import count, size
 from opsched.cost.measured import MeasurementCounts
+from opsched.race import Standings
 from opsched.runtime import Plan
 from opsched.schedule import Schedule
 from opsched.schedulers import scheduler_names, spec
@@ -52,16 +53,31 @@ class ScheduleSummary:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """Contenders' median ms in one interleaved race, which was kept (the fastest that fits the
-    memory budget), and each contender's peak of live activations in bytes, where known."""
+    """One interleaved race of plans: every contender's time per round, which was kept (the
+    fastest that fits the memory budget, compared round by round), and each contender's peak of
+    live activations in bytes, where known."""
 
-    times_ms: Mapping[str, float]
+    standings: Standings[str]
     kept: str
     peak_bytes: Mapping[str, int] = field(default_factory=dict)
 
+    @property
+    def times_ms(self) -> dict[str, float]:
+        """Each contender's median ms."""
+        return self.standings.medians
+
+    @property
+    def relative(self) -> dict[str, float]:
+        """Each contender's time as a multiple of the kept one's, paired round by round: what
+        decided the race."""
+        return self.standings.relative(self.kept)
+
     def __str__(self) -> str:
+        relative = self.relative
+
         def one(name: str, ms: float) -> str:
-            return f"{name} {ms:.2f} ms" + (f" at {size(self.peak_bytes[name])}" if name in self.peak_bytes else "")
+            text = f"{name} {ms:.2f} ms" + ("" if name == self.kept else f" ({relative[name]:.2f}x)")
+            return text + (f" at {size(self.peak_bytes[name])}" if name in self.peak_bytes else "")
         return ", ".join(one(name, ms) for name, ms in self.times_ms.items()) + f": kept {self.kept}"
 
 
@@ -76,6 +92,13 @@ class OptimizeOutcome:
     seconds: float | None = None
     memory_budget: int | None = None
     over_budget: Mapping[str, int] = field(default_factory=dict)  # plans left out of the race: their peaks
+    same_plan: Mapping[str, str] = field(default_factory=dict)  # left out of the race: the contender running its plan
+
+    @property
+    def contenders(self) -> frozenset[str]:
+        """The plans that fit the memory budget: those raced, and those that run as one of them."""
+        raced = self.race.times_ms if self.race is not None else ()
+        return frozenset(raced) | frozenset(self.same_plan) | frozenset(self.same_plan.values())
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,8 @@ class OptimizeReport:
         o = self.outcome
         if o.race is not None:
             lines.append(f"  end-to-end check: {o.race}")
+        for name, twin in o.same_plan.items():
+            lines.append(f"  {name}'s plan was left out of the race: it runs as {twin}'s does")
         for name, peak in o.over_budget.items():
             lines.append(f"  {name}'s plan was left out: its activations peak at {size(peak)}, over the budget")
         for other in o.searched:

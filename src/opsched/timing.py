@@ -21,10 +21,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median"]
+__all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median", "paired_ratio"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -66,6 +66,20 @@ def cuda_events_ms(call: Callable[[], object]) -> float:
 
 def median(samples: Iterable[float]) -> float:
     return statistics.median(samples)
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """How many times longer ``a`` took than ``b``: the median, over rounds, of ``a``'s sample
+    over ``b``'s from the same round (as :func:`interleave` returns them).
+
+    Load on a shared machine comes and goes over tenths of a second, slowing both contenders of
+    a round alike; the ratio within a round cancels it, where the ratio of two medians mixes
+    rounds of different load. Two contenders 5% apart, raced under bursts of load on one of two
+    cores (7 rounds, ``block`` 3): the paired ratio named the faster in 26 of 30 races, the
+    medians in 16 (``benchmarks/race.py``)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired samples: two equal, non-empty series, got {len(a)} and {len(b)}")
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,

@@ -1,7 +1,9 @@
 """``opsched optimize MODEL``: search, race the plan against the baselines, write the results.
 
 The table is the race that chose the plan: every schedule in it was a candidate (the searched
-ones, sequential and greedy), and the fastest is the one kept; eager PyTorch (for an ONNX file,
+ones, sequential and greedy), and the fastest is the one kept, compared round by round ("vs kept":
+each schedule's time over the kept one's in the same round, the median over rounds; "= ios": a
+plan that runs as ios's does, left out of the race); eager PyTorch (for an ONNX file,
 ONNX Runtime's own session of it) is timed against the kept plan afterwards. Writes
 ``schedule.json``, ``timeline.png`` (a Gantt chart of one profiled run: lanes by time, operators
 coloured by kind) and ``trace.json`` (Chrome/Perfetto) under ``--out``.
@@ -76,17 +78,20 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         inputs = placed_inputs(module.graph, loaded.inputs, module.device)
         race_ = module.outcome.race
         if race_ is not None:
-            rows = [[name, f"{ms:.2f}", size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
+            rows = [[name, f"{ms:.2f}", f"{race_.relative[name]:.2f}x" if name in race_.relative else "",
+                     size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
                      "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
-            print(format_table(["schedule", "median ms", "peak activations", ""], rows))
+            rows += [[name, "", f"= {other}", "", ""] for name, other in module.outcome.same_plan.items()]
+            print(format_table(["schedule", "median ms", "vs kept", "peak activations", ""], rows))
         baseline = None if args.no_compare else _baseline(loaded, module, inputs, request.dtype)
         if baseline is not None:
             name, call = baseline
             calls: dict[str, Callable[[], object]] = {name: call, "kept plan": lambda: module(*inputs)}
-            ms = race(calls, clock=module.backend.clock(module.run), rounds=args.rounds,
-                      progress=progress(f"timing {name}"))
-            print(f"the kept plan runs {ms[name] / ms['kept plan']:.2f}x as fast as {name} "
-                  f"({ms['kept plan']:.2f} against {ms[name]:.2f} ms)")
+            standings = race(calls, clock=module.backend.clock(module.run), rounds=args.rounds,
+                             progress=progress(f"timing {name}"))
+            ms = standings.medians
+            print(f"the kept plan runs {standings.ratio(name, 'kept plan'):.2f}x as fast as {name} "
+                  f"({ms['kept plan']:.2f} against {ms[name]:.2f} ms median)")
         _write(args, loaded.name, module, inputs)
         return 0
     return run

@@ -34,7 +34,7 @@ from opsched.schedule import Schedule, Stage
 from opsched.schedule.validate import check_schedule
 
 __all__ = ["Step", "Phase", "Plan", "lower", "lower_instances", "lower_stage",
-           "cut_segments", "step_label", "MERGED_OP"]
+           "cut_segments", "step_label", "plan_work", "MERGED_OP"]
 
 #: The op of a step that runs a merged convolution.
 MERGED_OP = "conv2d(merged)"
@@ -116,6 +116,22 @@ class Plan:
                        for p in data["phases"])
         return cls(data["graph_hash"], steps, phases, ints(data["input_slots"]), ints(data["output_slots"]),
                    tuple(data["slot_names"]), tuple((d, b) for d, b in data["placements"]))
+
+
+def plan_work(plan: Plan) -> tuple[frozenset[object], ...]:
+    """What ``plan`` runs, in which phase, on which lanes and placements, and what waits on what:
+    two plans with the same work run the same kernels the same way, and racing them measures only
+    noise. The order of steps in a one-lane phase is left out (ONNX Runtime orders a session's
+    nodes itself; on torch's kernels it is the same kernels in another order); the order of a
+    lane among several, which decides where a wait falls, is not."""
+    def step(i: int) -> tuple[object, ...]:
+        s = plan.steps[i]
+        return s.op, s.nodes, tuple(plan.steps[w].label for w in s.waits)
+
+    def lane(phase: Phase, k: int) -> tuple[object, object]:
+        steps = (step(i) for i in phase.lanes[k])
+        return plan.placements[phase.placement(k)], frozenset(steps) if len(phase.lanes) == 1 else tuple(steps)
+    return tuple(frozenset(lane(phase, k) for k in range(len(phase.lanes))) for phase in plan.phases)
 
 
 def step_label(nodes: Sequence[str]) -> str:

@@ -1,0 +1,110 @@
+"""How often a race of plans keeps the faster one, on a shared machine: the rule ``optimize()``
+decides by (each contender's samples paired with the others' from the same round, the fastest
+the one whose worst paired ratio is the lowest) against comparing two medians.
+
+Two contenders of known cost (``work`` and ``work * (1 + gap)`` products of 256x256 matrices, on
+every torch thread) race exactly as ``optimize()`` races plans (7 rounds after one warm-up, a
+turn of 50 ms sleep, one untimed call and 3 timed, their median the sample), ``--races`` times
+per cell. Under *bursts* a second process keeps one core busy in
+bursts of 20-300 ms with pauses of the same lengths (what another job, a compiler or a browser
+does to a shared 2-core machine); *quiet* runs without it. Each decision rule sees the same
+samples. A cell counts the races whose rule kept the faster contender.
+
+    python benchmarks/race.py
+    python benchmarks/race.py --races 60 --gaps 0.03 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from _report import write  # noqa: E402
+
+from opsched.race import race  # noqa: E402
+
+LOADS = ("quiet", "bursts")
+#: The decision rules compared, on the same samples.
+RULES = ("paired", "medians")
+
+
+def bursts(stop: Any, seed: int) -> None:
+    """Keep one core busy in bursts of 20-300 ms, with pauses as long, until ``stop`` is set."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        length = rng.uniform(0.02, 0.3)
+        if rng.random() < 0.5:
+            until = time.perf_counter() + length
+            while time.perf_counter() < until:
+                pass
+        else:
+            time.sleep(length)
+
+
+def products(count: int) -> Callable[[], object]:
+    a = torch.randn(256, 256)
+
+    def call() -> None:
+        for _ in range(count):
+            a @ a
+    return call
+
+
+def cell(load: str, gap: float, races: int, work: int) -> tuple[list[object], dict[str, object]]:
+    calls = {"faster": products(work), "slower": products(round(work * (1 + gap)))}
+    stop = multiprocessing.Event()
+    loader = multiprocessing.Process(target=bursts, args=(stop, 1), daemon=True) if load == "bursts" else None
+    if loader is not None:
+        loader.start()
+    kept = {rule: 0 for rule in RULES}
+    try:
+        for _ in range(races):
+            standings = race(calls)  # as optimize() races plans
+            med = standings.medians
+            kept["paired"] += standings.fastest == "faster"
+            kept["medians"] += min(med, key=med.__getitem__) == "faster"
+    finally:
+        stop.set()
+        if loader is not None:
+            loader.join()
+    row: list[object] = [load, f"{gap:.0%}", races, *kept.values()]
+    return row, {"load": load, "gap": gap, "races": races, "kept_the_faster": kept}
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--races", type=int, default=30)
+    p.add_argument("--gaps", type=float, nargs="*", default=[0.05, 0.1, 0.25])
+    p.add_argument("--work", type=int, default=40, help="matrix products in the faster contender's call")
+    p.add_argument("--name", default="race")
+    args = p.parse_args()
+    rows, records = [], []
+    for load in LOADS:
+        for gap in args.gaps:
+            row, record = cell(load, gap, args.races, args.work)
+            rows.append(row)
+            records.append(record)
+            print(" | ".join(map(str, row)), flush=True)
+    from opsched.cli.table import format_table
+
+    headers = ["load", "gap", "races", *(f"{rule}: kept the faster" for rule in RULES)]
+    md = "\n".join([
+        "# Which plan a race keeps, on a shared machine", "",
+        "Two contenders `gap` apart raced as `optimize()` races plans (7 rounds, blocks of 3, 50 ms settle): "
+        "the races that kept the faster contender, decided as optimize() decides (*paired*: samples paired "
+        "by round, `opsched.race.Standings`) and, on the same samples, by comparing the two medians. See "
+        "`benchmarks/race.py`.", "", format_table(headers, rows, markdown=True)])
+    md_path, js_path = write(args.name, md, {"rows": records, "work": args.work})
+    print(format_table(headers, rows))
+    print(f"wrote {md_path} and {js_path}")
+
+if __name__ == "__main__":
+    main()
