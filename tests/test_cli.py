@@ -65,6 +65,7 @@ def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: p
     assert race[kept][1] == "1.00x"  # "vs kept": each time over the kept one's, paired by round
     assert f"scheduled by {kept}" in text and "as fast as eager PyTorch" in text
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "race.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the race, round by round
     trace = json.loads((out / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert spans and all(e["dur"] >= 0 and "tid" in e for e in spans)

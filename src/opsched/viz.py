@@ -1,4 +1,5 @@
-"""Pictures and traces of runs: a Gantt chart (lanes by time) and the Chrome/Perfetto trace format."""
+"""Pictures and traces of runs: a Gantt chart (lanes by time), a race of plans round by round, and
+the Chrome/Perfetto trace format."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import json
 import os
 from collections.abc import Sequence
 
+from opsched.report import RaceResult
 from opsched.runtime.plan import MERGED_OP
 from opsched.timeline import TraceEvent
 
-__all__ = ["draw_timeline", "chrome_trace", "write_chrome_trace", "op_family"]
+__all__ = ["draw_timeline", "draw_race", "chrome_trace", "write_chrome_trace", "op_family"]
 
 #: Each op category's family in pictures (several categories share one colour).
 _FAMILIES = {
@@ -72,6 +74,36 @@ def draw_timeline(events: Sequence[TraceEvent], path: str | os.PathLike[str], ti
     ax.set_title(f"{title or 'timeline'}\n{note}", fontsize=10)
     ax.legend(handles=[Patch(color=_COLORS[f], label=f) for f in _COLORS if f in used], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def draw_race(race: RaceResult, path: str | os.PathLike[str], title: str = "") -> None:
+    """The race that chose a plan, as it was decided: a row per contender (the kept one first), a
+    dot per round at the contender's time over the kept plan's in that round, and a bar at the
+    median of those ratios, the figure the race compared."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    standings, kept = race.standings, race.kept
+    names = [kept, *sorted((k for k in standings.samples if k != kept), key=race.relative.__getitem__)]
+    base = standings.samples[kept]
+    fig, ax = plt.subplots(figsize=(9.0, 1.4 + 0.45 * len(names)))
+    for row, name in enumerate(names):
+        ratios = [a / b for a, b in zip(standings.samples[name], base)]
+        ax.scatter(ratios, [row] * len(ratios), s=14, alpha=0.5, color="#1f77b4" if name == kept else "#7f7f7f",
+                   edgecolors="none")
+        ax.plot([race.relative[name]] * 2, [row - 0.3, row + 0.3], color="#d62728", linewidth=2)
+    ax.axvline(1.0, color="#dddddd", linewidth=0.8, zorder=0)
+    ax.set_yticks(range(len(names)), [f"{n}  {race.relative[n]:.2f}x, {race.times_ms[n]:.2f} ms" for n in names])
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2f}x"))
+    ax.set_xlabel(f"time over {kept}'s in the same round (dots: rounds; bar: their median)")
+    ax.set_title(f"{title or 'race of plans'}: kept {kept}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -6,7 +6,8 @@ each schedule's time over the kept one's in the same round, the median over roun
 plan that runs as ios's does, left out of the race); eager PyTorch (for an ONNX file,
 ONNX Runtime's own session of it) is timed against the kept plan afterwards. Writes
 ``schedule.json``, ``timeline.png`` (a Gantt chart of one profiled run: lanes by time, operators
-coloured by kind) and ``trace.json`` (Chrome/Perfetto) under ``--out``.
+coloured by kind), ``trace.json`` (Chrome/Perfetto) and, where plans raced, ``race.png`` (each
+contender's per-round times over the kept plan's, and their medians) under ``--out``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--cache-dir", help="profile store directory")
     p.add_argument("--memory-budget", type=float, metavar="MIB",
                    help="search within, and keep only plans whose live activations peak within, this many MiB")
-    p.add_argument("--out", default="opsched-out", help="directory for schedule.json, timeline.png, trace.json")
+    p.add_argument("--out", default="opsched-out",
+                   help="directory for schedule.json, timeline.png, trace.json, race.png")
     add_scheduler_flags(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -119,7 +121,7 @@ def _baseline(loaded: LoadedModel, module: ScheduledModule, inputs: tuple[torch.
 
 
 def _write(args: argparse.Namespace, name: str, module: ScheduledModule, inputs: tuple[torch.Tensor, ...]) -> None:
-    from opsched.viz import draw_timeline, write_chrome_trace
+    from opsched.viz import draw_race, draw_timeline, write_chrome_trace
 
     os.makedirs(args.out, exist_ok=True)
     module.save(os.path.join(args.out, "schedule.json"))
@@ -129,4 +131,8 @@ def _write(args: argparse.Namespace, name: str, module: ScheduledModule, inputs:
     median = race_.times_ms[race_.kept] if race_ is not None else None
     draw_timeline(events, os.path.join(args.out, "timeline.png"), title, median_ms=median)
     write_chrome_trace(events, os.path.join(args.out, "trace.json"), name)
-    print(f"wrote {args.out}/schedule.json, timeline.png, trace.json")
+    written = ["schedule.json", "timeline.png", "trace.json"]
+    if race_ is not None:
+        draw_race(race_, os.path.join(args.out, "race.png"), f"{name}, batch {args.batch}")
+        written.append("race.png")
+    print(f"wrote {args.out}/{', '.join(written)}")
