@@ -311,7 +311,7 @@ def test_json_round_trip_and_refusal_for_another_graph(inception: Graph, tmp_pat
 
 
 def test_bad_schedule_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(InvalidScheduleError, match="cannot read schedule"):
+    with pytest.raises(InvalidScheduleError, match="cannot read a schedule from"):
         Schedule.load(tmp_path / "none.json")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(InvalidScheduleError, match="not JSON"):

@@ -23,17 +23,20 @@ _EXPORTS = {
     "from_onnx": "opsched.frontends", "from_torch": "opsched.frontends",
     "Graph": "opsched.ir", "Node": "opsched.ir", "TensorType": "opsched.ir",
     "ScheduledModule": "opsched.module",
+    "optimize_per_shape": "opsched.buckets", "load_per_shape": "opsched.buckets", "ShapeBuckets": "opsched.buckets",
     "run_graph": "opsched.runtime",
     "place": "opsched.transforms.place",
 }
 
 __all__ = [
-    "Graph", "Node", "OpschedError", "ScheduledModule", "TensorType", "__version__", "from_onnx", "from_torch",
-    "load", "load_graph", "optimize", "optimize_graph", "place", "run_graph",
+    "Graph", "Node", "OpschedError", "ScheduledModule", "ShapeBuckets", "TensorType", "__version__", "from_onnx",
+    "from_torch", "load", "load_graph", "load_per_shape", "optimize", "optimize_graph", "optimize_per_shape", "place",
+    "run_graph",
 ]
 
 if TYPE_CHECKING:
     from opsched.api import load, load_graph, optimize, optimize_graph
+    from opsched.buckets import ShapeBuckets, load_per_shape, optimize_per_shape
     from opsched.errors import OpschedError
     from opsched.frontends import from_onnx, from_torch
     from opsched.ir import Graph, Node, TensorType

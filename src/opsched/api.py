@@ -405,11 +405,12 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
     raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
 
 
-def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: ExampleInputs, *,
+def load(model: nn.Module, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs, *,
          device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
          tracer: Tracer = "auto") -> ScheduledModule:
-    """Reapply a schedule saved by :meth:`ScheduledModule.save` to ``model``.
+    """Reapply a schedule saved by :meth:`ScheduledModule.save` (``path``, or the schedule itself)
+    to ``model``.
 
     The model is imported again with ``example_inputs`` (as :func:`optimize` takes them) and
     placed as given; a schedule made for
@@ -420,7 +421,7 @@ def load(model: nn.Module, path: str | os.PathLike[str], example_inputs: Example
     """
     dev = _device(device)
     call, inputs = _example_inputs(model, example_inputs)
-    saved = Schedule.load(path)
+    saved = path if isinstance(path, Schedule) else Schedule.load(path)
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
         graph = place(from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer), dev, dtype,
@@ -463,8 +464,9 @@ def load_graph(graph: Graph, path: str | os.PathLike[str], *, device: str | torc
     return module
 
 
-def _warn_if_moved(sched: Schedule, dev: torch.device, path: str | os.PathLike[str]) -> None:
+def _warn_if_moved(sched: Schedule, dev: torch.device, path: str | os.PathLike[str] | Schedule) -> None:
     """Schedules travel between devices, but were tuned for the one they were made on."""
     here = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
     if here and sched.device and here not in sched.device:
-        log.warning("schedule %s was made for %s; running it on %s", path, sched.device, here)
+        where = f"of {sched.graph_name!r}" if isinstance(path, Schedule) else os.fspath(path)
+        log.warning("schedule %s was made for %s; running it on %s", where, sched.device, here)

@@ -32,8 +32,8 @@ def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
                 f"input {spec.name!r} of graph {graph.name!r}: expected {spec.type} "
                 f"(shape {spec.type.shape}, {spec.type.dtype}), got shape {shape}, {dtype}; "
                 f"the graph (and any schedule for it) is specialised to that shape: import or "
-                f"optimize again with example inputs of the new shape (a torch model run as "
-                f"torch.compile(model, backend='opsched') is scheduled for each input shape it meets)")
+                f"optimize again with example inputs of the new shape (opsched.optimize_per_shape, or "
+                f"torch.compile(model, backend='opsched'), schedules a model for each input shape it meets)")
 
 
 class Interpreter:

@@ -42,7 +42,8 @@ from opsched.ir import Graph
 from opsched.schedule.validate import check_schedule, input_types
 from opsched.transforms.split_instances import Split, split_instances
 
-__all__ = ["Stage", "Lane", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch"]
+__all__ = ["Stage", "Lane", "Schedule", "Strategy", "FORMAT", "FORMAT_VERSION", "graph_batch", "read_json",
+           "write_json"]
 
 Strategy = Literal["parallel", "merge"]
 FORMAT = "opsched.schedule"
@@ -101,6 +102,28 @@ class Lane:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.nodes)
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """``data`` as indented JSON at ``path``, written whole or not at all."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)  # never leave a half-written file behind
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON at ``path``, which should hold ``what`` ("a schedule"); raises
+    :class:`InvalidScheduleError` naming the file where it cannot be read or parsed."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise InvalidScheduleError(f"cannot read {what} from {source!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidScheduleError(f"{source}: not JSON, so not {what} ({e})") from None
 
 
 def graph_batch(graph: Graph) -> int:
@@ -272,23 +295,11 @@ class Schedule:
             raise InvalidScheduleError(f"{source}: malformed schedule: {type(e).__name__}: {e}") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)  # never leave a half-written schedule behind
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Schedule:
-        source = os.fspath(path)
-        try:
-            with open(source, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as e:
-            raise InvalidScheduleError(f"cannot read schedule {source!r}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidScheduleError(f"{source}: not JSON, so not a schedule ({e})") from None
-        return cls.from_dict(data, source)
+        return cls.from_dict(read_json(path, "a schedule"), os.fspath(path))
 
     # --- printing ---------------------------------------------------------------------------
     def __str__(self) -> str:

@@ -1,0 +1,194 @@
+"""A model scheduled for each input shape it meets: :func:`optimize_per_shape`.
+
+A schedule is specialised to its input shapes (the graph is imported at them, stages are priced
+at them), so the module :func:`opsched.optimize` returns refuses a call of another shape. Models
+served with inputs of a few shapes (sequence lengths padded up to a multiple of 64, a handful of
+batch sizes) instead get a :class:`ShapeBuckets`: a drop-in module holding a scheduled module
+per input shape, a *bucket*, each made on the first call of its shape, by :func:`opsched.optimize`
+with the options given (its measurements go to the profile store, so a shape met again in a
+later process costs a search, not a measurement), and reused after. ``save(path)`` writes every
+bucket's schedule to one JSON file; :func:`load_per_shape` reapplies them, importing the model
+at each saved shape on its first call, with no search.
+
+Shapes are not unbounded: a bucket holds its own import and plan (and, on ONNX Runtime, its
+sessions), so past ``max_shapes`` a call of a new shape is refused, naming the shapes held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from opsched._text import count
+from opsched.errors import InputMismatchError, InvalidScheduleError
+from opsched.module import ScheduledModule
+from opsched.report import OptimizeReport
+from opsched.schedule import Schedule, read_json, write_json
+from opsched.structure import ExampleInputs, InputStructure
+
+__all__ = ["ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape", "load_per_shape", "shapes_of"]
+
+log = logging.getLogger(__name__)
+
+#: Per graph input, its shape and dtype: what a bucket is specialised to.
+Shapes = tuple[tuple[tuple[int, ...], str], ...]
+
+#: What a file of buckets says it is.
+FORMAT = "opsched-shape-buckets"
+FORMAT_VERSION = 1
+
+#: :func:`opsched.load`'s options among :func:`opsched.optimize`'s: what a saved bucket is loaded with.
+LOAD_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend", "leaf_modules", "tracer")
+
+
+def shapes_of(tensors: Sequence[torch.Tensor]) -> Shapes:
+    return tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors)
+
+
+def describe(shapes: Shapes) -> str:
+    """``1x16 int64, 1x16 int64``."""
+    return ", ".join(f"{'x'.join(map(str, shape)) or 'scalar'} {dtype}" for shape, dtype in shapes)
+
+
+@dataclass(frozen=True)
+class ShapeBucketsReport:
+    """Every bucket's shapes and its module's report, in the order they were made."""
+
+    model: str
+    max_shapes: int
+    buckets: tuple[tuple[Shapes, OptimizeReport], ...]
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}: {count(len(self.buckets), 'input shape')} scheduled (at most {self.max_shapes})"]
+        for shapes, report in self.buckets:
+            lines.append(f"[{describe(shapes)}]")
+            lines += [f"  {line}" for line in str(report).splitlines()]
+        return "\n".join(lines)
+
+
+class ShapeBuckets(nn.Module):
+    """Returns what the model returns, by a scheduled module per input shape (see the module
+    docstring). It is called as the model was with the example inputs; ``buckets`` maps each
+    shape met to its :class:`~opsched.module.ScheduledModule`."""
+
+    model: nn.Module
+
+    def __init__(self, model: nn.Module, example_inputs: ExampleInputs, options: Mapping[str, Any], *,
+                 max_shapes: int = 16, saved: Mapping[Shapes, Schedule] | None = None) -> None:
+        super().__init__()
+        if not isinstance(max_shapes, int) or max_shapes < 1:
+            raise InputMismatchError(f"max_shapes: a positive number of input shapes, got {max_shapes!r}")
+        object.__setattr__(self, "model", model)  # not a submodule: its parameters stay its own
+        self.options = dict(options)
+        self.max_shapes = max_shapes
+        self.saved: dict[Shapes, Schedule] = dict(saved or {})
+        self._buckets: dict[Shapes, ScheduledModule] = {}
+        self._lock = threading.Lock()
+        first = self._make(example_inputs)
+        self.inputs: InputStructure = first.inputs  # how the model is called, whatever the shapes
+
+    @property
+    def buckets(self) -> dict[Shapes, ScheduledModule]:
+        return dict(self._buckets)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = self.inputs.tensors(args, kwargs)
+        shapes = shapes_of(tensors)
+        module = self._buckets.get(shapes)
+        if module is None:
+            with self._lock:  # two threads meeting a new shape at once make one bucket
+                module = self._buckets.get(shapes)
+                if module is None:
+                    module = self._make(self._example(tensors))
+        return module(*args, **kwargs)
+
+    def _example(self, tensors: Sequence[torch.Tensor]) -> ExampleInputs:
+        """The call whose graph inputs are ``tensors``, as :func:`opsched.optimize` takes example
+        inputs: positional arguments, or keyword arguments where the call passes any."""
+        args, kwargs = self.inputs.call(tensors)
+        if not kwargs:
+            return args
+        signature = self.inputs.signature
+        named = [] if signature is None else [p.name for p in signature.parameters.values()
+                                               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return {**dict(zip(named, args)), **kwargs}
+
+    def _make(self, example: ExampleInputs) -> ScheduledModule:
+        from opsched.api import load, optimize
+        from opsched.structure import bind_example
+
+        model: nn.Module = self.model
+        shapes = shapes_of(bind_example(model.forward, example)[1])
+        if len(self._buckets) >= self.max_shapes:
+            held = "; ".join(f"[{describe(s)}]" for s in self._buckets)
+            raise InputMismatchError(
+                f"{type(model).__name__} called with inputs of shapes [{describe(shapes)}], a new bucket past "
+                f"max_shapes={self.max_shapes} (held: {held}): pad inputs to a few shapes (sequence lengths rounded "
+                f"up to a multiple of 64, say), or allow more shapes")
+        start = time.perf_counter()
+        saved = self.saved.get(shapes)
+        if saved is not None:
+            module = load(model, saved, example, **{k: v for k, v in self.options.items() if k in LOAD_OPTIONS})
+        else:
+            module = optimize(model, example, **self.options)
+        log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", type(model).__name__, describe(shapes),
+                 "saved schedule" if saved is not None else "searched", time.perf_counter() - start)
+        self._buckets[shapes] = module
+        return module
+
+    def report(self) -> ShapeBucketsReport:
+        return ShapeBucketsReport(type(self.model).__name__, self.max_shapes,
+                                  tuple((shapes, m.report()) for shapes, m in self._buckets.items()))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Every bucket's schedule (and any loaded but not yet met), in one JSON file."""
+        schedules = {**self.saved, **{shapes: m.schedule for shapes, m in self._buckets.items()}}
+        data = {"format": FORMAT, "version": FORMAT_VERSION,
+                "buckets": [{"inputs": [[list(shape), dtype] for shape, dtype in shapes], "schedule": s.to_dict()}
+                            for shapes, s in schedules.items()]}
+        write_json(path, data)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def optimize_per_shape(model: nn.Module, example_inputs: ExampleInputs, *, max_shapes: int = 16,
+                       **options: Any) -> ShapeBuckets:
+    """:func:`opsched.optimize` for a model called with inputs of several shapes: the module
+    returned schedules ``example_inputs``' shapes now, and each new shape on its first call, with
+    ``options`` (any of :func:`opsched.optimize`'s), up to ``max_shapes`` shapes."""
+    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes)
+
+
+def load_per_shape(model: nn.Module, path: str | os.PathLike[str], example_inputs: ExampleInputs, *,
+                   max_shapes: int = 16, **options: Any) -> ShapeBuckets:
+    """Reapply the schedules a :class:`ShapeBuckets` saved: a shape saved is imported on its first
+    call and runs its saved schedule, with no search (refused, as by :func:`opsched.load`, where
+    the model is not the one it was made for); a shape not saved is optimized with ``options``."""
+    source = os.fspath(path)
+    data = read_json(path, "saved buckets")
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
+        raise InvalidScheduleError(f"{source}: not saved buckets of version {FORMAT_VERSION} (no \"format\": "
+                                   f"\"{FORMAT}\"); a single schedule loads with opsched.load")
+    saved: dict[Shapes, Schedule] = {}
+    try:
+        for k, bucket in enumerate(data["buckets"]):
+            shapes = tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in bucket["inputs"])
+            saved[shapes] = Schedule.from_dict(bucket["schedule"], f"{source}, bucket {k}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidScheduleError(f"{source}: malformed buckets: {type(e).__name__}: {e}") from None
+    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes, saved=saved)

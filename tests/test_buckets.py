@@ -1,0 +1,146 @@
+"""A model scheduled per input shape: each shape met gets a bucket on its first call, equal to
+eager PyTorch; buckets are bounded, saved, reloaded with no search, and pickled whole."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import opsched
+from opsched.errors import InputMismatchError, InvalidScheduleError, ScheduleMismatchError
+from opsched.testing import assert_close
+from opsched.testing.corpus import corpus_available
+
+pytestmark = pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+
+
+def _bert() -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=50)
+    return transformers.BertModel(config).eval()
+
+
+def _batch(batch: int, length: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 50, (batch, length))
+    mask = torch.ones_like(ids)
+    mask[0, length // 2:] = 0  # a padded row
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _equal(model: nn.Module, fast: nn.Module, call: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        got, want = fast(**call), model(**call)
+    assert_close([got.last_hidden_state, got.pooler_output], [want.last_hidden_state, want.pooler_output])
+
+
+def test_each_input_shape_is_scheduled_on_its_first_call_and_reused_after() -> None:
+    model = _bert()
+    fast = opsched.optimize_per_shape(model, _batch(1, 16), cost="analytic")
+    assert list(fast.buckets) == [(((1, 16), "int64"), ((1, 16), "int64"))]
+    _equal(model, fast, _batch(1, 16))
+    longer = _batch(2, 24)
+    _equal(model, fast, longer)
+    key = (((2, 24), "int64"), ((2, 24), "int64"))
+    assert len(fast.buckets) == 2 and key in fast.buckets
+    made = fast.buckets[key]
+    _equal(model, fast, _batch(2, 24))  # the same shape again: the same bucket
+    with torch.no_grad():  # called by position as the model is: the same bucket too
+        assert_close([fast(longer["input_ids"], longer["attention_mask"]).last_hidden_state],
+                     [model(**longer).last_hidden_state])
+    assert fast.buckets[key] is made and len(fast.buckets) == 2
+    text = str(fast.report())
+    assert text.startswith("BertModel: 2 input shapes scheduled (at most 16)")
+    assert "[2x24 int64, 2x24 int64]" in text and "scheduled by ios" in text
+    assert not any(True for _ in fast.parameters())  # the model's weights stay the model's
+
+
+def test_shapes_past_the_bound_are_refused_naming_the_shapes_held() -> None:
+    model = _bert()
+    fast = opsched.optimize_per_shape(model, _batch(1, 8), cost="analytic", max_shapes=2)
+    _equal(model, fast, _batch(1, 12))
+    with pytest.raises(InputMismatchError) as e:
+        fast(**_batch(1, 20))
+    msg = str(e.value)
+    assert "inputs of shapes [1x20 int64, 1x20 int64], a new bucket past max_shapes=2" in msg
+    assert "held: [1x8 int64, 1x8 int64]; [1x12 int64, 1x12 int64]" in msg and "pad inputs" in msg
+    assert len(fast.buckets) == 2
+    _equal(model, fast, _batch(1, 8))  # what it held still runs
+    with pytest.raises(InputMismatchError, match="this module is called as"):
+        fast(**_batch(1, 8), token_type_ids=torch.zeros(1, 8, dtype=torch.long))  # another form of call
+    with pytest.raises(InputMismatchError, match="max_shapes: a positive number of input shapes, got 0"):
+        opsched.optimize_per_shape(model, _batch(1, 8), cost="analytic", max_shapes=0)
+
+
+def test_saved_buckets_load_with_no_search_and_refuse_another_model(tmp_path: Path) -> None:
+    model = _bert()
+    fast = opsched.optimize_per_shape(model, _batch(1, 16), cost="analytic", scheduler="greedy")
+    _equal(model, fast, _batch(2, 8))
+    path = tmp_path / "buckets.json"
+    fast.save(path)
+    assert [b["inputs"] for b in json.loads(path.read_text())["buckets"]] == [
+        [[[1, 16], "int64"]] * 2, [[[2, 8], "int64"]] * 2]
+    # not yet met after loading: a saved shape is imported on its first call and runs as saved
+    loaded = opsched.load_per_shape(model, path, _batch(1, 16), cost="analytic")
+    _equal(model, loaded, _batch(2, 8))
+    for key, module in fast.buckets.items():
+        again = loaded.buckets[key]
+        assert again.schedule.lanes == module.schedule.lanes and again.schedule.scheduler == "greedy"
+        assert again.outcome.seconds is None  # loaded: no search, no race
+    loaded.save(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(path.read_text())
+    # a shape never saved is optimized with the options given
+    _equal(model, loaded, _batch(1, 4))
+    assert loaded.buckets[(((1, 4), "int64"),) * 2].outcome.seconds is not None
+    other = _bert()
+    other.encoder.layer[0].intermediate = nn.Sequential(nn.Linear(32, 64), nn.Tanh())  # another graph
+    with pytest.raises(ScheduleMismatchError):
+        opsched.load_per_shape(other, path, _batch(1, 16), cost="analytic")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InvalidScheduleError, match="bad.json: not JSON"):
+        opsched.load_per_shape(model, tmp_path / "bad.json", _batch(1, 16))
+    single = tmp_path / "one.json"
+    fast.buckets[(((1, 16), "int64"),) * 2].save(single)
+    with pytest.raises(InvalidScheduleError, match="a single schedule loads with opsched.load"):
+        opsched.load_per_shape(model, single, _batch(1, 16))
+
+
+def test_buckets_pickle_whole() -> None:
+    model = _bert()
+    fast = opsched.optimize_per_shape(model, _batch(1, 16), cost="analytic")
+    _equal(model, fast, _batch(1, 6))
+    buffer = io.BytesIO()
+    torch.save(fast, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    assert list(again.buckets) == list(fast.buckets)
+    _equal(model, again, _batch(1, 6))
+    _equal(model, again, _batch(3, 5))  # a new shape: scheduled by the unpickled copy
+
+
+class KeywordOnly(nn.Module):
+    """A forward whose scale can only be passed by name: a call both positional and by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)) * scale
+
+
+def test_a_call_both_positional_and_by_keyword_gets_its_bucket() -> None:
+    model = KeywordOnly().eval()
+    fast = opsched.optimize_per_shape(model, {"x": torch.randn(1, 3, 8, 8), "scale": torch.rand(1, 4, 1, 1)},
+                                      cost="analytic")
+    x, scale = torch.randn(2, 3, 12, 12), torch.rand(2, 4, 1, 1)
+    with torch.no_grad():
+        assert_close([fast(x, scale=scale)], [model(x, scale=scale)])
+    assert len(fast.buckets) == 2
