@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,95 +29,21 @@ from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
 from opsched.race import race
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
+from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names, scheduler_options
 from opsched.runtime.plan import plan_work
 from opsched.schedule import Schedule, graph_batch
-from opsched.schedulers import make_options, schedule, spec
+from opsched.schedulers import schedule
 from opsched.schedulers.placement import PlacementOptions
-from opsched.schedulers.registry import RENAMED
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
-from opsched.transforms.place import dtype_name, place
+from opsched.transforms.place import place
 
-__all__ = ["optimize", "optimize_graph", "load", "load_graph", "Request", "check_request", "host_cpu_model",
-           "measured_cost", "measured_platform", "scheduler_options"]
+__all__ = ["optimize", "optimize_graph", "load", "load_graph", "host_cpu_model", "measured_cost", "measured_platform"]
 
 log = logging.getLogger(__name__)
-
-DEVICES = ("cpu", "cuda")
-
 
 def host_cpu_model() -> AnalyticCostModel:
     """The analytic CPU preset with this machine's core count."""
     return AnalyticCostModel(host_cpu_spec())
-
-
-@dataclass(frozen=True)
-class Request:
-    """What :func:`optimize_graph` was asked for, checked: the device, the backend as named
-    (``"auto"`` or a name; it runs there in the precision asked, and the graph's own dtypes,
-    a bfloat16 model's, settle which one ``"auto"`` is), the schedulers (each with its options
-    dataclass), the precision."""
-
-    device: torch.device
-    backend: str
-    schedulers: tuple[str, ...]
-    options: Mapping[str, Any]
-    dtype: str | None
-
-
-def check_request(*, device: str | torch.device = "cpu", scheduler: str | Sequence[str] = "ios",
-                  backend: str = "auto", dtype: str | torch.dtype | None = None, **options: Any) -> Request:
-    """Every argument of an optimization checked, before any work (the CLI asks this before it
-    loads a model): an unknown device, backend, scheduler, option or precision is refused with
-    an :class:`~opsched.errors.OpschedError` naming what is accepted."""
-    dev = _device(device)
-    precision = None if dtype is None else dtype_name(dtype)
-    resolve_backend(backend, dev, () if precision is None else (precision,))
-    names = _scheduler_names(scheduler)
-    per_scheduler = scheduler_options(names, dev.type, options)
-    return Request(dev, backend, names, per_scheduler, precision)
-
-
-def _scheduler_names(scheduler: object) -> tuple[str, ...]:
-    names = (scheduler,) if isinstance(scheduler, str) else scheduler
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ScheduleError(f"scheduler: a scheduler's name or a sequence of names, got {scheduler!r}")
-    if not names:
-        raise ScheduleError("scheduler: name at least one scheduler")
-    for name in names:
-        spec(name)  # an unknown name fails before any work
-    return tuple(names)
-
-
-def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[str, Any],
-                      cores: int | None = None) -> dict[str, Any]:
-    """Each scheduler's options dataclass: its device defaults, overridden by the ``values`` it
-    takes. An option no scheduler of ``names`` takes is an error naming what each one takes."""
-    cores = cores or os.cpu_count() or 1
-    takes = {name: {f.name for f in dataclasses.fields(spec(name).options)} for name in names}
-    unknown = sorted(k for k in values if not any(k in t for t in takes.values()))
-    if unknown:
-        hints = [f"{k!r} (renamed {RENAMED[k]!r})" if k in RENAMED else repr(k) for k in unknown]
-        listing = "; ".join(f"{name} takes {sorted(t) or 'none'}" for name, t in takes.items())
-        raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing})")
-    out = {}
-    for name in names:
-        chosen = {k: v for k, v in spec(name).defaults(device_type, cores).items() if k in takes[name]}
-        chosen.update((k, v) for k, v in values.items() if k in takes[name])
-        out[name] = make_options(name, chosen)
-    return out
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        dev = None
-    if dev is None or dev.type not in DEVICES:
-        raise OpschedError(f"device {device!r} is not supported by this opsched; supported: {', '.join(DEVICES)}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise OpschedError(f"device {device!r}: CUDA is not available on this machine (torch {torch.__version__}, "
-                           f"torch.cuda.is_available() is False)")
-    return dev
 
 
 def _example_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
@@ -247,7 +172,7 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
     command line's baselines); ``rounds`` is the race's. ``module.report()`` gives every
     contender's median and which was kept; ``memory_budget`` is :func:`optimize`'s."""
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
-    extra = _scheduler_names(race_with) if race_with else ()
+    extra = scheduler_names(race_with) if race_with else ()
     return _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
                      check=check, race_with=extra, rounds=rounds, progress=phases(progress),
                      memory_budget=memory_budget)
@@ -387,7 +312,7 @@ def measured_cost(device: str | torch.device = "cpu", *, backend: str | Backend 
                   channels_last: bool = False) -> MeasuredCostModel:
     """The measured cost model of ``backend`` on ``device`` (its stages timed as the plans will
     run: on ``cores`` threads, in channels-last layout), its figures kept in ``store``."""
-    dev = _device(device)
+    dev = check_device(device)
     be = resolve_backend(backend, dev) if isinstance(backend, str) else backend
     return MeasuredCostModel(be, RunOptions(dev, cores, channels_last=channels_last), store=store)
 
@@ -419,7 +344,7 @@ def load(model: nn.Module, path: str | os.PathLike[str] | Schedule, example_inpu
     travel), with a warning: it was tuned for that device. With ``tracer="auto"``, a schedule
     saved from a torch.fx import (whose node names torch.export does not always repeat) loads too.
     """
-    dev = _device(device)
+    dev = check_device(device)
     call, inputs = _example_inputs(model, example_inputs)
     saved = path if isinstance(path, Schedule) else Schedule.load(path)
     with _eval_mode(model):
@@ -456,7 +381,7 @@ def load_graph(graph: Graph, path: str | os.PathLike[str], *, device: str | torc
                 if isinstance(graph, (str, os.PathLike))
                 else "opsched.load(model, path, example_inputs) for an nn.Module")
         raise FrontendError(f"load_graph() takes an imported Graph, got {type(graph).__name__}: {hint}")
-    dev = _device(device)
+    dev = check_device(device)
     graph = place(graph, dev, dtype, channels_last)
     sched = Schedule.load(path).validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last)

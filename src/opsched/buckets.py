@@ -32,7 +32,7 @@ from opsched.errors import InputMismatchError, InvalidScheduleError
 from opsched.module import ScheduledModule
 from opsched.report import OptimizeReport
 from opsched.schedule import Schedule, read_json, write_json
-from opsched.structure import ExampleInputs, InputStructure
+from opsched.structure import ExampleInputs, InputStructure, bind_example
 
 __all__ = ["ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape", "load_per_shape", "shapes_of"]
 
@@ -92,8 +92,9 @@ class ShapeBuckets(nn.Module):
         self.saved: dict[Shapes, Schedule] = dict(saved or {})
         self._buckets: dict[Shapes, ScheduledModule] = {}
         self._lock = threading.Lock()
-        first = self._make(example_inputs)
-        self.inputs: InputStructure = first.inputs  # how the model is called, whatever the shapes
+        structure, tensors = bind_example(model.forward, example_inputs)
+        self.inputs: InputStructure = structure  # how the model is called, whatever the shapes
+        self._make(example_inputs, shapes_of(tensors))
 
     @property
     def buckets(self) -> dict[Shapes, ScheduledModule]:
@@ -107,7 +108,7 @@ class ShapeBuckets(nn.Module):
             with self._lock:  # two threads meeting a new shape at once make one bucket
                 module = self._buckets.get(shapes)
                 if module is None:
-                    module = self._make(self._example(tensors))
+                    module = self._make(self._example(tensors), shapes)
         return module(*args, **kwargs)
 
     def _example(self, tensors: Sequence[torch.Tensor]) -> ExampleInputs:
@@ -121,12 +122,11 @@ class ShapeBuckets(nn.Module):
                                                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return {**dict(zip(named, args)), **kwargs}
 
-    def _make(self, example: ExampleInputs) -> ScheduledModule:
+    def _make(self, example: ExampleInputs, shapes: Shapes) -> ScheduledModule:
+        """The bucket for ``shapes``, called with ``example``: its saved schedule, or optimized."""
         from opsched.api import load, optimize
-        from opsched.structure import bind_example
 
         model: nn.Module = self.model
-        shapes = shapes_of(bind_example(model.forward, example)[1])
         if len(self._buckets) >= self.max_shapes:
             held = "; ".join(f"[{describe(s)}]" for s in self._buckets)
             raise InputMismatchError(

@@ -151,7 +151,7 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | No
 
 
 def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
-    from opsched.api import check_request
+    from opsched.request import check_request
 
     mode = mode or "default"
     if mode not in MODES:

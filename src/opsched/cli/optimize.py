@@ -58,11 +58,12 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     add_scheduler_flags(p)
 
     def run(args: argparse.Namespace) -> int:
-        from opsched.api import check_request, optimize_graph
+        from opsched.api import optimize_graph
         from opsched.check import placed_inputs
         from opsched.cli.models import load_model
         from opsched.progress import phases
         from opsched.race import race
+        from opsched.request import check_request
 
         names = [name.strip() for name in args.scheduler.split(",")]
         options = scheduler_values(args)
@@ -80,7 +81,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         inputs = placed_inputs(module.graph, loaded.inputs, module.device)
         race_ = module.outcome.race
         if race_ is not None:
-            rows = [[name, f"{ms:.2f}", f"{race_.relative[name]:.2f}x" if name in race_.relative else "",
+            relative = race_.relative  # paired ratios, computed once for the table
+            rows = [[name, f"{ms:.2f}", f"{relative[name]:.2f}x",
                      size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
                      "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
             rows += [[name, "", f"= {other}", "", ""] for name, other in module.outcome.same_plan.items()]

@@ -24,10 +24,10 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     add_scheduler_flags(p)
 
     def run(args: argparse.Namespace) -> int:
-        from opsched.api import scheduler_options
         from opsched.cli.models import load_model
         from opsched.cost import AnalyticCostModel
         from opsched.progress import ProgressBar
+        from opsched.request import scheduler_options
         from opsched.schedulers import schedule
         from opsched.schedulers.simulate import simulate
 
