@@ -97,6 +97,31 @@ def test_graph_breaks_and_new_shapes_each_get_a_schedule() -> None:
     assert "4 graphs, 2 recompiles" in text and "new input shapes" in text
 
 
+class Normalizes(nn.Module):
+    """Normalises its input in place before its convolutions, as preprocessing code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.sub_(0.5).div_(0.25)
+        return self.a(x) + self.b(x)
+
+
+def test_an_input_the_graph_changes_in_place_is_changed_as_eager_changes_it() -> None:
+    model = Normalizes().eval()
+    compiled = _compiled(model, scheduler="ios")
+    for _ in range(2):
+        x = torch.rand(1, 3, 8, 8)
+        theirs, mine = x.clone(), x.clone()
+        with torch.no_grad():
+            assert_close(compiled(mine), model(theirs))
+        assert_close(mine, theirs)
+    (graph,) = od.compiled_graphs()
+    assert graph.buckets[0].schedule is not None  # scheduled by opsched, not run eagerly
+
+
 def test_new_weights_and_another_instance_are_never_served_stale_results() -> None:
     first, second = Branchy().eval(), Branchy().eval()
     x = torch.randn(1, 3, 16, 16)

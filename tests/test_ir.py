@@ -165,6 +165,27 @@ def test_structural_hash_sees_structure(change: str) -> None:
     assert build(change).structural_hash() != build("base").structural_hash()
 
 
+def test_writes_name_inputs_print_apart_from_what_is_returned_and_change_the_hash() -> None:
+    """An input the model changes in place is a trailing output, named in ``writes``."""
+    b = GraphBuilder("w")
+    x, y = b.input("x", (2, 3)), b.input("y", (2, 3))
+    s = b.add("relu", [x], name="s")
+    t = b.add("sigmoid", [y], name="t")
+    g = b.build([s], writes=[("y", t)]).verify()
+    assert g.outputs == ("s", "t") and g.returns == ("s",) and g.writes == ("y",)
+    assert str(g).splitlines()[-3:] == ["  return %s", "  write %y <- %t", "}"]
+    assert g.structural_hash() != g.replace(writes=()).structural_hash()
+    assert g.replace(writes=()).structural_hash() == b.build([s, t]).structural_hash()  # hashes without writes kept
+    with pytest.raises(DanglingInputError, match="writes 's', which is not a graph input"):
+        g.replace(writes=("s",)).verify()
+    with pytest.raises(GraphError, match="must name distinct inputs"):
+        g.replace(writes=("y", "y")).verify()
+    b2 = GraphBuilder("w2")
+    x2 = b2.input("x", (2, 3))
+    with pytest.raises(ShapeMismatchError, match="input 'x' \\(f32\\[2,3\\]\\) is written with 'm', a f32\\[6\\]"):
+        b2.build([], writes=[("x", b2.add("flatten", [x2], name="m", start_dim=0))]).verify()
+
+
 def test_width_generations_and_critical_path_on_a_diamond() -> None:
     g = diamond()
     assert width(g) == 2

@@ -16,11 +16,13 @@ import opsched
 from opsched.check import fresh_inputs
 from opsched.cli.main import main
 from opsched.errors import (
+    ExecutionError,
     FrontendError,
     InputMismatchError,
     OpschedError,
     ScheduleError,
     ScheduleMismatchError,
+    StatefulModelError,
     UntraceableModuleError,
 )
 from opsched.testing import assert_close
@@ -139,6 +141,104 @@ def test_in_place_changes_through_shared_memory_equal_eager(case: str, backend: 
     for scheduler in ("sequential", "ios"):
         module = opsched.optimize(model, x, scheduler=scheduler, backend=backend, **ANALYTIC)
         equal_on_fresh_inputs(model, module, (x,))
+
+
+class Writes(nn.Module):
+    """Changes its inputs in place: ``x`` twice (itself), ``y`` through a view, ``z`` to another
+    input's value; returns a value computed between the writes and ``x`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> object:
+        x.add_(1)
+        y[:, 0] = 0
+        h = self.conv(x + y)
+        x.mul_(2)
+        z.copy_(y)
+        return h, x
+
+
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_inputs_the_model_changes_in_place_are_changed_as_eager_changes_them(tracer: str, backend: str) -> None:
+    """torch.export lists such writes beside the outputs, and they were dropped: the module
+    returned the right values but left the caller's tensors as they were."""
+    import copy
+
+    model = Writes().eval()
+    xs = tuple(torch.randn(1, 3, 5, 5) for _ in range(3))
+    before = [t.clone() for t in xs]
+    for scheduler in ("sequential", "ios"):
+        module = opsched.optimize(model, xs, scheduler=scheduler, backend=backend, tracer=tracer, cost="analytic")
+        assert module.graph.writes == ("x", "y", "z")
+        assert all(torch.equal(t, b) for t, b in zip(xs, before))  # optimize() checked it on copies
+        for again in (module, copy.deepcopy(module)):
+            for inputs in (xs, fresh_inputs(xs, seed=3)):
+                theirs, mine = [t.clone() for t in inputs], [t.clone() for t in inputs]
+                with torch.no_grad():
+                    assert_close(tensors(again(*mine)), tensors(model(*theirs)))
+                assert_close(mine, theirs)
+
+
+def test_the_check_against_the_model_compares_the_inputs_it_changes() -> None:
+    """A module that returned the right values but wrote no input fails the check, naming it."""
+    from opsched.check import verify_against
+    from opsched.cost import AnalyticCostModel
+    from opsched.schedulers import schedule
+    from opsched.structure import InputStructure
+
+    model, xs = Writes().eval(), tuple(torch.randn(1, 3, 5, 5) for _ in range(3))
+    module = opsched.optimize(model, xs, **ANALYTIC)
+    graph = module.graph
+    unwritten = graph.replace(outputs=graph.returns, writes=())
+    forgetful = opsched.ScheduledModule(unwritten, schedule(unwritten, "sequential", AnalyticCostModel("CPU2")))
+    call = InputStructure.positional(["x", "y", "z"])
+    verify_against(module, graph, torch.device("cpu"), model, call, xs)
+    with pytest.raises(ExecutionError, match="on the example inputs, the scheduled module's input 'x' after the call "
+                                             "differs from the model's"):
+        verify_against(forgetful, forgetful.graph, torch.device("cpu"), model, call, xs)
+
+
+class Stateful(nn.Module):
+    """Counts its calls in a buffer; with ``accumulate``, its output reads a running sum too."""
+
+    def __init__(self, accumulate: bool) -> None:
+        super().__init__()
+        self.accumulate = accumulate
+        self.linear = nn.Linear(3, 3)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        if not self.accumulate:
+            return self.linear(x)
+        self.total.add_(x.sum(0))
+        return self.linear(x) * self.total
+
+
+@pytest.mark.parametrize("tracer", ["auto", "export", "fx"])
+def test_a_stateful_model_is_refused_and_a_counter_it_keeps_is_left_with_a_warning(
+        tracer: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Weights and buffers are constants of the graph: a model whose outputs read one it
+    changes in place would be right on the first call only."""
+    x = torch.randn(2, 3)
+    with pytest.raises(StatefulModelError, match="^Stateful is stateful: its forward changes buffer 'total' in place "
+                                                 "and its outputs read it") as info:
+        opsched.from_torch(Stateful(accumulate=True).eval(), x, tracer=tracer)  # type: ignore[arg-type]
+    assert "; and" not in str(info.value)  # auto does not try torch.fx after torch.export found it
+    model = Stateful(accumulate=False).eval()
+    with caplog.at_level("WARNING"):
+        module = opsched.optimize(model, x, tracer=tracer, **ANALYTIC)  # type: ignore[arg-type]
+    # torch.fx does not trace a buffer's own method calls (it runs them while tracing): out of its sight
+    assert ("changes buffer 'calls' in place in forward; the scheduled module computes the same outputs but "
+            "leaves it as it was" in caplog.text) == (tracer != "fx")
+    calls = float(model.calls)
+    with torch.no_grad():
+        assert_close(module(x), model(x))
+    assert float(model.calls) == calls + 1  # the model's own call counted; the module's did not
 
 
 class Dilated(nn.Module):

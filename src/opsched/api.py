@@ -146,9 +146,9 @@ def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
         graph = from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer)
-        if structure.tensors != len(graph.outputs):
-            raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import has "
-                                f"{len(graph.outputs)} outputs; please report this with the model")
+        if structure.tensors != len(graph.returns):
+            raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import "
+                                f"returns {len(graph.returns)}; please report this with the model")
         module = _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
                            inputs=call, outputs=structure, progress=phases(progress), memory_budget=memory_budget)
         module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)

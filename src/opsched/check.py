@@ -99,24 +99,29 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
     model = placed_model(model, device, dtype, any(p.device != t.device for p, t in zip(placed, inputs)))
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
     for k, (which, xs) in enumerate(cases.items()):
+        # each side gets copies: a model may change its inputs, and the caller's must stay as they were
+        theirs, mine = [t.clone() for t in xs], [t.clone() for t in xs]
         with torch.no_grad():
-            args, kwargs = call.call([t.clone() for t in xs])  # a model may change its inputs
+            args, kwargs = call.call(theirs)
             expected = [e.detach() if isinstance(e, torch.Tensor) else e  # a returned weight requires grad
                         for e in pytree.tree_leaves(model(*args, **kwargs))]
-            args, kwargs = call.call(xs)
+            args, kwargs = call.call(mine)
             actual = pytree.tree_leaves(module(*args, **kwargs))
         if progress is not None:
             progress(k + 1, len(cases), which)
         if len(actual) != len(expected):
             raise ExecutionError(f"the scheduled module returns {len(actual)} outputs on {which}, the model "
                                  f"{len(expected)}; please report this with the model")
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            if not isinstance(e, torch.Tensor):
-                continue
+        written = {i.name: k for k, i in enumerate(graph.inputs) if i.name in graph.writes or not
+                   torch.equal(theirs[k], xs[k])}  # what the model wrote, and what the module should have
+        compared = [(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected))
+                    if isinstance(e, torch.Tensor)]
+        compared += [(f"input {name!r} after the call", mine[k], theirs[k]) for name, k in written.items()]
+        for what, a, e in compared:
             tol = tolerance(e)
             err = largest_difference(a, e) if a.shape == e.shape else 0.0
             if a.shape != e.shape or err > tol:
-                raise ExecutionError(f"on {which}, the scheduled module's output {i} differs from the model's "
+                raise ExecutionError(f"on {which}, the scheduled module's {what} differs from the model's "
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, largest difference {err:.3g}, "
                                      f"tolerance {tol:.3g}): the model may take another path on other inputs (its "
                                      f"Python control flow was traced for the example inputs), or this is a bug: "

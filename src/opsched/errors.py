@@ -16,6 +16,7 @@ __all__ = [
     "UnknownOpError",
     "FrontendError",
     "UntraceableModuleError",
+    "StatefulModelError",
     "UnsupportedOpError",
     "MalformedModelError",
     "ExecutionError",
@@ -66,6 +67,11 @@ class FrontendError(OpschedError):
 
 class UntraceableModuleError(FrontendError):
     """torch.fx could not trace the module (data-dependent control flow and the like)."""
+
+
+class StatefulModelError(FrontendError):
+    """The model's outputs read weights or buffers that its forward changes in place: each call
+    depends on the calls before, which a graph of constant weights cannot compute."""
 
 
 class UnsupportedOpError(FrontendError):

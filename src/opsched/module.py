@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -63,10 +64,10 @@ class ScheduledModule(nn.Module):
         if len(self.inputs.names) != len(graph.inputs):
             raise OpschedError(f"the call {self.inputs.describe()} passes {len(self.inputs.names)} tensors, but graph "
                                f"{graph.name!r} has {len(graph.inputs)} inputs")
-        self.outputs = outputs or OutputStructure.flat(len(graph.outputs))
-        if self.outputs.tensors != len(graph.outputs):
+        self.outputs = outputs or OutputStructure.flat(len(graph.returns))
+        if self.outputs.tensors != len(graph.returns):
             raise OpschedError(f"the output structure holds {self.outputs.tensors} tensors, but graph {graph.name!r} "
-                               f"has {len(graph.outputs)} outputs")
+                               f"returns {len(graph.returns)}")
         self.outcome = outcome or OptimizeOutcome()
 
     @property
@@ -85,7 +86,20 @@ class ScheduledModule(nn.Module):
             raise InputMismatchError(
                 f"a scheduled module of {self.graph.name!r} is for inference: it computes no gradients, and an input "
                 f"requires one; call it under torch.no_grad() or torch.inference_mode(), or detach the input")
-        return self.outputs.build(self._executor(inputs))
+        results = self._executor(inputs)
+        if self.graph.writes:
+            results = self._write(inputs, results)
+        return self.outputs.build(results)
+
+    def _write(self, inputs: Sequence[torch.Tensor], results: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy the new values of the inputs the model changes in place into the caller's
+        tensors (the trailing results, :attr:`Graph.writes`); the others are what it returns."""
+        returned = len(self.graph.returns)
+        index = {i.name: k for k, i in enumerate(self.graph.inputs)}
+        with torch.no_grad():
+            for name, value in zip(self.graph.writes, results[returned:]):
+                inputs[index[name]].copy_(value)
+        return results[:returned]
 
     def profile(self, *args: Any, **kwargs: Any) -> list[TraceEvent]:
         """Run once on the arguments ``forward`` takes, recording when each step ran on which lane

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx
 
-from opsched.errors import FrontendError
+from opsched.errors import FrontendError, StatefulModelError
 from opsched.ir import Graph, GraphBuilder, TensorType, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
 
-__all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque"]
+__all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque", "fx_ancestors",
+           "check_weight_writes"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -92,3 +94,31 @@ def report_opaque(graph: Graph, source: str) -> None:
         log.warning("%s: %d call(s) have no converter and run as opaque nodes (they execute the "
                     "original callable but cannot be merged or costed analytically): %s",
                     source, len(opaque), listing)
+
+
+def fx_ancestors(nodes: Sequence[torch.fx.Node]) -> set[str]:
+    """The names of ``nodes`` and of every node they read, directly or not."""
+    seen: set[str] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n.name not in seen:
+            seen.add(n.name)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def check_weight_writes(model: str, written: Mapping[str, bool]) -> None:
+    """A frontend imports weights and buffers as constants. ``written`` holds those the model's
+    forward changes in place (``"buffer 'n'"``), each with whether its outputs read it: then
+    each call depends on the calls before (a stateful model), which is refused; a write nothing
+    reads (a call counter) is left undone, with a warning."""
+    if stateful := [w for w, read in written.items() if read]:
+        raise StatefulModelError(
+            f"{model} is stateful: its forward changes {', '.join(stateful)} in place and its outputs read "
+            f"{'it' if len(stateful) == 1 else 'them'}, so each call depends on the calls before; opsched imports "
+            f"weights and buffers as constants. Keep the state outside the model (pass it as an input and return "
+            f"its new value)")
+    if written:
+        log.warning("%s changes %s in place in forward; the scheduled module computes the same outputs but leaves "
+                    "%s as it was", model, ", ".join(written), "it" if len(written) == 1 else "them")

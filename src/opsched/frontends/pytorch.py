@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from opsched.errors import FrontendError
+from opsched.errors import FrontendError, StatefulModelError
 from opsched.frontends._common import report_opaque
 from opsched.frontends.torch_export import export_graph
 from opsched.frontends.torch_fx import fx_graph
@@ -65,7 +65,7 @@ def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Ten
     try:
         return export_graph(module, *structure.call(inputs), name)
     except FrontendError as export_error:
-        if tracer == "export":
+        if tracer == "export" or isinstance(export_error, StatefulModelError):  # torch.fx would not change that
             raise
         try:
             return _fx(module, structure, inputs, name, leaves)

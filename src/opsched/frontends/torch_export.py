@@ -29,9 +29,10 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.export.graph_signature import OutputKind
 
 from opsched.errors import FrontendError
-from opsched.frontends._common import ConversionContext, Unsupported, held_type
+from opsched.frontends._common import ConversionContext, Unsupported, check_weight_writes, fx_ancestors, held_type
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 
@@ -119,14 +120,37 @@ class ExportConverter:
                     self.env[n] = Const(tables[weights[n.name]], weights[n.name])
                 else:
                     self.env[n] = self._input(n)
-            elif n.op == "output":  # the user's outputs; not the inputs and buffers it changes in place
-                user = [spec.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT for spec in sig.output_specs]
-                outputs = self._outputs([v for v, keep in zip(n.args[0], user) if keep])
+            elif n.op == "output":
+                kinds = [spec.kind for spec in sig.output_specs]
+                outputs = self._outputs([v for v, kind in zip(n.args[0], kinds) if kind == OutputKind.USER_OUTPUT])
+                writes = self._writes(n)
             elif n.op == "call_function":
                 self.env[n] = self._call(n)
             else:
                 raise FrontendError(f"{self.ctx.b.name}: unexpected {n.op} node {n.name!r} in the exported program")
-        return self.ctx.b.build(outputs)
+        return self.ctx.b.build(outputs, writes)
+
+    def _writes(self, output: torch.fx.Node) -> list[tuple[str, str]]:
+        """What the model changes in place besides computing its outputs. Each input it writes
+        becomes a write of the graph (the module copies the new value into the caller's tensor).
+        Its weights are constants of the graph: see :func:`check_weight_writes` for those it writes."""
+        specs = self.program.graph_signature.output_specs
+        returned = output.args[0]
+        assert isinstance(returned, (tuple, list))
+        values = dict(zip((spec.arg.name for spec in specs), returned))
+        writes: list[tuple[str, str]] = []
+        for spec in specs:
+            if spec.kind == OutputKind.USER_INPUT_MUTATION and self.env[values[spec.arg.name]] != spec.target:
+                writes.append((str(spec.target), self.value(self.env[values[spec.arg.name]])))
+        computed = (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION)
+        read = fx_ancestors([v for spec in specs
+                             if spec.kind in computed and isinstance(v := values[spec.arg.name], torch.fx.Node)])
+        sig = self.program.graph_signature
+        placeholder = {target: name for name, target in {**sig.inputs_to_buffers, **sig.inputs_to_parameters}.items()}
+        kind = {OutputKind.BUFFER_MUTATION: "buffer", OutputKind.PARAMETER_MUTATION: "parameter"}
+        check_weight_writes(self.ctx.b.name, {f"{kind[s.kind]} {s.target!r}": placeholder[str(s.target)] in read
+                                              for s in specs if s.kind in kind})
+        return writes
 
     def _input(self, n: torch.fx.Node) -> Any:
         """A tensor argument is a graph input; any other (None, a flag) is a value fixed at export."""

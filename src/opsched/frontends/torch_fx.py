@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
-from opsched.frontends._common import ConversionContext, Unsupported, held_type
+from opsched.frontends._common import ConversionContext, Unsupported, check_weight_writes, fx_ancestors, held_type
 from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
@@ -175,6 +175,8 @@ class _FxConverter:
 
     def run(self) -> Graph:
         outputs: list[str] = []
+        weights_written: list[str] = []  # the targets of weights changed in place
+        read: set[str] = set()  # the nodes the outputs read, directly or not
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
                 v = self.values[n]
@@ -184,15 +186,27 @@ class _FxConverter:
                 self.aliases.observe(n, None)
             elif n.op == "output":
                 outputs = self._outputs(n.args[0])
+                read = fx_ancestors([a for a in pytree.tree_leaves(n.args[0]) if isinstance(a, torch.fx.Node)])
             else:
                 self.env[n] = self._convert(n)
                 mutated = _mutated(n, self.gm)
+                if mutated is not None and (root := self.aliases.root.get(mutated, mutated)).op == "get_attr":
+                    weights_written.append(str(root.target))
                 self.aliases.observe(n, mutated)
                 if mutated is not None and isinstance(self.env.get(mutated), str) and isinstance(self.env[n], str):
                     # functionalised: the op computed a new value; later readers of the tensor it
                     # changed in place, and of every view of its memory, read new values
                     self.aliases.rebind(n, mutated, self.env)
-        return self.ctx.b.build(outputs)
+        # an input changed in place (itself or through a view of it) was rebound to its new value
+        writes = [(n.name, value) for n in self.gm.graph.nodes
+                  if n.op == "placeholder" and isinstance(value := self.env[n], str) and value != n.name]
+        # a weight is read wherever a get_attr of it is, before the write or after
+        readers = {str(n.target) for n in self.gm.graph.nodes if n.op == "get_attr" and n.name in read}
+        buffers, params = dict(self.gm.named_buffers()), dict(self.gm.named_parameters())
+        kind = {t: "buffer" if t in buffers else "parameter" if t in params else "tensor attribute"
+                for t in weights_written}
+        check_weight_writes(self.ctx.b.name, {f"{kind[t]} {t!r}": t in readers for t in dict.fromkeys(weights_written)})
+        return self.ctx.b.build(outputs, writes)
 
     def _outputs(self, returned: Any) -> list[str]:
         """The graph's outputs: the tensors the model returns, in pytree order (the order

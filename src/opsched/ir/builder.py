@@ -70,6 +70,8 @@ class GraphBuilder:
     def type(self, value: str) -> TensorType:
         return self._types[value]
 
-    def build(self, outputs: Sequence[str]) -> Graph:
-        return Graph(self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs),
-                     dict(self.params), dict(self.callables))
+    def build(self, outputs: Sequence[str], writes: Sequence[tuple[str, str]] = ()) -> Graph:
+        """The graph returning ``outputs``; ``writes``: (graph input, its value after the call)
+        for each input the model changes in place (:attr:`Graph.writes`)."""
+        return Graph(self.name, tuple(self.inputs), tuple(self.nodes), (*outputs, *(v for _, v in writes)),
+                     dict(self.params), dict(self.callables), tuple(name for name, _ in writes))

@@ -44,6 +44,11 @@ class Graph:
     ``params`` maps parameter names to tensors (weights stay out of the nodes, so structure and
     values can be hashed, printed and replaced separately); ``callables`` holds, for each
     ``opaque`` node, the Python callable that computes it from its input tensors.
+
+    ``writes`` names the graph inputs the model changes in place (``x.add_(1)``, ``x[0] = 0``):
+    the last ``len(writes)`` outputs are their values after the call, in that order, and a
+    scheduled module copies them back into the caller's tensors; :attr:`returns` are the others,
+    what the model returns.
     """
 
     name: str
@@ -52,6 +57,7 @@ class Graph:
     outputs: tuple[str, ...]
     params: Mapping[str, torch.Tensor] = field(default_factory=dict)
     callables: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
 
     # --- derived facts (computed once) ----------------------------------------------------
     @cached_property
@@ -65,6 +71,11 @@ class Graph:
         types = {i.name: i.type for i in self.inputs}
         types.update((n.name, n.out) for n in self.nodes)
         return types
+
+    @property
+    def returns(self) -> tuple[str, ...]:
+        """The outputs the model returns: all but the trailing values of the inputs it writes."""
+        return self.outputs[:len(self.outputs) - len(self.writes)]
 
     @cached_property
     def dtypes(self) -> frozenset[str]:
@@ -102,7 +113,7 @@ class Graph:
         return [self.param_types[p] for p in node.params]
 
     def replace(self, **changes: Any) -> Graph:
-        fields = {f: getattr(self, f) for f in ("name", "inputs", "nodes", "outputs", "params", "callables")}
+        fields = {f: getattr(self, f) for f in ("name", "inputs", "nodes", "outputs", "params", "callables", "writes")}
         fields.update(changes)
         return Graph(**fields)
 
@@ -139,6 +150,7 @@ class Graph:
     @cached_property
     def _verified(self) -> bool:
         _check_references(self)
+        _check_writes(self)
         _check_acyclic(self)
         _check_order_and_types(self)
         return True
@@ -210,6 +222,20 @@ def _check_references(graph: Graph) -> None:
     for v in graph.outputs:
         if v not in seen:
             raise DanglingInputError(f"graph {graph.name!r}: output {v!r} is not defined")
+
+
+def _check_writes(graph: Graph) -> None:
+    """Each write names a distinct graph input, and its value has that input's type."""
+    inputs = {i.name: i.type for i in graph.inputs}
+    if len(graph.writes) > len(graph.outputs) or len(set(graph.writes)) != len(graph.writes):
+        raise GraphError(f"graph {graph.name!r}: writes {list(graph.writes)} must name distinct inputs, one per "
+                         f"trailing output (it has {len(graph.outputs)} outputs)")
+    for name, v in zip(graph.writes, graph.outputs[len(graph.outputs) - len(graph.writes):]):
+        if name not in inputs:
+            raise DanglingInputError(f"graph {graph.name!r}: writes {name!r}, which is not a graph input")
+        if graph.types[v] != inputs[name]:
+            raise ShapeMismatchError(f"graph {graph.name!r}: input {name!r} ({inputs[name]}) is written with "
+                                     f"{v!r}, a {graph.types[v]}")
 
 
 def _check_order_and_types(graph: Graph) -> None:

@@ -60,7 +60,8 @@ def structural_hash(graph: Graph) -> str:
     wiring = _wiring(graph.nodes, external)
     local = {n.name: i for i, n in enumerate(graph.nodes)}
     outs = [f"%{local[v]}" if v in local else f"${external[v]}" for v in graph.outputs]
-    return _digest(["graph", *ins, *(f"{s}<{w}" for s, w in zip(sigs, wiring)), "out", *outs])
+    writes = ["writes", *(f"${external[v]}" for v in graph.writes)] if graph.writes else []  # hashes kept as before
+    return _digest(["graph", *ins, *(f"{s}<{w}" for s, w in zip(sigs, wiring)), "out", *outs, *writes])
 
 
 def group_wiring(graph: Graph, group: Sequence[str]) -> list[tuple[int, ...]]:

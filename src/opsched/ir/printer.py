@@ -30,6 +30,8 @@ def format_graph(graph: Graph) -> str:
     ins = ", ".join(f"%{i.name}: {i.type}" for i in graph.inputs)
     lines = [f"graph {graph.name}({ins}) {{"]
     lines += ["  " + format_node(graph, n) for n in graph.nodes]
-    lines.append("  return " + ", ".join(f"%{v}" for v in graph.outputs))
+    lines.append("  return " + ", ".join(f"%{v}" for v in graph.returns))
+    written = graph.outputs[len(graph.returns):]
+    lines += [f"  write %{name} <- %{v}" for name, v in zip(graph.writes, written)]
     lines.append("}")
     return "\n".join(lines)

@@ -73,4 +73,6 @@ class Interpreter:
 
 
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``graph``'s outputs on ``inputs``, node by node: what the model returns, then the new
+    values of the inputs it changes in place (:attr:`Graph.writes`); ``inputs`` are not changed."""
     return Interpreter(graph)(inputs)
