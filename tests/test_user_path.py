@@ -430,10 +430,19 @@ class IdsAndMask(nn.Module):
 def test_a_module_made_from_a_graph_takes_its_inputs_by_name(tmp_path: Path) -> None:
     model, example = IdsAndMask().eval(), {"ids": torch.randint(0, 10, (2, 4)), "mask": torch.rand(2, 4)}
     path = tmp_path / "keyed.onnx"
-    torch.onnx.export(model, (example["ids"], example["mask"]), str(path), dynamo=False, input_names=["ids", "mask"])
+    # named as files of other tools name them; called with the file's names, as ONNX Runtime's feeds are keyed
+    torch.onnx.export(model, (example["ids"], example["mask"]), str(path), dynamo=False,
+                      input_names=["input.1", "serving:mask"])
     module = opsched.optimize_graph(opsched.from_onnx(path), cost="analytic")
+    assert module.inputs.describe() == "forward(input_1, serving_mask)"
     with torch.no_grad():
-        assert_close([module(mask=example["mask"], ids=example["ids"])], tensors(model(**example)))
+        want = tensors(model(**example))
+        assert_close([module(**{"serving:mask": example["mask"], "input.1": example["ids"]})], want)
+        assert_close([module(serving_mask=example["mask"], input_1=example["ids"])], want)
+        with pytest.raises(InputMismatchError, match="missing a required argument: 'serving_mask'"):
+            module(**{"input.1": example["ids"], "mask": example["mask"]})
+        with pytest.raises(InputMismatchError, match="'input_1' must be a tensor, got ndarray \\(torch.from_numpy"):
+            module(**{"input.1": example["ids"].numpy(), "serving:mask": example["mask"]})
     graph = opsched.from_torch(model, example)
     module = opsched.optimize_graph(graph, cost="analytic")
     assert module.inputs.describe() == "forward(ids, mask)"

@@ -1,8 +1,10 @@
-"""Small helpers for messages and reports."""
+"""Small helpers for messages, reports and names."""
 
 from __future__ import annotations
 
-__all__ = ["count", "size"]
+import re
+
+__all__ = ["count", "size", "value_name"]
 
 
 def count(n: int, noun: str) -> str:
@@ -16,3 +18,12 @@ def size(nbytes: float) -> str:
     if nbytes >= 2**20:
         return f"{nbytes / 2**20:.1f} MiB"
     return f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes:.0f} B"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def value_name(name: str) -> str:
+    """``name`` as a graph value's name: each character other than a letter, a digit or ``_``
+    becomes ``_`` (ONNX names such as ``input.1`` or ``serving_default_x:0``)."""
+    return _UNSAFE.sub("_", name) or "v"

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from opsched._text import value_name
 from opsched.errors import FrontendError, InputMismatchError
 
 __all__ = ["InputStructure", "OutputStructure", "ExampleInputs", "bind_example", "split_example"]
@@ -158,6 +159,7 @@ class InputStructure(_Pickled):
         direct = self._direct(args, kwargs)
         if direct is not None:
             return tuple(leaf for leaf, slot in zip(direct, self.slots) if slot is not None)
+        kwargs = self._respelled(kwargs)
         try:
             leaves, spec = pytree.tree_flatten(_canonical(self.signature, tuple(args), dict(kwargs)))
         except TypeError as e:  # the signature refuses the call
@@ -172,8 +174,18 @@ class InputStructure(_Pickled):
                                          f"module computes what it computed then; got {_short(leaf)}: optimize "
                                          f"again with example inputs that pass it")
             if slot is not None and not isinstance(leaf, torch.Tensor):
-                raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}")
+                hint = " (torch.from_numpy(array) shares its memory)" if type(leaf).__module__ == "numpy" else ""
+                raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}{hint}")
         return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
+
+    def _respelled(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``kwargs`` with each name the signature lacks but takes as a graph value's name
+        (:func:`~opsched._text.value_name`) renamed: a module made from an ONNX file is called
+        with the file's own names too, as ONNX Runtime's feeds (``input.1`` for ``input_1``)."""
+        if self.signature is None or all(k in self.signature.parameters for k in kwargs):
+            return kwargs
+        params = self.signature.parameters
+        return {value_name(k) if k not in params and value_name(k) in params else k: v for k, v in kwargs.items()}
 
     def _difference(self, spec: pytree.TreeSpec, leaves: list[Any]) -> str:
         """The parameters one call passes and the other leaves at their defaults, for messages."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import onnx.reference
 import torch
 from onnx import helper, numpy_helper
 
+from opsched._text import value_name
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends import onnx_fourier  # noqa: F401 (registers the DFT and STFT converters)
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
@@ -84,7 +84,6 @@ def _array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
                                   f"cannot be read: {first_line(e)}") from e
 
 
-_SAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
 class _Failed:
@@ -107,7 +106,7 @@ class _OnnxConverter:
         self._opsets = {o.domain or "": o.version for o in model.opset_import}
 
     def value_name(self, onnx_name: str) -> str:
-        return _SAFE.sub("_", onnx_name) or "v"
+        return value_name(onnx_name)
 
     def run(self) -> Graph:
         for init in (*self.g.initializer, *self.weights.values()):
