@@ -87,6 +87,22 @@ def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixtur
     assert "as fast as" not in capsys.readouterr().out  # its own session would run it in float32
 
 
+def test_optimize_command_on_a_torch_export_program(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """A .pt2 file (torch.export.save) runs at the example inputs saved with it, against itself."""
+    from opsched.models import example_inputs, get_model
+
+    path = tmp_path / "squeeze.pt2"
+    torch.export.save(torch.export.export(get_model("squeezenet1_1"), example_inputs("squeezenet1_1")), str(path))
+    assert main(["optimize", str(path), "--cost", "analytic", "--rounds", "1", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("squeeze: ") and re.search(r"as fast as eager PyTorch \([0-9.]+ against", out)
+    assert main(["optimize", str(path), "--batch", "2"]) == 1
+    assert "runs at the example inputs saved with it" in capsys.readouterr().err
+    (tmp_path / "bad.pt2").write_text("not an archive")
+    assert main(["schedule", str(tmp_path / "bad.pt2"), "--quiet"]) == 1
+    assert "cannot load the torch.export program" in capsys.readouterr().err
+
+
 def _token_model(path, seq: int | str) -> None:  # type: ignore[no-untyped-def]
     """An .onnx file as a text model exports: int64 token ids and a float mask, the batch dynamic."""
     import numpy as np

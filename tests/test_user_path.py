@@ -226,7 +226,7 @@ def test_a_stateful_model_is_refused_and_a_counter_it_keeps_is_left_with_a_warni
     changes in place would be right on the first call only."""
     x = torch.randn(2, 3)
     with pytest.raises(StatefulModelError, match="^Stateful is stateful: its forward changes buffer 'total' in place "
-                                                 "and its outputs read it") as info:
+                                                 "and its outputs read it.*; keep the state outside") as info:
         opsched.from_torch(Stateful(accumulate=True).eval(), x, tracer=tracer)  # type: ignore[arg-type]
     assert "; and" not in str(info.value)  # auto does not try torch.fx after torch.export found it
     model = Stateful(accumulate=False).eval()
@@ -239,6 +239,71 @@ def test_a_stateful_model_is_refused_and_a_counter_it_keeps_is_left_with_a_warni
     with torch.no_grad():
         assert_close(module(x), model(x))
     assert float(model.calls) == calls + 1  # the model's own call counted; the module's did not
+
+
+class Masked(nn.Module):
+    """Two branches and a keyword-only mask, as exported with a dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+        self.norm = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor, scale: float | None = None, *, mask: torch.Tensor | None = None) -> object:
+        y = self.norm(self.a(x)) + self.b(x).relu()
+        if mask is not None:
+            y = y * mask
+        return {"y": y, "mean": y.mean()}
+
+
+def _masked(batch: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(batch, 3, 8, 8), "mask": torch.rand(batch, 4, 6, 6)}
+
+
+def test_a_torch_export_program_is_scheduled_at_its_own_inputs_or_at_the_sizes_given(tmp_path: Path) -> None:
+    """A program saved with torch.export.save is what PyTorch 2 deploys: opsched takes it as it
+    takes a module, at the example inputs saved with it where none are given."""
+    model = Masked().eval()
+    batch = torch.export.Dim("batch")
+    example = _masked(2)
+    exported = torch.export.export(model, (example["x"],), {"mask": example["mask"]},
+                                   dynamic_shapes={"x": {0: batch}, "mask": {0: batch}})
+    torch.export.save(exported, tmp_path / "masked.pt2")
+    program = torch.export.load(tmp_path / "masked.pt2")
+
+    module = opsched.optimize(program, cost="analytic")
+    assert module.graph.name == "Masked" and module.inputs.describe() == "forward(x, mask=mask)"
+    assert [n.name for n in module.graph.nodes][:2] == ["a", "b"]  # named as in the model
+    for inputs in (example, _masked(2)):
+        with torch.no_grad():
+            assert_close(tensors(module(inputs["x"], mask=inputs["mask"])), tensors(model(**inputs)))
+    with pytest.raises(InputMismatchError, match="too many positional arguments"):
+        module(example["x"], example["mask"])  # mask is keyword-only, as in the model
+    three = _masked(3)
+    at_three = opsched.optimize(program, three, cost="analytic")  # the dynamic batch, fixed at 3
+    per_shape = opsched.optimize_per_shape(program, cost="analytic")
+    with torch.no_grad():
+        want = tensors(model(**three))
+        assert_close(tensors(at_three(**three)), want)
+        assert_close(tensors(per_shape(**three)), want)
+    assert len(per_shape.buckets) == 2 and per_shape.report().model == "Masked"
+    module.save(tmp_path / "masked.json")
+    with torch.no_grad():
+        assert_close(tensors(opsched.load(program, tmp_path / "masked.json")(**example)), tensors(model(**example)))
+    assert opsched.from_torch(program).name == "Masked"
+
+
+def test_a_program_exported_in_training_mode_or_a_module_without_inputs_is_refused_saying_why() -> None:
+    x = torch.randn(2, 3, 8, 8)
+    training = torch.export.export(Masked(), (x,))  # model.eval() forgotten: batch norms update their statistics
+    with pytest.raises(StatefulModelError, match="buffer 'norm.running_mean', buffer 'norm.running_var' in place.*"
+                                                 "its batch norms run in training mode: export the model after "
+                                                 "model.eval\\(\\)"):
+        opsched.optimize(training, cost="analytic")
+    with pytest.raises(FrontendError, match="optimize\\(\\) needs example inputs of Masked: how it is called"):
+        opsched.optimize(Masked().eval())
+    with pytest.raises(FrontendError, match="got the path 'm.pt2': opsched.optimize\\(torch.export.load\\(path\\)\\)"):
+        opsched.optimize("m.pt2")  # type: ignore[arg-type]
 
 
 class Dilated(nn.Module):
@@ -553,7 +618,7 @@ def test_bad_inputs_and_arguments_are_named() -> None:
         opsched.optimize(model, torch.randn(1, 4, 12, 12, device="meta"), **ANALYTIC)
     with pytest.raises(ScheduleError, match="a scheduler's name or a sequence of names, got None"):
         opsched.optimize(model, torch.randn(1, 4, 12, 12), scheduler=None, **ANALYTIC)  # type: ignore[arg-type]
-    with pytest.raises(FrontendError, match="takes a torch.nn.Module, got function"):
+    with pytest.raises(FrontendError, match="takes a torch.nn.Module or a torch.export program, got function"):
         opsched.optimize(lambda x: x + 1, torch.randn(2), **ANALYTIC)  # type: ignore[arg-type]
     with pytest.raises(FrontendError, match=r"got the path 'model.onnx': for an ONNX file, opsched.optimize_graph"):
         opsched.optimize("model.onnx", torch.randn(2), **ANALYTIC)  # type: ignore[arg-type]

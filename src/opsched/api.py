@@ -23,7 +23,7 @@ from opsched.cost.unit_costs import PlatformCost, resolve_platform
 from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
-from opsched.frontends.pytorch import Tracer
+from opsched.frontends.pytorch import Model, Tracer, as_module
 from opsched.ir import Graph, random_inputs
 from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
@@ -80,7 +80,7 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
+def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
              device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
              graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
              backend: str = "auto", cache_dir: str | None = None, verify: bool = True,
@@ -94,6 +94,9 @@ def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
     arguments, or a mapping of keyword arguments (``optimize(bert, tokenizer(text,
     return_tensors="pt"))``). The returned module is called the same way, by position or by
     name; arguments that are not tensors (``None``, flags) are fixed at their example values.
+    ``model`` may be a torch.export program (``torch.export.load("model.pt2")``): it runs as it
+    was exported (its train/eval mode fixed then), at its own example inputs where none are
+    given, and one exported with dynamic sizes is scheduled for the sizes of the inputs given.
 
     ``scheduler`` names a scheduler, or several: ``("ios", "est")`` makes the dynamic
     program's schedule and the list scheduler's, races their plans end to end and keeps the
@@ -134,20 +137,19 @@ def optimize(model: nn.Module, example_inputs: ExampleInputs, *,
     cache, run depth-first) races the others too, and is kept only where it runs faster.
     """
     if isinstance(model, (str, os.PathLike)):
-        raise FrontendError(f"optimize() takes a torch.nn.Module, got the path {os.fspath(model)!r}: for an ONNX "
-                            f"file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open "
-                            f"sizes)")
-    if not isinstance(model, nn.Module):
-        raise FrontendError(f"optimize() takes a torch.nn.Module, got {type(model).__name__}: wrap a function in an "
-                            f"nn.Module whose forward calls it")
+        way = ("opsched.optimize(torch.export.load(path))" if os.fspath(model).endswith(".pt2") else
+               "for an ONNX file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open sizes)")
+        raise FrontendError(f"optimize() takes a torch.nn.Module or a torch.export program, got the path "
+                            f"{os.fspath(model)!r}: {way}")
+    model, example_inputs, name = as_module(model, example_inputs, "optimize()")
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
     call, inputs = _example_inputs(model, example_inputs)
     start = time.perf_counter()
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
-        graph = from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer)
+        graph = from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer)
         if structure.tensors != len(graph.returns):
-            raise FrontendError(f"{type(model).__name__} returns {structure.tensors} tensors, but its import "
+            raise FrontendError(f"{name} returns {structure.tensors} tensors, but its import "
                                 f"returns {len(graph.returns)}; please report this with the model")
         module = _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
                            inputs=call, outputs=structure, progress=phases(progress), memory_budget=memory_budget)
@@ -330,7 +332,7 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
     raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
 
 
-def load(model: nn.Module, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs, *,
+def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs | None = None, *,
          device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
          tracer: Tracer = "auto") -> ScheduledModule:
@@ -345,19 +347,20 @@ def load(model: nn.Module, path: str | os.PathLike[str] | Schedule, example_inpu
     saved from a torch.fx import (whose node names torch.export does not always repeat) loads too.
     """
     dev = check_device(device)
+    model, example_inputs, name = as_module(model, example_inputs, "load()")
     call, inputs = _example_inputs(model, example_inputs)
     saved = path if isinstance(path, Schedule) else Schedule.load(path)
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
-        graph = place(from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer=tracer), dev, dtype,
-                      channels_last)
+        graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer), dev,
+                      dtype, channels_last)
         try:
             sched = saved.validate(graph)
         except OpschedError:
             if tracer != "auto" or graph.structural_hash() != saved.graph_hash:
                 raise
-            graph = place(from_torch(model, example_inputs, leaf_modules=leaf_modules, tracer="fx"), dev, dtype,
-                          channels_last)
+            graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer="fx"), dev,
+                          dtype, channels_last)
             sched = saved.validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
                              inputs=call, outputs=structure)

@@ -29,6 +29,7 @@ from torch import nn
 
 from opsched._text import count
 from opsched.errors import InputMismatchError, InvalidScheduleError
+from opsched.frontends.pytorch import Model, as_module
 from opsched.module import ScheduledModule
 from opsched.report import OptimizeReport
 from opsched.schedule import Schedule, read_json, write_json
@@ -79,20 +80,21 @@ class ShapeBuckets(nn.Module):
     docstring). It is called as the model was with the example inputs; ``buckets`` maps each
     shape met to its :class:`~opsched.module.ScheduledModule`."""
 
-    model: nn.Module
+    model: Model
 
-    def __init__(self, model: nn.Module, example_inputs: ExampleInputs, options: Mapping[str, Any], *,
+    def __init__(self, model: Model, example_inputs: ExampleInputs | None, options: Mapping[str, Any], *,
                  max_shapes: int = 16, saved: Mapping[Shapes, Schedule] | None = None) -> None:
         super().__init__()
         if not isinstance(max_shapes, int) or max_shapes < 1:
             raise InputMismatchError(f"max_shapes: a positive number of input shapes, got {max_shapes!r}")
+        module, example_inputs, self.name = as_module(model, example_inputs, "optimize_per_shape()")
         object.__setattr__(self, "model", model)  # not a submodule: its parameters stay its own
         self.options = dict(options)
         self.max_shapes = max_shapes
         self.saved: dict[Shapes, Schedule] = dict(saved or {})
         self._buckets: dict[Shapes, ScheduledModule] = {}
         self._lock = threading.Lock()
-        structure, tensors = bind_example(model.forward, example_inputs)
+        structure, tensors = bind_example(module.forward, example_inputs)
         self.inputs: InputStructure = structure  # how the model is called, whatever the shapes
         self._make(example_inputs, shapes_of(tensors))
 
@@ -126,11 +128,11 @@ class ShapeBuckets(nn.Module):
         """The bucket for ``shapes``, called with ``example``: its saved schedule, or optimized."""
         from opsched.api import load, optimize
 
-        model: nn.Module = self.model
+        model = self.model
         if len(self._buckets) >= self.max_shapes:
             held = "; ".join(f"[{describe(s)}]" for s in self._buckets)
             raise InputMismatchError(
-                f"{type(model).__name__} called with inputs of shapes [{describe(shapes)}], a new bucket past "
+                f"{self.name} called with inputs of shapes [{describe(shapes)}], a new bucket past "
                 f"max_shapes={self.max_shapes} (held: {held}): pad inputs to a few shapes (sequence lengths rounded "
                 f"up to a multiple of 64, say), or allow more shapes")
         start = time.perf_counter()
@@ -139,13 +141,13 @@ class ShapeBuckets(nn.Module):
             module = load(model, saved, example, **{k: v for k, v in self.options.items() if k in LOAD_OPTIONS})
         else:
             module = optimize(model, example, **self.options)
-        log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", type(model).__name__, describe(shapes),
+        log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", self.name, describe(shapes),
                  "saved schedule" if saved is not None else "searched", time.perf_counter() - start)
         self._buckets[shapes] = module
         return module
 
     def report(self) -> ShapeBucketsReport:
-        return ShapeBucketsReport(type(self.model).__name__, self.max_shapes,
+        return ShapeBucketsReport(self.name, self.max_shapes,
                                   tuple((shapes, m.report()) for shapes, m in self._buckets.items()))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -166,7 +168,7 @@ class ShapeBuckets(nn.Module):
         self._lock = threading.Lock()
 
 
-def optimize_per_shape(model: nn.Module, example_inputs: ExampleInputs, *, max_shapes: int = 16,
+def optimize_per_shape(model: Model, example_inputs: ExampleInputs | None = None, *, max_shapes: int = 16,
                        **options: Any) -> ShapeBuckets:
     """:func:`opsched.optimize` for a model called with inputs of several shapes: the module
     returned schedules ``example_inputs``' shapes now, and each new shape on its first call, with
@@ -174,7 +176,7 @@ def optimize_per_shape(model: nn.Module, example_inputs: ExampleInputs, *, max_s
     return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes)
 
 
-def load_per_shape(model: nn.Module, path: str | os.PathLike[str], example_inputs: ExampleInputs, *,
+def load_per_shape(model: Model, path: str | os.PathLike[str], example_inputs: ExampleInputs | None = None, *,
                    max_shapes: int = 16, **options: Any) -> ShapeBuckets:
     """Reapply the schedules a :class:`ShapeBuckets` saved: a shape saved is imported on its first
     call and runs its saved schedule, with no search (refused, as by :func:`opsched.load`, where

@@ -1,8 +1,11 @@
-"""What the CLI accepts as MODEL: a zoo name, an .onnx file, or ``package.module:factory``."""
+"""What the CLI accepts as MODEL: a zoo name, an .onnx file, a torch.export program (a .pt2
+file), or ``package.module:factory``."""
 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,12 +53,40 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
         gen = torch.Generator().manual_seed(0)
         inputs = tuple(_random(i.type.shape, getattr(torch, i.type.dtype), gen) for i in graph.inputs)
         return LoadedModel(graph.name, graph, inputs, None, onnx_path=spec)
+    if spec.endswith(".pt2"):
+        return _from_program(spec, batch, input_shapes)
     if ":" in spec:
         name = spec.partition(":")[2]
         module, example = _from_factory(spec, batch, unnamed, named)
         call, inputs = bind_example(module.forward, example)
         return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
-    raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file or package.module:factory")
+    raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file, a .pt2 file or "
+                       f"package.module:factory")
+
+
+def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedModel:
+    """A torch.export program saved by ``torch.export.save``, at the example inputs saved with it."""
+    from opsched.frontends import from_torch
+    from opsched.frontends.pytorch import ProgramModule
+
+    if batch != 1 or input_shapes:
+        raise OpschedError(f"{path}: a torch.export program runs at the example inputs saved with it; --batch and "
+                           f"--input-shape are for zoo models, .onnx files and factories (export it again with "
+                           f"inputs of the sizes wanted)")
+    quiet = logging.getLogger("torch.export")  # it logs a traceback of its own before raising
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        program = torch.export.load(path)
+    except Exception as e:  # torch.export.load raises many types for a missing, foreign or damaged file
+        raise OpschedError(f"cannot load the torch.export program {path}: {type(e).__name__}: {e}") from None
+    finally:
+        quiet.setLevel(level)
+    module = ProgramModule(program)
+    example = module.example_inputs()
+    call, inputs = bind_example(module.forward, example)
+    name = os.path.splitext(os.path.basename(path))[0]
+    return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
 
 
 def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,

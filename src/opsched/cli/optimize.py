@@ -34,7 +34,7 @@ BASELINES = ("sequential", "greedy")
 
 @subcommand("optimize", "search a schedule for MODEL on this machine, race it, write schedule/timeline/trace")
 def _setup(p: argparse.ArgumentParser) -> Handler:
-    p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
+    p.add_argument("model", help="zoo name, .onnx file, .pt2 file (torch.export.save), or package.module:factory")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (lanes on CUDA streams, one CUDA graph)")

@@ -11,7 +11,7 @@ from opsched.cli.table import format_table
 
 @subcommand("schedule", "search a schedule under an analytic cost model and print it with search statistics")
 def _setup(p: argparse.ArgumentParser) -> Handler:
-    p.add_argument("model", help="zoo name, .onnx file, or package.module:factory")
+    p.add_argument("model", help="zoo name, .onnx file, .pt2 file (torch.export.save), or package.module:factory")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
     p.add_argument("--device", default="V100",

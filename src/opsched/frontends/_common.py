@@ -114,11 +114,13 @@ def check_weight_writes(model: str, written: Mapping[str, bool]) -> None:
     each call depends on the calls before (a stateful model), which is refused; a write nothing
     reads (a call counter) is left undone, with a warning."""
     if stateful := [w for w, read in written.items() if read]:
+        training = any(w.rstrip("'").endswith(("running_mean", "running_var")) for w in stateful)
+        fix = ("its batch norms run in training mode: export the model after model.eval()" if training else
+               "keep the state outside the model (pass it as an input and return its new value)")
         raise StatefulModelError(
             f"{model} is stateful: its forward changes {', '.join(stateful)} in place and its outputs read "
             f"{'it' if len(stateful) == 1 else 'them'}, so each call depends on the calls before; opsched imports "
-            f"weights and buffers as constants. Keep the state outside the model (pass it as an input and return "
-            f"its new value)")
+            f"weights and buffers as constants; {fix}")
     if written:
         log.warning("%s changes %s in place in forward; the scheduled module computes the same outputs but leaves "
                     "%s as it was", model, ", ".join(written), "it" if len(written) == 1 else "them")

@@ -9,8 +9,10 @@ also the tracer that keeps ``leaf_modules`` whole.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal, TypeAlias
 
 import torch
 from torch import nn
@@ -23,18 +25,91 @@ from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example
 from opsched.transforms import canonicalize
 
-__all__ = ["from_torch", "TRACERS", "Tracer"]
+__all__ = ["from_torch", "as_module", "Model", "ProgramModule", "TRACERS", "Tracer"]
 
 Tracer = Literal["auto", "export", "fx"]
 TRACERS: tuple[str, ...] = ("auto", "export", "fx")
 
+#: What the PyTorch entry points take: a module, or a torch.export program
+#: (``torch.export.export(...)``, or one saved and read back with ``torch.export.load("model.pt2")``).
+Model: TypeAlias = nn.Module | torch.export.ExportedProgram
 
-def from_torch(module: nn.Module, example_inputs: ExampleInputs, *, name: str | None = None,
+
+def as_module(model: Model, example_inputs: ExampleInputs | None, caller: str) -> tuple[nn.Module, ExampleInputs, str]:
+    """``model`` as the module to import, the inputs to import it at, and its name. A
+    torch.export program becomes the module it runs (``ExportedProgram.module()``, whose
+    train/eval mode was fixed when it was exported), at its own example inputs (saved with it)
+    where none are given; one exported with dynamic sizes is imported at the sizes given."""
+    if isinstance(model, torch.export.ExportedProgram):
+        module = ProgramModule(model)
+        return module, module.example_inputs() if example_inputs is None else example_inputs, module.name
+    if not isinstance(model, nn.Module):
+        raise FrontendError(f"{caller} takes a torch.nn.Module or a torch.export program, got {type(model).__name__}: "
+                            f"wrap a function in an nn.Module whose forward calls it")
+    if example_inputs is None:
+        raise FrontendError(f"{caller} needs example inputs of {type(model).__name__}: how it is called (a tensor, a "
+                            f"tuple of positional arguments, or a dict of keyword arguments such as a tokenizer's "
+                            f"output); only a torch.export program carries its own")
+    return model, example_inputs, type(model).__name__
+
+
+class ProgramModule(nn.Module):
+    """A torch.export program as a module called as the model it was exported from: arguments
+    exported as positional ones by position or by name, keyword ones by name. (The module
+    ``ExportedProgram.module()`` makes takes each argument only as it was passed at export.) Its
+    train/eval mode was fixed when it was exported: ``train()`` and ``eval()`` leave it."""
+
+    def __init__(self, program: torch.export.ExportedProgram) -> None:
+        super().__init__()
+        self.program = program.module()
+        self.name = _program_name(program)
+        self.exported_with = program.example_inputs
+        positional, keywords = program.call_spec.in_spec.children()
+        names = list(inspect.signature(self.program.forward).parameters)[:positional.num_children]
+        self.positional, self.keywords = tuple(names), tuple(keywords.context)
+        call = functools.partial(self._call)  # the forward: an instance's own, with this program's signature
+        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.positional]
+            + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in self.keywords])
+        self.__dict__["forward"] = call
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        given = self.forward.__signature__.bind(*args, **kwargs).arguments  # type: ignore[attr-defined]
+        return self.program(*(given[n] for n in self.positional), **{k: given[k] for k in self.keywords if k in given})
+
+    def train(self, mode: bool = True) -> ProgramModule:
+        self.training = mode
+        return self
+
+    def example_inputs(self) -> ExampleInputs:
+        """The example inputs the program was exported with, as :func:`from_torch` takes them:
+        positional arguments, or (where any was passed by keyword) every argument by name."""
+        if self.exported_with is None:
+            raise FrontendError(f"the torch.export program of {self.name} carries no example inputs: pass them (a "
+                                f"tensor, a tuple of positional arguments or a dict of keyword arguments)")
+        args, kwargs = self.exported_with
+        if not kwargs:
+            return tuple(args)
+        return {**dict(zip(self.positional, args)), **kwargs}
+
+
+def _program_name(program: torch.export.ExportedProgram) -> str:
+    """The class name of the module ``program`` was exported from, as its calls record it."""
+    for n in program.graph.nodes:
+        for path, kind in n.meta.get("nn_module_stack", {}).values():
+            if path == "":
+                return str(kind).rpartition(".")[2]
+    return "ExportedProgram"
+
+
+def from_torch(module: Model, example_inputs: ExampleInputs | None = None, *, name: str | None = None,
                leaf_modules: Iterable[type[nn.Module]] = (), canonical: bool = True, tracer: Tracer = "auto") -> Graph:
     """Import ``module`` as a :class:`~opsched.ir.Graph` specialised to ``example_inputs``: one
     tensor, the positional arguments, or a mapping of keyword arguments (a tokenizer's output).
     The graph's inputs are the tensors among them, in the order of ``forward``'s parameters
     (:class:`~opsched.structure.InputStructure`); other arguments (``None``, flags) are fixed.
+    ``module`` may be a torch.export program (:func:`as_module`), whose own example inputs are
+    taken where none are given.
 
     ``tracer``: ``"export"`` (torch.export, ATen level), ``"fx"`` (torch.fx) or ``"auto"``:
     torch.export, and torch.fx where torch.export cannot trace the module (an error gives both
@@ -45,13 +120,17 @@ def from_torch(module: nn.Module, example_inputs: ExampleInputs, *, name: str | 
     """
     if tracer not in TRACERS:
         raise FrontendError(f"tracer must be one of {', '.join(TRACERS)}, got {tracer!r}")
+    module, example_inputs, own_name = as_module(module, example_inputs, "from_torch()")
     structure, inputs = bind_example(module.forward, example_inputs)
-    name = name or type(module).__name__
+    name = name or own_name
     leaves = tuple(leaf_modules)
     if leaves and tracer == "export":
         raise FrontendError("leaf_modules are kept whole by torch.fx; torch.export cannot: pass tracer='fx' "
                             "(or 'auto')")
-    graph = _trace(module, structure, inputs, name, leaves, "fx" if leaves else tracer).verify()
+    # a program's own module is traced (weights named as in the model), called as it was exported: the
+    # canonical call's positional arguments by position, its keyword-only ones by name
+    traced = module.program if isinstance(module, ProgramModule) else module
+    graph = _trace(traced, structure, inputs, name, leaves, "fx" if leaves else tracer).verify()
     if canonical:
         graph = canonicalize(graph)
     report_opaque(graph, f"from_torch({name})")
