@@ -115,6 +115,18 @@ def test_the_wide_corpus_runs_equal_through_the_torch_import_and_both_onnx_expor
     _runs_equal_to_onnx_runtime(proto, inputs, f"{name} ({exporter} at opset 17)")
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_the_models_torch_export_program_saved_and_loaded_optimizes_equal_to_eager(name: str, tmp_path: Path) -> None:
+    """PyTorch 2's deployment artifact: ``torch.export.save``, then ``torch.export.load`` and
+    ``optimize(program)`` at the example inputs saved with it, checked against eager (verify)."""
+    model, inputs, expected = _built(name)
+    torch.export.save(torch.export.export(model, inputs), tmp_path / f"{name}.pt2")
+    module = opsched.optimize(torch.export.load(tmp_path / f"{name}.pt2"), cost=CPU)
+    with torch.no_grad():
+        got = [t for t in torch.utils._pytree.tree_leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
+    assert_close(got, expected)
+
+
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_an_opset_23_export_is_one_session_equal_to_onnx_runtime(name: str) -> None:
     """At ``opset_version=23`` torch.onnx writes Attention (and Llama's RMSNormalization), ops
