@@ -249,7 +249,10 @@ def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], opset: int |
             buf = io.BytesIO()
             # called with positional inputs only: the TorchScript exporter would fill in every
             # default argument positionally, which Hugging Face forward wrappers refuse
-            torch.onnx.export(_Positional(model), inputs, buf, dynamo=False,  # type: ignore[arg-type]  # a file
+            # the wrapper in the model's mode: the exporter leaves the wrapper, and so the model, in the
+            # wrapper's mode, and a new module is in training mode
+            wrapper = _Positional(model).train(model.training)
+            torch.onnx.export(wrapper, inputs, buf, dynamo=False,  # type: ignore[arg-type]  # a file
                               opset_version=opset)
             return onnx.load_model_from_string(buf.getvalue()), "torchscript"
 
