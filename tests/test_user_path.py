@@ -306,6 +306,36 @@ def test_a_program_exported_in_training_mode_or_a_module_without_inputs_is_refus
         opsched.optimize("m.pt2")  # type: ignore[arg-type]
 
 
+class Branches(nn.Module):
+    """Data-dependent control flow as torch.export takes it: ``torch.cond``, two results."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def positive(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(t).relu(), t * 2
+
+        def negative(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.b(t).sigmoid(), t - 1
+
+        y, z = torch.cond(x.sum() > 0, positive, negative, (x,))
+        return self.head(y + z), z
+
+
+def test_a_control_flow_operator_runs_whole_on_torch_and_either_branch_is_taken() -> None:
+    """torch.export keeps torch.cond's branches as graphs of their own: the import stopped at
+    them; the call is now an opaque node per result, between scheduled nodes."""
+    model, x = Branches().eval(), torch.randn(2, 4)
+    module = opsched.optimize(model, x, cost="analytic")
+    assert sorted((n.name, n.attrs["target"]) for n in module.graph.nodes if n.op == "opaque") == [
+        ("cond_0", "cond"), ("cond_1", "cond")]
+    for taken in (x.abs(), -x.abs()):  # each branch
+        with torch.no_grad():
+            assert_close(list(module(taken)), list(model(taken)))
+
+
 class Dilated(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -13,7 +13,8 @@ out-of-place calls and scatters) while keeping operators whole (``conv2d``, ``la
 * otherwise a generic ATen node (:mod:`opsched.ir.ops.aten`): it runs the overload itself, its
   type from fake-tensor propagation, its FLOPs from PyTorch's flop counter.
 
-Nothing becomes opaque. Nodes inside a ``torch.nn`` module are named after it (``stem_0_conv``,
+Nothing becomes opaque but a control-flow operator (``torch.cond``: its branches are graphs of
+their own), which runs whole, on torch. Nodes inside a ``torch.nn`` module are named after it (``stem_0_conv``,
 as torch.fx names them), others as torch.export does.
 """
 
@@ -126,6 +127,8 @@ class ExportConverter:
                 writes = self._writes(n)
             elif n.op == "call_function":
                 self.env[n] = self._call(n)
+            elif n.op == "get_attr":  # a branch or body of a control-flow operator (torch.cond)
+                self.env[n] = getattr(self.program.graph_module, str(n.target))
             else:
                 raise FrontendError(f"{self.ctx.b.name}: unexpected {n.op} node {n.name!r} in the exported program")
         return self.ctx.b.build(outputs, writes)
@@ -181,6 +184,8 @@ class ExportConverter:
             return None  # an assertion (_assert_tensor_metadata, ...): nothing to compute
         if n.target is getitem:
             return self._getitem(n)
+        if isinstance(n.target, torch._ops.HigherOrderOperator):
+            return self.control_flow(n) if isinstance(val, torch.Tensor) else _Pending(n)
         if not isinstance(n.target, torch._ops.OpOverload):
             raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} calls {n.target!r}, not an ATen operator")
         if not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val)):
@@ -206,6 +211,8 @@ class ExportConverter:
         source, index = n.args
         assert isinstance(source, torch.fx.Node) and isinstance(index, int)
         held = self.env[source]
+        if isinstance(held, _Pending) and isinstance(source.target, torch._ops.HigherOrderOperator):
+            return self.control_flow(source, index=index)
         if isinstance(held, _Pending) or held[index] is None:
             return self.generic(source, index=index)
         return held[index]
@@ -283,6 +290,32 @@ class ExportConverter:
             attrs["index"] = index
         return self.ctx.add(generic_kind(op), inputs, name=self.name(n) if index is None else f"{n.name}_{index}",
                             params=params, out=out, **attrs)
+
+    def control_flow(self, n: torch.fx.Node, index: int | None = None) -> str:
+        """A control-flow operator (``torch.cond``, ``while_loop``: their branches are graphs of
+        their own) as an opaque node that calls it (its ``index``-th result, for several): it
+        runs on torch, whole, and cuts an ONNX Runtime segment where it stands."""
+        op = n.target
+        assert isinstance(op, torch._ops.HigherOrderOperator)
+        tensors = [a for a in n.all_input_nodes if isinstance(self.env[a], str)]
+        fixed = {a: self.env[a].tensor if isinstance(self.env[a], Const) else self.env[a]
+                 for a in n.all_input_nodes if a not in tensors}
+        args, kwargs = n.args, n.kwargs
+
+        def call(*values: torch.Tensor) -> Any:
+            given = dict(zip(tensors, values))
+
+            def look(a: torch.fx.Node) -> Any:
+                return given[a] if a in given else fixed[a]
+            out = op(*torch.fx.node.map_arg(args, look), **torch.fx.node.map_arg(kwargs, look))
+            return out if index is None else out[index]
+
+        target = op.__name__
+        call.__qualname__ = target
+        val = n.meta["val"] if index is None else n.meta["val"][index]
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target})")
+        return self.ctx.add("opaque", [self.env[a] for a in tensors], name=n.name if index is None else
+                            f"{n.name}_{index}", out=out, fn=call, target=target)
 
     # --- helpers for converters ---------------------------------------------------------------
     def name(self, n: torch.fx.Node) -> str:
