@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from opsched.cli.main import main
+from opsched.schedule import Schedule
 
 
 def test_zoo_lists_requested_models(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,7 +98,14 @@ def test_optimize_command_on_a_torch_export_program(tmp_path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert out.startswith("squeeze: ") and re.search(r"as fast as eager PyTorch \([0-9.]+ against", out)
     assert main(["optimize", str(path), "--batch", "2"]) == 1
-    assert "runs at the example inputs saved with it" in capsys.readouterr().err
+    assert "fixes the first dimension of x: export it with dynamic_shapes" in capsys.readouterr().err
+    batch = torch.export.Dim("batch")
+    dynamic = torch.export.export(get_model("squeezenet1_1"), example_inputs("squeezenet1_1", 2),  # 1 specialises
+                                  dynamic_shapes=({0: batch},))
+    torch.export.save(dynamic, str(tmp_path / "dynamic.pt2"))
+    assert main(["schedule", str(tmp_path / "dynamic.pt2"), "--batch", "3", "--quiet", "--out",
+                 str(tmp_path / "s.json")]) == 0
+    assert Schedule.load(tmp_path / "s.json").batch == 3
     (tmp_path / "bad.pt2").write_text("not an archive")
     assert main(["schedule", str(tmp_path / "bad.pt2"), "--quiet"]) == 1
     assert "cannot load the torch.export program" in capsys.readouterr().err

@@ -65,14 +65,14 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
 
 
 def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedModel:
-    """A torch.export program saved by ``torch.export.save``, at the example inputs saved with it."""
+    """A torch.export program saved by ``torch.export.save``, at the example inputs saved with it,
+    or at ``batch`` (each input's first dimension) for a program exported with a dynamic batch."""
     from opsched.frontends import from_torch
     from opsched.frontends.pytorch import ProgramModule
 
-    if batch != 1 or input_shapes:
-        raise OpschedError(f"{path}: a torch.export program runs at the example inputs saved with it; --batch and "
-                           f"--input-shape are for zoo models, .onnx files and factories (export it again with "
-                           f"inputs of the sizes wanted)")
+    if input_shapes:
+        raise OpschedError(f"{path}: a torch.export program runs at the example inputs saved with it (--batch sets "
+                           f"a dynamic batch); --input-shape is for .onnx files and factories")
     quiet = logging.getLogger("torch.export")  # it logs a traceback of its own before raising
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
@@ -83,7 +83,7 @@ def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedM
     finally:
         quiet.setLevel(level)
     module = ProgramModule(program)
-    example = module.example_inputs()
+    example = module.example_inputs(None if batch == 1 else batch)
     call, inputs = bind_example(module.forward, example)
     name = os.path.splitext(os.path.basename(path))[0]
     return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, TypeAlias
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, StatefulModelError
@@ -67,6 +68,10 @@ class ProgramModule(nn.Module):
         positional, keywords = program.call_spec.in_spec.children()
         names = list(inspect.signature(self.program.forward).parameters)[:positional.num_children]
         self.positional, self.keywords = tuple(names), tuple(keywords.context)
+        inputs = set(program.graph_signature.user_inputs)
+        self.fixed_batch = tuple(n.name for n in program.graph.nodes if n.op == "placeholder" and n.name in inputs
+                                 and isinstance(v := n.meta.get("val"), torch.Tensor) and v.dim()
+                                 and not isinstance(v.shape[0], torch.SymInt))  # inputs whose batch is fixed
         call = functools.partial(self._call)  # the forward: an instance's own, with this program's signature
         call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.positional]
@@ -81,13 +86,22 @@ class ProgramModule(nn.Module):
         self.training = mode
         return self
 
-    def example_inputs(self) -> ExampleInputs:
+    def example_inputs(self, batch: int | None = None) -> ExampleInputs:
         """The example inputs the program was exported with, as :func:`from_torch` takes them:
-        positional arguments, or (where any was passed by keyword) every argument by name."""
+        positional arguments, or (where any was passed by keyword) every argument by name; with
+        ``batch``, each tensor's first dimension that size (its first row repeated: token ids stay
+        valid), for a program exported with a dynamic batch."""
         if self.exported_with is None:
             raise FrontendError(f"the torch.export program of {self.name} carries no example inputs: pass them (a "
                                 f"tensor, a tuple of positional arguments or a dict of keyword arguments)")
         args, kwargs = self.exported_with
+        if batch is not None and self.fixed_batch:
+            raise FrontendError(f"the torch.export program of {self.name} fixes the first dimension of "
+                                f"{', '.join(self.fixed_batch)}: export it with dynamic_shapes (torch.export.Dim) "
+                                f"to run it at another batch size")
+        if batch is not None:
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t[:1].expand(batch, *t.shape[1:]).clone() if t.dim() else t, (args, kwargs))
         if not kwargs:
             return tuple(args)
         return {**dict(zip(self.positional, args)), **kwargs}
