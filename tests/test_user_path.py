@@ -545,6 +545,24 @@ def test_a_module_made_from_a_graph_takes_its_inputs_by_name(tmp_path: Path) -> 
         module(ids=example["ids"])
 
 
+def test_onnx_input_names_that_become_one_identifier_stay_two_inputs(tmp_path: Path) -> None:
+    """``a.b`` made an identifier is ``a_b``, the name of another input: the import failed with a
+    duplicate name. The input already named ``a_b`` keeps its name; ``a.b`` is numbered."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("a.b", "a_b")]
+    graph = helper.make_graph([helper.make_node("Sub", ["a.b", "a_b"], ["y"])], "names", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "names.onnx")
+    module = opsched.optimize_graph(opsched.from_onnx(tmp_path / "names.onnx"), cost="analytic")
+    assert module.inputs.describe() == "forward(a_b_1, a_b)"
+    with torch.no_grad():
+        assert_close(module(a_b=torch.ones(2), a_b_1=torch.full((2,), 3.0)), torch.full((2,), 2.0))
+    with pytest.raises(InputMismatchError, match="missing a required argument: 'a_b_1'"):
+        module(**{"a.b": torch.ones(2), "a_b": torch.ones(2)})  # "a.b" would be "a_b" too: not guessed
+
+
 def test_a_saved_schedule_loads_for_keyword_inputs(tmp_path: Path) -> None:
     model, example = Keyed().eval(), _keyed_example()
     opsched.optimize(model, example, **ANALYTIC).save(tmp_path / "s.json")

@@ -185,7 +185,8 @@ class InputStructure(_Pickled):
         if self.signature is None or all(k in self.signature.parameters for k in kwargs):
             return kwargs
         params = self.signature.parameters
-        return {value_name(k) if k not in params and value_name(k) in params else k: v for k, v in kwargs.items()}
+        renamed = {value_name(k) if k not in params and value_name(k) in params else k: v for k, v in kwargs.items()}
+        return renamed if len(renamed) == len(kwargs) else kwargs  # two names made one: binding refuses them
 
     def _difference(self, spec: pytree.TreeSpec, leaves: list[Any]) -> str:
         """The parameters one call passes and the other leaves at their defaults, for messages."""

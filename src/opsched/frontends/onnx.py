@@ -111,10 +111,16 @@ class _OnnxConverter:
     def run(self) -> Graph:
         for init in (*self.g.initializer, *self.weights.values()):
             self.env[init.name] = _array(init, self.source)
+        # an input keeps its name where it is an identifier; a name made one (input.1 -> input_1) that
+        # another input holds already (input_1) is numbered
+        taken = {inp.name for inp in self.g.input if value_name(inp.name) == inp.name}
         for inp in self.g.input:
             if inp.name in self.env:
                 continue  # an initializer listed as an input (old exporters, _skeleton): a constant all the same
-            self.env[inp.name] = self.ctx.b.input(self.value_name(inp.name), self._input_shape(inp), _dtype(inp))
+            name = value_name(inp.name)
+            if name != inp.name and (name in taken or name in self.ctx.b._types):
+                name = self.ctx.b.fresh(name)
+            self.env[inp.name] = self.ctx.b.input(name, self._input_shape(inp), _dtype(inp))
         self.inferred = self._infer_types()
         for node in self.g.node:
             self._convert(node)
