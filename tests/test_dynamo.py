@@ -122,6 +122,34 @@ def test_an_input_the_graph_changes_in_place_is_changed_as_eager_changes_it() ->
     assert graph.buckets[0].schedule is not None  # scheduled by opsched, not run eagerly
 
 
+class Counts(nn.Module):
+    """Counts its calls in a buffer, through a view: state that must change as it does eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.register_buffer("calls", torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls[0].add_(1)
+        return self.conv(x)
+
+
+def test_a_graph_that_changes_the_models_state_runs_as_captured_and_counts_every_call() -> None:
+    """Its buffer's version changed at every call, so each call was a new bucket, optimized anew
+    (the check's runs counting calls too): three calls counted nine."""
+    model = Counts().eval()
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 3, 8, 8)
+            assert_close(compiled(x), model.conv(x))
+    assert float(model.calls[0]) == 3
+    (graph,) = od.compiled_graphs()
+    assert len(graph.buckets) == 1 and graph.recompiles == 0
+    assert "changes l_self_buffers_calls_ in place" in (graph.buckets[0].fallback or "")
+
+
 def test_new_weights_and_another_instance_are_never_served_stale_results() -> None:
     first, second = Branchy().eval(), Branchy().eval()
     x = torch.randn(1, 3, 16, 16)

@@ -212,6 +212,26 @@ def _frozen(gm: fx.GraphModule, args: Sequence[Any], tensors: Sequence[int], nam
     return fx.GraphModule(root, graph, class_name=name)
 
 
+def _weights_written(gm: fx.GraphModule, weights: Sequence[int]) -> tuple[str, ...]:
+    """The weights (parameters, buffers) whose memory an in-place call of ``gm`` writes, itself or
+    through a view, told by the storages of the fake tensors Dynamo recorded; by placeholder name."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from opsched.frontends.torch_fx import mutated_by
+
+    def storage(n: fx.Node) -> StorageWeakRef | None:
+        value = n.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            return None
+        return StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]  # torch's, unannotated
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    held = {s: p.name for i, p in enumerate(placeholders) if i in weights and (s := storage(p)) is not None}
+    written = [held[s] for n in gm.graph.nodes if (m := mutated_by(n, gm)) is not None
+               and (s := storage(m)) is not None and s in held]
+    return tuple(dict.fromkeys(written))
+
+
 def _attr(module: nn.Module, target: str) -> Any:
     for atom in target.split("."):
         module = getattr(module, atom)
@@ -231,6 +251,7 @@ class OpschedGraph:
                              if isinstance(a, torch.Tensor) and i not in self.weights)
         self.ints = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, (int, torch.SymInt))
                           and not isinstance(a, bool))
+        self.writes_weights = _weights_written(gm, self.weights)
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
@@ -244,6 +265,11 @@ class OpschedGraph:
         key = ((tuple(map(id, weights)), tuple(map(_VERSION, weights))),
                tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
                tuple(int(args[i]) for i in self.ints))
+        if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
+            with self._lock:
+                if not self._buckets:
+                    self._specialize(args, key)
+            return self.gm(*args)
         found = self._buckets.get(key)
         if found is None:
             with self._lock:
@@ -286,6 +312,9 @@ class OpschedGraph:
         devices = {t.device.type for t in inputs}
         if len(devices) > 1:
             return f"its inputs are on several devices ({', '.join(sorted(devices))})"
+        if self.writes_weights:  # a schedule's weights are constants, and optimize() runs the graph to check it
+            return (f"it changes {', '.join(self.writes_weights)} in place (the model's state), which runs as "
+                    f"without torch.compile")
         return None
 
     def _optimize(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> ScheduledModule:

@@ -24,7 +24,7 @@ from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
 
-__all__ = ["fx_graph"]
+__all__ = ["fx_graph", "mutated_by"]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -58,7 +58,7 @@ def _set_item(tensor: torch.Tensor, index: Any, value: Any) -> torch.Tensor:
     return tensor
 
 
-def _mutated(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+def mutated_by(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | None:
     """The fx node whose tensor the call ``n`` changes in place (its first argument), if any:
     ``x.relu_()``, ``torch.relu_(x)``, ``x += y``, ``F.hardtanh(x, inplace=True)``,
     ``nn.ReLU(inplace=True)(x)``."""
@@ -189,7 +189,7 @@ class _FxConverter:
                 read = fx_ancestors([a for a in pytree.tree_leaves(n.args[0]) if isinstance(a, torch.fx.Node)])
             else:
                 self.env[n] = self._convert(n)
-                mutated = _mutated(n, self.gm)
+                mutated = mutated_by(n, self.gm)
                 if mutated is not None and (root := self.aliases.root.get(mutated, mutated)).op == "get_attr":
                     weights_written.append(str(root.target))
                 self.aliases.observe(n, mutated)
@@ -271,7 +271,7 @@ class _FxConverter:
         tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
         consts = {a: self.values[a] for a in n.all_input_nodes if a not in tensor_nodes}
         fx_args, fx_kwargs = n.args, n.kwargs
-        clone = _mutated(n, self.gm) is not None  # an in-place call works on a copy: the value is shared
+        clone = mutated_by(n, self.gm) is not None  # an in-place call works on a copy: the value is shared
 
         def call(*tensors: torch.Tensor) -> Any:
             env = dict(zip(tensor_nodes, (t.clone() if clone else t for t in tensors)))
