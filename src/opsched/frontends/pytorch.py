@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Iterable
 from typing import Any, Literal, TypeAlias
 
@@ -47,11 +48,32 @@ def as_module(model: Model, example_inputs: ExampleInputs | None, caller: str) -
     if not isinstance(model, nn.Module):
         raise FrontendError(f"{caller} takes a torch.nn.Module or a torch.export program, got {type(model).__name__}: "
                             f"wrap a function in an nn.Module whose forward calls it")
+    _register_caches(model)
     if example_inputs is None:
         raise FrontendError(f"{caller} needs example inputs of {type(model).__name__}: how it is called (a tensor, a "
                             f"tuple of positional arguments, or a dict of keyword arguments such as a tokenizer's "
                             f"output); only a torch.export program carries its own")
     return model, example_inputs, type(model).__name__
+
+
+def _register_caches(model: nn.Module) -> None:
+    """A Hugging Face decoder returns its key-value cache (``DynamicCache``, ...), whose tensors
+    pytree, and so torch.export, cannot see: register the cache types the model may return as
+    pytree nodes, as transformers' own exporter does, so that they are outputs like any other
+    and the module returns the cache rebuilt."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # transformers before 5: DynamicCache, what decoders return
+        try:
+            from transformers.integrations.executorch import register_dynamic_cache_export_support
+        except ImportError:
+            return
+        register_dynamic_cache_export_support()  # type: ignore[no-untyped-call]  # transformers, unannotated
+        return
+    register_cache_pytrees_for_model(model)
 
 
 class ProgramModule(nn.Module):
