@@ -258,8 +258,12 @@ class _OnnxConverter:
         if node.domain:
             base["domain_version"] = self._opsets.get(node.domain, 1)
         types = [*(self.ctx.type(v) for v in inputs), *(tensor_type(self.ctx.b.params[p]) for p in params)]
+        # shape inference typed the node from its inputs' types as it inferred them; where one of ours differs
+        # (ONNX's rule for a pool with ceil_mode and padding is not ONNX Runtime's), the node is run instead
+        agrees = all(self.inferred.get(name) in (None, self.ctx.type(v))
+                     for name, v in zip(node.input, ins) if isinstance(v, str))
         try:
-            outs = self._generic_types(node, base, types, [self.ctx.b.params[p].numpy() for p in params])
+            outs = self._generic_types(node, base, types, [self.ctx.b.params[p].numpy() for p in params], agrees)
         except ort_errors() as e:
             self.failures.append((node, f"ONNX Runtime cannot run it: {first_line(e)}"))
             self.env.update({o: _FAILED for o in node.output})
@@ -271,16 +275,16 @@ class _OnnxConverter:
                                            **base, index=i)
 
     def _generic_types(self, node: onnx.NodeProto, base: dict[str, Any], types: list[TensorType],
-                       params: list[np.ndarray]) -> list[TensorType | None]:
-        """Each output's type: from shape inference, else from running the node once (on zeros
-        for its inputs, its parameters' values). ONNX Runtime must be able to run it either way:
-        its sessions are built here."""
+                       params: list[np.ndarray], inferred: bool) -> list[TensorType | None]:
+        """Each output's type: from shape inference where it is ``inferred`` right, else from
+        running the node once (on zeros for its inputs, its parameters' values). ONNX Runtime must
+        be able to run it either way: its sessions are built here."""
         values = [*(np.zeros(t.shape, t.dtype) for t in types[:len(types) - len(params)]), *params]
         zeros = {f"in{k}": v for k, v in enumerate(values)}
         out: list[TensorType | None] = []
         for i, o in enumerate(node.output):
             session = one_node_session(FrozenAttrs({**base, "index": i}), types) if o else None
-            if session is None or o in self.inferred:
+            if session is None or (inferred and o in self.inferred):
                 out.append(self.inferred.get(o))
                 continue
             (r,) = session.run(None, zeros)
