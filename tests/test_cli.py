@@ -111,6 +111,24 @@ def test_optimize_command_on_a_torch_export_program(tmp_path, capsys: pytest.Cap
     assert "cannot load the torch.export program" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")  # TorchScript is deprecated in torch 2.13
+def test_optimize_command_on_a_torchscript_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """A .pt file of torch.jit.save runs on random inputs of the --input-shape given, by name."""
+    from opsched.models import example_inputs, get_model
+
+    path = tmp_path / "squeeze.pt"
+    torch.jit.save(torch.jit.trace(get_model("squeezenet1_1"), example_inputs("squeezenet1_1")), str(path))
+    assert main(["schedule", str(path), "--quiet", "--out", str(tmp_path / "s.json")]) == 1
+    assert "give the shape of x with --input-shape 1,3,224,224 (its forward takes x)" in capsys.readouterr().err
+    assert main(["optimize", str(path), "--input-shape", "x=2,3,64,64", "--cost", "analytic", "--rounds", "1",
+                 "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("squeeze: ") and "for batch 2" in out and "as fast as eager PyTorch" in out
+    (tmp_path / "weights.pt").write_bytes(b"not an archive")
+    assert main(["schedule", str(tmp_path / "weights.pt"), "--input-shape", "1,3", "--quiet"]) == 1
+    assert "a module saved with torch.save loads through a package.module:factory" in capsys.readouterr().err
+
+
 def _token_model(path, seq: int | str) -> None:  # type: ignore[no-untyped-def]
     """An .onnx file as a text model exports: int64 token ids and a float mask, the batch dynamic."""
     import numpy as np

@@ -293,6 +293,40 @@ def test_a_torch_export_program_is_scheduled_at_its_own_inputs_or_at_the_sizes_g
     assert opsched.from_torch(program).name == "Masked"
 
 
+class Scaled(nn.Module):
+    """Two branches, a batch norm and a dropout (a mode to keep), and a second input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+        self.norm, self.drop = nn.BatchNorm2d(4), nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.a(x)).relu() + self.b(x)) * scale
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")  # TorchScript is deprecated in torch 2.13
+def test_a_torchscript_module_is_converted_and_checked_against_itself(tmp_path: Path) -> None:
+    """TorchScript (torch.jit.load of a deployed model.pt) could not be traced by either tracer:
+    PyTorch's converter makes it a torch.export program, which is scheduled, and the check runs
+    the TorchScript module itself, in eval mode, the mode it was in left as it was."""
+    model = Scaled().eval()
+    x, scale = torch.randn(1, 3, 8, 8), torch.rand(1, 4, 6, 6)
+    torch.jit.save(torch.jit.script(model), tmp_path / "scaled.pt")
+    loaded = torch.jit.load(tmp_path / "scaled.pt").train()  # deployed, then left in training mode
+    for script in (loaded, torch.jit.trace(model, (x, scale))):
+        module = opsched.optimize(script, {"scale": scale, "x": x}, cost="analytic")
+        assert module.graph.name == "Scaled" and module.inputs.describe() == "forward(x, scale)"
+        assert script.training is (script is loaded)
+        for inputs in ((x, scale), fresh_inputs((x, scale), seed=5)):
+            with torch.no_grad():
+                assert_close(module(*inputs), model(*inputs))
+    with pytest.raises(FrontendError, match="give its arguments x, scale in order, leaving out only trailing ones"):
+        opsched.optimize(loaded, {"scale": scale}, cost="analytic")
+    with pytest.raises(FrontendError, match="needs example inputs of the TorchScript module Scaled"):
+        opsched.optimize(loaded)
+
+
 def test_a_program_exported_in_training_mode_or_a_module_without_inputs_is_refused_saying_why() -> None:
     x = torch.randn(2, 3, 8, 8)
     training = torch.export.export(Masked(), (x,))  # model.eval() forgotten: batch norms update their statistics

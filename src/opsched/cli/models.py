@@ -1,5 +1,5 @@
 """What the CLI accepts as MODEL: a zoo name, an .onnx file, a torch.export program (a .pt2
-file), or ``package.module:factory``."""
+file), a TorchScript module (a .pt file of torch.jit.save), or ``package.module:factory``."""
 
 from __future__ import annotations
 
@@ -55,13 +55,54 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
         return LoadedModel(graph.name, graph, inputs, None, onnx_path=spec)
     if spec.endswith(".pt2"):
         return _from_program(spec, batch, input_shapes)
+    if spec.endswith(TORCHSCRIPT):
+        return _from_script_file(spec, batch, unnamed, named)
     if ":" in spec:
         name = spec.partition(":")[2]
         module, example = _from_factory(spec, batch, unnamed, named)
         call, inputs = bind_example(module.forward, example)
         return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
-    raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file, a .pt2 file or "
-                       f"package.module:factory")
+    raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file, a .pt2 file, a TorchScript "
+                       f"file ({', '.join(TORCHSCRIPT)}) or package.module:factory")
+
+
+#: The endings of TorchScript files (``torch.jit.save``) the CLI reads.
+TORCHSCRIPT = (".pt", ".pth", ".ts", ".torchscript")
+
+
+def _from_script_file(path: str, batch: int, unnamed: tuple[int, ...] | None,
+                      named: dict[str, tuple[int, ...]]) -> LoadedModel:
+    """A TorchScript module saved by ``torch.jit.save``, on random float inputs of the
+    ``--input-shape`` given: one unnamed shape for a module of one input, else one per argument
+    name (``--input-shape x=1,3,224,224``)."""
+    from opsched.frontends import from_torch
+    from opsched.frontends.pytorch import as_module
+
+    if batch != 1:
+        raise OpschedError(f"{path}: a TorchScript module runs at the --input-shape given, which holds its batch")
+    try:
+        script = torch.jit.load(path, map_location="cpu")  # type: ignore[no-untyped-call]  # torch's, unannotated
+    except Exception as e:  # torch.jit.load raises many types for a missing, foreign or damaged file
+        raise OpschedError(f"cannot load {path} as a TorchScript module (torch.jit.save): {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0][:200]}; a module saved with torch.save loads through a "
+                           f"package.module:factory") from None
+    names = [a.name for a in script.forward.schema.arguments[1:]]  # past self
+    shapes = {names[0]: unnamed} if unnamed is not None and len(names) == 1 else dict(named)
+    if unnamed is not None and len(names) != 1:
+        raise OpschedError(f"{path}: its forward takes {', '.join(names)}: give each shape as --input-shape NAME=...")
+    if missing := [n for n in names if n not in shapes]:
+        raise OpschedError(f"{path}: give the shape of {', '.join(missing)} with --input-shape "
+                           f"{'1,3,224,224' if len(names) == 1 else missing[0] + '=...'} (its forward takes "
+                           f"{', '.join(names)})")
+    if unknown := sorted(set(shapes) - set(names)):
+        raise OpschedError(f"{path}: --input-shape names {', '.join(unknown)}, but its forward takes "
+                           f"{', '.join(names)}")
+    gen = torch.Generator().manual_seed(0)
+    drawn = tuple(torch.randn(*shapes[n], generator=gen) for n in names)
+    name = os.path.splitext(os.path.basename(path))[0]
+    module, example, _ = as_module(script, drawn, "opsched optimize")  # a program, converted once
+    call, inputs = bind_example(module.forward, example)
+    return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
 
 
 def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedModel:

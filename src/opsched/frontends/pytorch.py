@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeAlias
 
 import torch
@@ -24,7 +26,7 @@ from opsched.frontends._common import report_opaque
 from opsched.frontends.torch_export import export_graph
 from opsched.frontends.torch_fx import fx_graph
 from opsched.ir import Graph
-from opsched.structure import ExampleInputs, InputStructure, bind_example
+from opsched.structure import ExampleInputs, InputStructure, bind_example, split_example
 from opsched.transforms import canonicalize
 
 __all__ = ["from_torch", "as_module", "Model", "ProgramModule", "TRACERS", "Tracer"]
@@ -45,6 +47,12 @@ def as_module(model: Model, example_inputs: ExampleInputs | None, caller: str) -
     if isinstance(model, torch.export.ExportedProgram):
         module = ProgramModule(model)
         return module, module.example_inputs() if example_inputs is None else example_inputs, module.name
+    if isinstance(model, torch.jit.ScriptModule):
+        if example_inputs is None:
+            raise FrontendError(f"{caller} needs example inputs of the TorchScript module {model.original_name}: how "
+                                f"it is called (a tensor, or a tuple of positional arguments)")
+        module = _from_script(model, example_inputs)
+        return module, module.example_inputs(), module.name
     if not isinstance(model, nn.Module):
         raise FrontendError(f"{caller} takes a torch.nn.Module or a torch.export program, got {type(model).__name__}: "
                             f"wrap a function in an nn.Module whose forward calls it")
@@ -76,19 +84,59 @@ def _register_caches(model: nn.Module) -> None:
     register_cache_pytrees_for_model(model)
 
 
+def _from_script(script: torch.jit.ScriptModule, example_inputs: ExampleInputs) -> ProgramModule:
+    """A TorchScript module (``torch.jit.load("model.pt")``, ``torch.jit.script``, ``torch.jit.trace``)
+    as the torch.export program PyTorch's converter makes of it, traced at ``example_inputs`` in
+    eval mode, called by its own argument names and run, as the reference, by TorchScript."""
+    from torch._export.converter import TS2EPConverter
+
+    names = [a.name for a in script.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # past self
+    args, kwargs = split_example(example_inputs)
+    try:
+        bound = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+                                  ).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise FrontendError(f"the TorchScript module {script.original_name} is called as forward({', '.join(names)}), "
+                            f"not with these example inputs: {e}") from None
+    given = tuple(bound.arguments.values())
+    if list(bound.arguments) != names[:len(given)]:
+        raise FrontendError(f"the TorchScript module {script.original_name}: give its arguments "
+                            f"{', '.join(names)} in order, leaving out only trailing ones")
+    quiet = [logging.getLogger(n) for n in ("torch.export", "torch._export")]  # its notes on specialised sizes
+    levels = [q.level for q in quiet]
+    training = script.training
+    try:
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        script.eval()
+        with warnings.catch_warnings():  # that an unused buffer (a batch norm's count) is carried over
+            warnings.filterwarnings("ignore", message="Manually populate", category=UserWarning)
+            program = TS2EPConverter(script, given).convert()
+    except Exception as e:  # the converter raises many types for what it cannot convert
+        raise FrontendError(f"cannot convert the TorchScript module {script.original_name} to a torch.export "
+                            f"program: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from e
+    finally:
+        script.train(training)
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    return ProgramModule(program, runs=script, names=names[:len(given)], name=script.original_name)
+
+
 class ProgramModule(nn.Module):
     """A torch.export program as a module called as the model it was exported from: arguments
     exported as positional ones by position or by name, keyword ones by name. (The module
     ``ExportedProgram.module()`` makes takes each argument only as it was passed at export.) Its
     train/eval mode was fixed when it was exported: ``train()`` and ``eval()`` leave it."""
 
-    def __init__(self, program: torch.export.ExportedProgram) -> None:
+    def __init__(self, program: torch.export.ExportedProgram, *, runs: nn.Module | None = None,
+                 names: Sequence[str] | None = None, name: str | None = None) -> None:
         super().__init__()
         self.program = program.module()
-        self.name = _program_name(program)
+        self.runs = runs  # what calls run, where not the program itself (a TorchScript module it was made of)
+        self.name = name or _program_name(program)
         self.exported_with = program.example_inputs
         positional, keywords = program.call_spec.in_spec.children()
-        names = list(inspect.signature(self.program.forward).parameters)[:positional.num_children]
+        names = list(names or inspect.signature(self.program.forward).parameters)[:positional.num_children]
         self.positional, self.keywords = tuple(names), tuple(keywords.context)
         inputs = set(program.graph_signature.user_inputs)
         self.fixed_batch = tuple(n.name for n in program.graph.nodes if n.op == "placeholder" and n.name in inputs
@@ -102,10 +150,13 @@ class ProgramModule(nn.Module):
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         given = self.forward.__signature__.bind(*args, **kwargs).arguments  # type: ignore[attr-defined]
-        return self.program(*(given[n] for n in self.positional), **{k: given[k] for k in self.keywords if k in given})
+        run = self.program if self.runs is None else self.runs
+        return run(*(given[n] for n in self.positional), **{k: given[k] for k in self.keywords if k in given})
 
     def train(self, mode: bool = True) -> ProgramModule:
         self.training = mode
+        if self.runs is not None:  # a TorchScript module has a mode; the program was made in eval mode
+            self.runs.train(mode)
         return self
 
     def example_inputs(self, batch: int | None = None) -> ExampleInputs:

@@ -97,7 +97,8 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
 def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
     """The model's torch.onnx export; raises where ONNX Runtime cannot run the file either (the
     exporter bakes sizes from ONNX's shape inference into Reshape targets, and ONNX's rule for a
-    pool with ceil_mode and padding is not the one PyTorch and ONNX Runtime follow)."""
+    pool with ceil_mode and padding is not the one PyTorch and ONNX Runtime follow), or where
+    what it computes is not what eager PyTorch does: the importer answers for the file alone."""
     import onnx
     import onnxruntime as ort
 
@@ -106,7 +107,11 @@ def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"])
         proto = onnx.load(path)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    session.run(None, {"x": x.numpy()})
+    theirs = [torch.from_numpy(v) for v in session.run(None, {"x": x.numpy()})]
+    with torch.no_grad():
+        why = mismatch(theirs, _leaves(model(x.clone())))
+    if why:
+        raise ValueError(f"ONNX Runtime's session of the export differs from eager PyTorch: {why}")
     return proto
 
 
