@@ -398,3 +398,37 @@ def test_a_node_newer_than_the_oldest_opset_keeps_its_segment_where_it_is() -> N
         proto = declared_oldest(segment(pad_mode, reduce_bools), 20)
         assert [o.version for o in proto.opset_import] == [opset], (pad_mode, reduce_bools)
         onnx.checker.check_model(proto, full_check=True)
+
+
+class _Pools(torch.nn.Module):
+    """Every small max and average pool, side by side, ceil_mode and count_include_pad both ways."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pools = torch.nn.ModuleList()
+        for k in (2, 3):
+            for s in (1, 2, 3):
+                for p in range(k // 2 + 1):
+                    for ceil in (False, True):
+                        self.pools.append(torch.nn.MaxPool2d(k, s, p, ceil_mode=ceil))
+                        for include in (False, True):
+                            self.pools.append(torch.nn.AvgPool2d(k, s, p, ceil_mode=ceil, count_include_pad=include))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # each pool read by a node that ONNX Runtime types from it, beside a value of PyTorch's size
+        return tuple(torch.cat([y, y.relu()], 1) for y in (pool(x) for pool in self.pools))
+
+
+@pytest.mark.parametrize("size", [(5, 6), (7, 17), (19, 37)])
+def test_pools_with_ceil_mode_run_on_onnx_runtime_at_pytorchs_sizes_and_values(size: tuple[int, int]) -> None:
+    """ONNX's shape inference keeps a last window that starts in the padding, which PyTorch and
+    ONNX Runtime drop: a session declaring PyTorch's sizes was refused ("Can't merge shape info",
+    fuzz seed 1022). Pools are written without ceil_mode, their end padded to PyTorch's size, and
+    averages that count padding are scaled to PyTorch's divisors."""
+    model, x = _Pools().eval(), torch.randn(1, 2, *size)
+    module = opsched.optimize(model, x, backend="ort", scheduler="sequential", cost="analytic", verify=False)
+    with torch.no_grad():
+        got, want = module(x), model(x)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.shape == w.shape, (i, model.pools[i])
+        assert_close(g, w, f"{model.pools[i]}")

@@ -59,19 +59,51 @@ def _avg_kernel(graph: Graph, node: Node) -> Kernel:
     return lambda x: F.avg_pool2d(x, k, s, p, ceil_mode=c, count_include_pad=inc)
 
 
-def _window_attrs(n: Node) -> dict[str, object]:
-    pad = list(pair(n.attr("padding", 0)))
-    return dict(kernel_shape=list(pair(n.attr("kernel"))), strides=list(pair(n.attr("stride", n.attr("kernel")))),
-                pads=pad + pad, ceil_mode=int(bool(n.attr("ceil_mode", False))))
+def _window_attrs(b: OnnxBuilder, n: Node) -> dict[str, object]:
+    """The ONNX window of a pool. With ``ceil_mode``, ONNX's shape inference sizes the output by
+    a rule of its own (it keeps a last window that starts in the padding; PyTorch and ONNX
+    Runtime drop it), and a session whose declared sizes differ from the inferred ones is
+    refused: the window is written without ``ceil_mode``, its end padded to give PyTorch's size."""
+    kernel, stride = pair(n.attr("kernel")), pair(n.attr("stride", n.attr("kernel")))
+    pad, dilation = pair(n.attr("padding", 0)), pair(n.attr("dilation", 1))
+    out, size = b.graph.types[n.name].shape[2:], b.graph.types[n.inputs[0]].shape[2:]
+    # the least end padding that fits PyTorch's last window: any up to stride - 1 more gives the same size
+    end = [max(0, (o - 1) * s + d * (k - 1) + 1 - i - p) if n.attr("ceil_mode", False) else p
+           for o, s, d, k, i, p in zip(out, stride, dilation, kernel, size, pad)]
+    return dict(kernel_shape=list(kernel), strides=list(stride), pads=[*pad, *end])
 
 
 def _max_export(b: OnnxBuilder, n: Node) -> None:
-    b.add("MaxPool", [n.inputs[0]], n.name, dilations=list(pair(n.attr("dilation", 1))), **_window_attrs(n))
+    b.add("MaxPool", [n.inputs[0]], n.name, dilations=list(pair(n.attr("dilation", 1))), **_window_attrs(b, n))
 
 
 def _avg_export(b: OnnxBuilder, n: Node) -> None:
-    b.add("AveragePool", [n.inputs[0]], n.name, count_include_pad=int(bool(n.attr("count_include_pad", True))),
-          **_window_attrs(n))
+    """An average pool; where ``ceil_mode`` pads the end further than PyTorch counts padding
+    (:func:`_window_attrs`), windows that reach into it are averaged over the cells PyTorch
+    counts: ONNX's average over the input's cells, times a constant per output position."""
+    window = _window_attrs(b, n)
+    include = bool(n.attr("count_include_pad", True))
+    pad = pair(n.attr("padding", 0))
+    if not include or window["pads"] == [*pad, *pad]:
+        b.add("AveragePool", [n.inputs[0]], n.name, count_include_pad=int(include), **window)
+        return
+    cells = b.add("AveragePool", [n.inputs[0]], b.fresh(f"{n.name}_cells"), count_include_pad=0, **window)
+    b.add("Mul", [cells, b.init(_counted(b, n), f"{n.name}_counted")], n.name)
+
+
+def _counted(b: OnnxBuilder, n: Node) -> np.ndarray:
+    """Per output position, the input's cells in its window over the cells PyTorch divides by
+    (padding included, up to the padded input's end): [1, 1, H, W]."""
+    kernel, stride = pair(n.attr("kernel")), pair(n.attr("stride", n.attr("kernel")))
+    pad = pair(n.attr("padding", 0))
+    out, size = b.graph.types[n.name].shape[2:], b.graph.types[n.inputs[0]].shape[2:]
+    ratios = []
+    for o, k, s, p, i in zip(out, kernel, stride, pad, size):
+        start = np.arange(o) * s - p
+        inside = np.minimum(start + k, i) - np.maximum(start, 0)
+        counted = np.minimum(start + k, i + p) - start
+        ratios.append(inside / counted)
+    return np.outer(*ratios).astype(getattr(np, b.graph.types[n.name].dtype)).reshape(1, 1, *out)
 
 
 def _adaptive_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
