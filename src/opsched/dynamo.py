@@ -260,22 +260,27 @@ class OpschedGraph:
         return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()))
 
     def __call__(self, *args: Any) -> Any:
-        # every weight's identity and version, in C loops: a model of a thousand weights pays tens of µs
-        weights = [args[i] for i in self.weights]
-        key = ((tuple(map(id, weights)), tuple(map(_VERSION, weights))),
-               tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
-               tuple(int(args[i]) for i in self.ints))
         if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
-            with self._lock:
-                if not self._buckets:
-                    self._specialize(args, key)
+            if not self._buckets:
+                with self._lock:
+                    if not self._buckets:
+                        self._specialize(args, self._key(args))
             return self.gm(*args)
+        key = self._key(args)
         found = self._buckets.get(key)
         if found is None:
             with self._lock:
                 found = self._buckets.get(key) or self._specialize(args, key)
         run, _ = found
         return run(*(args[i] for i in self.tensors))
+
+    def _key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """What a bucket is made for: every weight's identity and version (in C loops: a model of a
+        thousand weights pays tens of µs), the tensors' shapes, dtypes and devices, the integers."""
+        weights = [args[i] for i in self.weights]
+        return ((tuple(map(id, weights)), tuple(map(_VERSION, weights))),
+                tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
+                tuple(int(args[i]) for i in self.ints))
 
     def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket]:
         reason = "first call" if not self._buckets else (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import pickle
 from collections.abc import Sequence
@@ -95,11 +96,16 @@ class ScheduledModule(nn.Module):
         """Copy the new values of the inputs the model changes in place into the caller's
         tensors (the trailing results, :attr:`Graph.writes`); the others are what it returns."""
         returned = len(self.graph.returns)
-        index = {i.name: k for k, i in enumerate(self.graph.inputs)}
         with torch.no_grad():
-            for name, value in zip(self.graph.writes, results[returned:]):
-                inputs[index[name]].copy_(value)
+            for k, value in zip(self._written, results[returned:]):
+                inputs[k].copy_(value)
         return results[:returned]
+
+    @functools.cached_property
+    def _written(self) -> tuple[int, ...]:
+        """Per write of the graph, the position of the input it writes (found once, not per call)."""
+        index = {i.name: k for k, i in enumerate(self.graph.inputs)}
+        return tuple(index[name] for name in self.graph.writes)
 
     def profile(self, *args: Any, **kwargs: Any) -> list[TraceEvent]:
         """Run once on the arguments ``forward`` takes, recording when each step ran on which lane

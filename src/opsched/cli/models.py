@@ -4,7 +4,6 @@ file), a TorchScript module (a .pt file of torch.jit.save), or ``package.module:
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ def _from_script_file(path: str, batch: int, unnamed: tuple[int, ...] | None,
     ``--input-shape`` given: one unnamed shape for a module of one input, else one per argument
     name (``--input-shape x=1,3,224,224``)."""
     from opsched.frontends import from_torch
-    from opsched.frontends.pytorch import as_module
+    from opsched.frontends.pytorch import as_module, script_arguments
 
     if batch != 1:
         raise OpschedError(f"{path}: a TorchScript module runs at the --input-shape given, which holds its batch")
@@ -86,7 +85,7 @@ def _from_script_file(path: str, batch: int, unnamed: tuple[int, ...] | None,
         raise OpschedError(f"cannot load {path} as a TorchScript module (torch.jit.save): {type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0][:200]}; a module saved with torch.save loads through a "
                            f"package.module:factory") from None
-    names = [a.name for a in script.forward.schema.arguments[1:]]  # past self
+    names = script_arguments(script)
     shapes = {names[0]: unnamed} if unnamed is not None and len(names) == 1 else dict(named)
     if unnamed is not None and len(names) != 1:
         raise OpschedError(f"{path}: its forward takes {', '.join(names)}: give each shape as --input-shape NAME=...")
@@ -109,20 +108,17 @@ def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedM
     """A torch.export program saved by ``torch.export.save``, at the example inputs saved with it,
     or at ``batch`` (each input's first dimension) for a program exported with a dynamic batch."""
     from opsched.frontends import from_torch
+    from opsched.frontends._common import quieted
     from opsched.frontends.pytorch import ProgramModule
 
     if input_shapes:
         raise OpschedError(f"{path}: a torch.export program runs at the example inputs saved with it (--batch sets "
                            f"a dynamic batch); --input-shape is for .onnx files and factories")
-    quiet = logging.getLogger("torch.export")  # it logs a traceback of its own before raising
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
     try:
-        program = torch.export.load(path)
+        with quieted("torch.export"):  # it logs a traceback of its own before raising
+            program = torch.export.load(path)
     except Exception as e:  # torch.export.load raises many types for a missing, foreign or damaged file
         raise OpschedError(f"cannot load the torch.export program {path}: {type(e).__name__}: {e}") from None
-    finally:
-        quiet.setLevel(level)
     module = ProgramModule(program)
     example = module.example_inputs(None if batch == 1 else batch)
     call, inputs = bind_example(module.forward, example)

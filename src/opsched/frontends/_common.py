@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
 
 __all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque", "fx_ancestors",
-           "check_weight_writes"]
+           "check_weight_writes", "replaying", "quieted"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -94,6 +95,36 @@ def report_opaque(graph: Graph, source: str) -> None:
         log.warning("%s: %d call(s) have no converter and run as opaque nodes (they execute the "
                     "original callable but cannot be merged or costed analytically): %s",
                     source, len(opaque), listing)
+
+
+def replaying(fn: Callable[..., Any], n: torch.fx.Node, tensors: Sequence[torch.fx.Node],
+              fixed: Mapping[torch.fx.Node, Any], clone: bool = False) -> Callable[..., Any]:
+    """What an opaque node runs: ``fn`` called with the arguments of the traced call ``n``, the
+    values of ``tensors`` given by position at each call, every other node's value ``fixed``
+    (with ``clone``, copies of the given: an in-place call must not change a value others read)."""
+    args, kwargs = n.args, n.kwargs
+
+    def call(*values: torch.Tensor) -> Any:
+        given = dict(zip(tensors, (v.clone() if clone else v for v in values)))
+
+        def look(a: torch.fx.Node) -> Any:
+            return given[a] if a in given else fixed[a]
+        return fn(*torch.fx.node.map_arg(args, look), **torch.fx.node.map_arg(kwargs, look))
+    return call
+
+
+@contextlib.contextmanager
+def quieted(*loggers: str) -> Iterator[None]:
+    """PyTorch's ``loggers`` at errors only, for the duration (torch.export's notes on sizes it
+    specialised, or the traceback it logs before raising)."""
+    held = [(log_, log_.level) for log_ in map(logging.getLogger, loggers)]
+    for log_, _ in held:
+        log_.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log_, level in held:
+            log_.setLevel(level)
 
 
 def fx_ancestors(nodes: Sequence[torch.fx.Node]) -> set[str]:

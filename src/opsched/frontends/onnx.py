@@ -84,8 +84,6 @@ def _array(tensor: onnx.TensorProto, source: str) -> np.ndarray:
                                   f"cannot be read: {first_line(e)}") from e
 
 
-
-
 class _Failed:
     """The value of a node that cannot be imported (reported once, with every other)."""
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -22,14 +21,14 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, StatefulModelError
-from opsched.frontends._common import report_opaque
+from opsched.frontends._common import quieted, report_opaque
 from opsched.frontends.torch_export import export_graph
 from opsched.frontends.torch_fx import fx_graph
 from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example, split_example
 from opsched.transforms import canonicalize
 
-__all__ = ["from_torch", "as_module", "Model", "ProgramModule", "TRACERS", "Tracer"]
+__all__ = ["from_torch", "as_module", "script_arguments", "Model", "ProgramModule", "TRACERS", "Tracer"]
 
 Tracer = Literal["auto", "export", "fx"]
 TRACERS: tuple[str, ...] = ("auto", "export", "fx")
@@ -90,7 +89,7 @@ def _from_script(script: torch.jit.ScriptModule, example_inputs: ExampleInputs) 
     eval mode, called by its own argument names and run, as the reference, by TorchScript."""
     from torch._export.converter import TS2EPConverter
 
-    names = [a.name for a in script.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # past self
+    names = script_arguments(script)
     args, kwargs = split_example(example_inputs)
     try:
         bound = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
@@ -102,14 +101,11 @@ def _from_script(script: torch.jit.ScriptModule, example_inputs: ExampleInputs) 
     if list(bound.arguments) != names[:len(given)]:
         raise FrontendError(f"the TorchScript module {script.original_name}: give its arguments "
                             f"{', '.join(names)} in order, leaving out only trailing ones")
-    quiet = [logging.getLogger(n) for n in ("torch.export", "torch._export")]  # its notes on specialised sizes
-    levels = [q.level for q in quiet]
     training = script.training
     try:
-        for q in quiet:
-            q.setLevel(logging.ERROR)
         script.eval()
-        with warnings.catch_warnings():  # that an unused buffer (a batch norm's count) is carried over
+        with quieted("torch.export", "torch._export"), warnings.catch_warnings():
+            # that an unused buffer (a batch norm's count) is carried over
             warnings.filterwarnings("ignore", message="Manually populate", category=UserWarning)
             program = TS2EPConverter(script, given).convert()
     except Exception as e:  # the converter raises many types for what it cannot convert
@@ -117,16 +113,20 @@ def _from_script(script: torch.jit.ScriptModule, example_inputs: ExampleInputs) 
                             f"program: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from e
     finally:
         script.train(training)
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
     return ProgramModule(program, runs=script, names=names[:len(given)], name=script.original_name)
+
+
+def script_arguments(script: torch.jit.ScriptModule) -> list[str]:
+    """The names of a TorchScript module's ``forward`` arguments, as its schema gives them."""
+    return [a.name for a in script.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # past self
 
 
 class ProgramModule(nn.Module):
     """A torch.export program as a module called as the model it was exported from: arguments
     exported as positional ones by position or by name, keyword ones by name. (The module
-    ``ExportedProgram.module()`` makes takes each argument only as it was passed at export.) Its
-    train/eval mode was fixed when it was exported: ``train()`` and ``eval()`` leave it."""
+    ``ExportedProgram.module()`` makes takes each argument only as it was passed at export.) The
+    program's train/eval mode was fixed when it was exported: ``train()`` and ``eval()`` leave it
+    (and set the mode of a TorchScript module it was made of, which ``runs`` its calls)."""
 
     def __init__(self, program: torch.export.ExportedProgram, *, runs: nn.Module | None = None,
                  names: Sequence[str] | None = None, name: str | None = None) -> None:

@@ -14,8 +14,8 @@ out-of-place calls and scatters) while keeping operators whole (``conv2d``, ``la
   type from fake-tensor propagation, its FLOPs from PyTorch's flop counter.
 
 Nothing becomes opaque but a control-flow operator (``torch.cond``: its branches are graphs of
-their own), which runs whole, on torch. Nodes inside a ``torch.nn`` module are named after it (``stem_0_conv``,
-as torch.fx names them), others as torch.export does.
+their own), which runs whole, on torch. Nodes inside a ``torch.nn`` module are named after it
+(``stem_0_conv``, as torch.fx names them), others as torch.export does.
 """
 
 from __future__ import annotations
@@ -33,7 +33,14 @@ from torch import nn
 from torch.export.graph_signature import OutputKind
 
 from opsched.errors import FrontendError
-from opsched.frontends._common import ConversionContext, Unsupported, check_weight_writes, fx_ancestors, held_type
+from opsched.frontends._common import (
+    ConversionContext,
+    Unsupported,
+    check_weight_writes,
+    fx_ancestors,
+    held_type,
+    replaying,
+)
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 
@@ -300,15 +307,10 @@ class ExportConverter:
         tensors = [a for a in n.all_input_nodes if isinstance(self.env[a], str)]
         fixed = {a: self.env[a].tensor if isinstance(self.env[a], Const) else self.env[a]
                  for a in n.all_input_nodes if a not in tensors}
-        args, kwargs = n.args, n.kwargs
+        whole = replaying(op, n, tensors, fixed)
 
         def call(*values: torch.Tensor) -> Any:
-            given = dict(zip(tensors, values))
-
-            def look(a: torch.fx.Node) -> Any:
-                return given[a] if a in given else fixed[a]
-            out = op(*torch.fx.node.map_arg(args, look), **torch.fx.node.map_arg(kwargs, look))
-            return out if index is None else out[index]
+            return whole(*values) if index is None else whole(*values)[index]
 
         target = op.__name__
         call.__qualname__ = target

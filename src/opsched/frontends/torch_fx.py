@@ -19,7 +19,14 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError, UntraceableModuleError
-from opsched.frontends._common import ConversionContext, Unsupported, check_weight_writes, fx_ancestors, held_type
+from opsched.frontends._common import (
+    ConversionContext,
+    Unsupported,
+    check_weight_writes,
+    fx_ancestors,
+    held_type,
+    replaying,
+)
 from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
@@ -270,16 +277,8 @@ class _FxConverter:
         fn, target = self._callable(n)
         tensor_nodes = [a for a in n.all_input_nodes if isinstance(self.env.get(a), str)]
         consts = {a: self.values[a] for a in n.all_input_nodes if a not in tensor_nodes}
-        fx_args, fx_kwargs = n.args, n.kwargs
-        clone = mutated_by(n, self.gm) is not None  # an in-place call works on a copy: the value is shared
-
-        def call(*tensors: torch.Tensor) -> Any:
-            env = dict(zip(tensor_nodes, (t.clone() if clone else t for t in tensors)))
-
-            def look(a: torch.fx.Node) -> Any:
-                return env[a] if a in env else consts[a]
-            return fn(*torch.fx.node.map_arg(fx_args, look), **torch.fx.node.map_arg(fx_kwargs, look))
-
+        # an in-place call works on a copy: the value is shared
+        call = replaying(fn, n, tensor_nodes, consts, clone=mutated_by(n, self.gm) is not None)
         inputs = [self.env[a] for a in tensor_nodes]
         if isinstance(value, torch.Tensor):
             call.__qualname__ = target
