@@ -334,6 +334,27 @@ def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd
     executor.close()
 
 
+
+def test_a_node_onnx_runtime_has_no_kernel_for_at_its_types_runs_with_torch() -> None:
+    """ONNX Runtime's CPU provider has no float64 ``Conv``: the convolution runs with torch, and
+    the exponential beside it, which has a float64 kernel, in a session."""
+    class ConvAndExp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.conv(x), x.exp()
+
+    model, x = ConvAndExp().double(), torch.randn(1, 3, 12, 12, dtype=torch.float64)
+    g = opsched.from_torch(model, x)
+    assert sorted((n.op, exportable(g, n)) for n in g.nodes) == [("aten.elementwise", True), ("conv2d", False)]
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    assert_close(executor([x]), list(model(x)))
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+    assert "1 step run with torch between them: conv" in executor.describe(), executor.describe()
+    executor.close()
+
 class _PoolThenGelu(torch.nn.Module):
     """NASNet's pool (3x3, stride 1, padding not counted) on channels that miss ORT's blocked layout."""
 

@@ -4,12 +4,15 @@ Used by the ONNX Runtime backend: each lane segment of a plan becomes one ONNX m
 inputs are the values it reads from elsewhere and whose outputs are the values read elsewhere.
 Every op exports through its family's exporter (:attr:`opsched.ir.ops.OpDef.onnx`); an op without
 one, or a configuration its exporter refuses (:class:`~opsched.ops.NotExportable`), is not
-exportable and the backend runs that step with torch.
+exportable and the backend runs that step with torch. So is a node for whose types ONNX Runtime's
+CPU provider lacks a kernel: it has one of every op for float32, and for float64, float16 and the
+integers only of some (no float64 ``Conv``, say).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 
@@ -24,11 +27,19 @@ from opsched.runtime.plan import step_label
 __all__ = ["export_segment", "exportable"]
 
 
+#: The element types for which ONNX Runtime's CPU provider has a kernel of every op we export.
+_EVERY_KERNEL = frozenset({"float32"})
+
+#: Per node signature (op, configuration and types): whether ONNX Runtime builds a session of it.
+_RUNS: dict[tuple[Any, ...], bool] = {}
+
+
 def exportable(graph: Graph, node: Node) -> bool:
-    """Whether ``node`` exports to ONNX: its op has an exporter that accepts its configuration,
-    and ONNX has a type for every value it reads and makes; complex values, which ONNX Runtime's
-    kernels do not take, only as pairs of parts, read and made by the overloads that have a form
-    on pairs (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
+    """Whether ``node`` exports to ONNX and runs there: its op has an exporter that accepts its
+    configuration, ONNX has a type for every value it reads and makes, and ONNX Runtime a kernel
+    for each at those types; complex values, which ONNX Runtime's kernels do not take, only as
+    pairs of parts, read and made by the overloads that have a form on pairs
+    (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
     export = op_def(node.op).onnx
     held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
     unheld = {t.dtype for t in held} - set(ONNX_DTYPES)
@@ -39,7 +50,26 @@ def exportable(graph: Graph, node: Node) -> bool:
         export(OnnxBuilder(graph, dry_run=True), node)
     except NotExportable:
         return False
-    return True
+    return {t.dtype for t in held} <= _EVERY_KERNEL or _runs_in_ort(graph, node)
+
+
+def _runs_in_ort(graph: Graph, node: Node) -> bool:
+    """Whether ONNX Runtime's CPU provider makes a session of ``node`` alone: it has a kernel for
+    each ONNX node the node exports to, at its types. Asked once per op, configuration and types."""
+    key = (node.op, node.attrs, tuple(graph.types[v] for v in node.inputs),
+           tuple(graph.param_types[p] for p in node.params), node.out)
+    if key not in _RUNS:
+        from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
+
+        from opsched.backends.ort_program import ort_session
+
+        model = export_segment(graph, [(node.name,)], list(dict.fromkeys(node.inputs)), [node.name])
+        try:
+            ort_session(model.SerializeToString(), threads=1)
+            _RUNS[key] = True
+        except NoKernel:
+            _RUNS[key] = False
+    return _RUNS[key]
 
 
 def export_segment(graph: Graph, items: Sequence[tuple[str, ...]], inputs: Sequence[str],

@@ -30,10 +30,10 @@ from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
 from opsched.runtime.plan import Step
 
-__all__ = ["JOIN_IN_PLACE", "ort_program"]
+__all__ = ["JOIN_IN_PLACE", "ort_program", "ort_session"]
 
 
-def _session(model_bytes: bytes, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
+def ort_session(model_bytes: bytes, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -208,7 +208,7 @@ class _OrtSegments(SegmentBuilder):
         model = export_segment(self.graph, [steps[s].nodes for s in segment.steps], [names[i] for i in ins],
                                [names[o] for o in outs])
         prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")
-        session = _session(model.SerializeToString(), threads, prefix, self.spin)
+        session = ort_session(model.SerializeToString(), threads, prefix, self.spin)
         edges = _Edges(session, ins, outs, segment.frees, [names[i] for i in ins], [names[o] for o in outs])
         if any(o in self.part_of for o in outs):
             run = self._runs_into_joins(edges)
