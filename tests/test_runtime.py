@@ -318,6 +318,8 @@ def test_options_go_to_the_schedulers_that_take_them() -> None:
         opsched.api.optimize_graph(graph, cost=CPU, scheduler="iso")
     with pytest.raises(ScheduleError, match="name at least one scheduler"):
         opsched.api.optimize_graph(graph, cost=CPU, scheduler=[])
+    with pytest.raises(ScheduleError, match="'kwargs' holds tensors, but a model's inputs go in example_inputs"):
+        opsched.optimize(torch.nn.Linear(4, 4), kwargs={"input": torch.randn(1, 4)})  # checked before inputs
 
 
 @pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")

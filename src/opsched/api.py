@@ -141,8 +141,8 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
                "for an ONNX file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open sizes)")
         raise FrontendError(f"optimize() takes a torch.nn.Module or a torch.export program, got the path "
                             f"{os.fspath(model)!r}: {way}")
-    model, example_inputs, name = as_module(model, example_inputs, "optimize()")
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
+    model, example_inputs, name = as_module(model, example_inputs, "optimize()")
     call, inputs = _example_inputs(model, example_inputs)
     start = time.perf_counter()
     with _eval_mode(model):

@@ -63,6 +63,14 @@ def scheduler_names(scheduler: object) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensors(v) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
 def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[str, Any],
                       cores: int | None = None) -> dict[str, Any]:
     """Each scheduler's options dataclass: its device defaults, overridden by the ``values`` it
@@ -73,7 +81,10 @@ def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[st
     if unknown:
         hints = [f"{k!r} (renamed {RENAMED[k]!r})" if k in RENAMED else repr(k) for k in unknown]
         listing = "; ".join(f"{name} takes {sorted(t) or 'none'}" for name, t in takes.items())
-        raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing})")
+        inputs = [k for k in unknown if _holds_tensors(values[k])]
+        hint = (f"; {', '.join(map(repr, inputs))} holds tensors, but a model's inputs go in example_inputs: one "
+                f"tensor, a tuple of positional arguments or a mapping of keyword arguments" if inputs else "")
+        raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing}){hint}")
     out = {}
     for name in names:
         chosen = {k: v for k, v in spec(name).defaults(device_type, cores).items() if k in takes[name]}
