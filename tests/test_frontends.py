@@ -324,6 +324,58 @@ def test_canonical_graph_folds_and_fuses() -> None:
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+
+class _Promoting(nn.Module):
+    """Arithmetic and concatenation on operands torch promotes (Mask2Former multiplies by masks)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask = x < 0
+        return (mask * y, mask + (y > 0), mask * (y > 0), x.int() * y, x.half() * y.sum(),
+                torch.cat([x.int(), y], 1))
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_operands_torch_promotes_are_typed_and_run_as_torch_computes_them(tracer: str) -> None:
+    """A bool mask times float32 values is float32, a sum or product of masks their or and and,
+    a float16 times a float32 scalar float16: typed so, and run so in one ONNX Runtime session."""
+    from opsched.api import host_cpu_model
+    from opsched.backends import get_backend
+    from opsched.execution import RunOptions
+    from opsched.runtime import lower
+    from opsched.schedulers import schedule
+
+    model, inputs = _Promoting(), (torch.randn(2, 8), torch.randn(2, 8))
+    g = from_torch(model, inputs, tracer=tracer)
+    expected = model(*inputs)
+    assert [g.node(v).op for v in g.returns] == ["mul", "add", "mul", "mul", "mul", "concat"]
+    assert [g.types[v].dtype for v in g.returns] == [str(e.dtype).removeprefix("torch.") for e in expected]
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor(list(inputs))
+    executor.close()
+    if tracer != "fx":  # whose comparisons and casts are opaque calls
+        assert executor.sessions == 1, executor.describe()  # type: ignore[attr-defined]
+    assert [m.dtype for m in made] == [e.dtype for e in expected]
+    assert_close(made, list(expected))
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_call_its_family_types_otherwise_than_torch_stays_generic(tracer: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The safety net under every family's shape rule: where one disagrees with the type torch
+    gave the call, the call is kept as torch ran it (a generic ATen node, or an opaque call)."""
+    from opsched.ir.ops import elementwise
+    from opsched.ir.types import TensorType
+
+    def first_dtype(op: str, types: list[TensorType]) -> TensorType:  # the rule before promotion
+        return TensorType(max((t.shape for t in types), key=len), types[0].dtype)
+
+    monkeypatch.setattr(elementwise, "broadcast", first_dtype)
+    model, inputs = _Promoting(), (torch.randn(2, 8), torch.randn(2, 8))
+    g = from_torch(model, inputs, tracer=tracer)
+    ops = [g.node(v).op for v in g.returns]
+    assert ops[1:3] == ["add", "mul"] and "mul" not in (ops[0], ops[3]), ops  # bools stay bools
+    assert [g.types[v].dtype for v in g.returns] == [str(e.dtype).removeprefix("torch.") for e in model(*inputs)]
+    assert_close(run_graph(g, list(inputs)), list(model(*inputs)))
+
 class UnusedBranch(nn.Module):
     def __init__(self) -> None:
         super().__init__()

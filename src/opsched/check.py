@@ -35,7 +35,9 @@ def tf32_in_use() -> bool:
 
 def tolerance(reference: torch.Tensor) -> float:
     """The absolute tolerance for an output compared with ``reference``: its dtype's (TF32's for
-    float32 on a GPU with TF32 on) times the reference's scale."""
+    float32 on a GPU with TF32 on) times the reference's scale; none for integers and bools."""
+    if not (reference.is_floating_point() or reference.is_complex()):
+        return 0.0
     if reference.dtype == torch.float32 and reference.is_cuda and tf32_in_use():
         rel = TF32_TOLERANCE
     else:
@@ -120,9 +122,11 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
         for what, a, e in compared:
             tol = tolerance(e)
             err = largest_difference(a, e) if a.shape == e.shape else 0.0
-            if a.shape != e.shape or err > tol:
+            if a.shape != e.shape or a.dtype != e.dtype or err > tol:
                 raise ExecutionError(f"on {which}, the scheduled module's {what} differs from the model's "
-                                     f"(shape {tuple(a.shape)} against {tuple(e.shape)}, largest difference {err:.3g}, "
+                                     f"(shape {tuple(a.shape)} against {tuple(e.shape)}, dtype "
+                                     f"{str(a.dtype).removeprefix('torch.')} against "
+                                     f"{str(e.dtype).removeprefix('torch.')}, largest difference {err:.3g}, "
                                      f"tolerance {tol:.3g}): the model may take another path on other inputs (its "
                                      f"Python control flow was traced for the example inputs), or this is a bug: "
                                      f"please report it with the model")

@@ -164,7 +164,8 @@ class _OrtSegments(SegmentBuilder):
         stays in its session, where ORT concatenates in its blocked layout without converting)."""
         node = self.graph.node(step.nodes[0])
         if step.merged or node.op != "concat" or node.attr("axis", 1) != 0 or not step.waits \
-                or len(set(step.inputs)) < len(step.inputs) or node.out.dtype in COMPLEX_PARTS:
+                or len(set(step.inputs)) < len(step.inputs) or node.out.dtype in COMPLEX_PARTS \
+                or any(self.graph.types[v].dtype != node.out.dtype for v in node.inputs):  # promoted parts
             return None
         parts, at = [], 0
         for slot in step.inputs:

@@ -60,6 +60,38 @@ class ConversionContext:
     def type(self, value: str) -> TensorType:
         return self.b.type(value)
 
+    def checked(self, convert: Callable[[], Any], val: Any, what: str) -> Any:
+        """What ``convert()`` makes of a call that gave ``val`` in torch. Where it raises
+        :class:`Unsupported`, or types its value otherwise than torch did (a family's shape rule
+        that disagrees), the nodes it added are taken back and :class:`Unsupported` raised: the
+        call stays generic, typed by torch."""
+        mark = self.mark()
+        try:
+            made = convert()
+            if isinstance(made, str) and isinstance(val, torch.Tensor) and self.type(made) != tensor_type(val):
+                log.debug("%s: %s typed %s by its family, %s by torch", self.b.name, what, self.type(made),
+                          tensor_type(val))
+                raise Unsupported
+        except Unsupported:
+            self.undo(mark)
+            raise
+        return made
+
+    def mark(self) -> tuple[int, int]:
+        """Where the graph stands: what :meth:`undo` goes back to."""
+        return len(self.b.nodes), len(self.b.params)
+
+    def undo(self, mark: tuple[int, int]) -> None:
+        """Take back every node and weight added since ``mark``."""
+        nodes, params = mark
+        for node in self.b.nodes[nodes:]:
+            del self.b._types[node.name]
+            self.b.callables.pop(node.name, None)
+        del self.b.nodes[nodes:]
+        for name in list(self.b.params)[params:]:
+            tensor = self.b.params.pop(name)
+            self._param_ids.pop(id(tensor), None)
+
     def aten(self, op: torch._ops.OpOverload, inputs: Sequence[str], args: Sequence[Any],
              kwargs: Mapping[str, Any] | None = None, *, name: str, flops: int = 0) -> str:
         """A generic ATen node (:mod:`opsched.ir.ops.aten`) calling ``op`` on ``args`` and

@@ -207,7 +207,8 @@ class ExportConverter:
             args = [self._arg(a) for a in n.args]
             kwargs = {k: self._arg(v) for k, v in n.kwargs.items()}
             try:
-                return convert(self, n, args, kwargs)
+                return self.ctx.checked(lambda: convert(self, n, args, kwargs), val,
+                                        f"{n.name} ({target_of(n.target)})")
             except Unsupported:
                 pass
         if isinstance(val, torch.Tensor):

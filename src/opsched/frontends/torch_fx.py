@@ -247,7 +247,7 @@ class _FxConverter:
         conv = self._converter_for(n)
         if conv is not None:
             try:
-                return conv(self, n, args, kwargs)
+                return self.ctx.checked(lambda: conv(self, n, args, kwargs), value, f"{n.name} ({n.target})")
             except Unsupported:
                 pass
         return self._opaque(n)

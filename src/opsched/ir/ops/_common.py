@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from opsched.errors import ShapeMismatchError
 from opsched.ir.schema import FlopRule
 from opsched.ir.types import FrozenAttrs, TensorType
 
-__all__ = ["fail", "pair", "window", "broadcast", "axis_of", "same", "per_element", "zero_flops", "reduce_flops"]
+__all__ = ["fail", "pair", "window", "broadcast", "promoted", "axis_of", "same", "per_element", "zero_flops",
+           "reduce_flops"]
 
 
 def fail(op: str, why: str) -> ShapeMismatchError:
@@ -39,7 +42,20 @@ def broadcast(op: str, types: Sequence[TensorType]) -> TensorType:
         if len(sizes) > 1:
             raise fail(op, f"cannot broadcast shapes {[t.shape for t in types]}")
         dims.append(sizes.pop() if sizes else 1)
-    return TensorType(tuple(dims), types[0].dtype)
+    return TensorType(tuple(dims), promoted(types))
+
+
+def promoted(types: Sequence[TensorType]) -> str:
+    """The dtype torch computes ``types`` in, as arithmetic on them: ``bool * float32`` is
+    float32, and a 0-d tensor (a scalar) takes part only where its kind (bool, integer, float)
+    is higher than every other's (``float16 * float32 scalar`` is float16)."""
+    if len({t.dtype for t in types}) == 1:
+        return types[0].dtype
+    result = torch.empty(types[0].shape, dtype=getattr(torch, types[0].dtype), device="meta")
+    for t in types[1:]:
+        dtype = torch.result_type(result, torch.empty(t.shape, dtype=getattr(torch, t.dtype), device="meta"))
+        result = torch.empty(result.shape if result.dim() else t.shape, dtype=dtype, device="meta")
+    return str(result.dtype).removeprefix("torch.")
 
 
 def axis_of(axis: int, rank: int) -> int:

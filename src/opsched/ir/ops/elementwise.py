@@ -1,4 +1,6 @@
-"""Broadcasting arithmetic: n-ary sums and products."""
+"""Broadcasting arithmetic: n-ary sums and products, in the dtype torch promotes their inputs to
+(``mask * x``: a bool mask times float32 values is float32; a sum or product of bools is their
+logical or, and)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ def _infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[Te
 def _add_kernel(graph: Graph, node: Node) -> Kernel:
     if len(node.inputs) == 2:
         return torch.add
+    dtype = getattr(torch, node.out.dtype)
 
     def add(*xs: torch.Tensor) -> torch.Tensor:
-        out = xs[0] + xs[1]
+        out = (xs[0] + xs[1]).to(dtype)  # the first two may promote to less than all of them
         for x in xs[2:]:
             out += x  # out is a fresh tensor here, so accumulating in place is safe
         return out
@@ -39,10 +42,11 @@ def _add_kernel(graph: Graph, node: Node) -> Kernel:
 def _add_export(b: OnnxBuilder, n: Node) -> None:
     """A chain of binary Adds, not one Sum: ONNX Runtime folds an Add into the convolution that
     produces one of its inputs (and the ReLU after it), which it does not do for Sum (RandWire-
-    small: 1.72 ms of kernels per run as Adds, 1.89 as Sums)."""
-    acc = n.inputs[0]
-    for k, v in enumerate(n.inputs[1:], start=2):
-        acc = b.add("Add", [acc, v], n.name if k == len(n.inputs) else None)
+    small: 1.72 ms of kernels per run as Adds, 1.89 as Sums). Bools are summed by Or."""
+    operands, op = b.promoted_inputs(n), "Or" if n.out.dtype == "bool" else "Add"
+    acc = operands[0]
+    for k, v in enumerate(operands[1:], start=2):
+        acc = b.add(op, [acc, v], n.name if k == len(operands) else None)
 
 
 def _mul_kernel(graph: Graph, node: Node) -> Kernel:
@@ -50,7 +54,7 @@ def _mul_kernel(graph: Graph, node: Node) -> Kernel:
 
 
 def _mul_export(b: OnnxBuilder, n: Node) -> None:
-    b.add("Mul", list(n.inputs), n.name)
+    b.add("And" if n.out.dtype == "bool" else "Mul", b.promoted_inputs(n), n.name)
 
 
 register(OpDef(OpSchema("add", "elementwise", (2, None), _infer, per_element(1)), _add_kernel, _add_export))

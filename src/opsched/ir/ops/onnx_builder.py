@@ -77,6 +77,13 @@ class OnnxBuilder:
         return self.graph.types[node.inputs[ref[1]]] if tag == "t" else \
             self.graph.param_types[node.params[ref[1]]] if tag == "p" else None
 
+    def promoted_inputs(self, node: Node) -> list[str]:
+        """``node``'s inputs, each cast to its output's dtype where it differs: torch promotes the
+        operands of arithmetic and concatenation (``mask * x``), ONNX takes them of one type."""
+        dtype = node.out.dtype
+        return [v if self.graph.types[v].dtype == dtype else
+                self.add("Cast", [v], self.fresh(f"{node.name}_{dtype}"), to=ONNX_DTYPES[dtype]) for v in node.inputs]
+
     def declare(self, domain: str, version: int) -> None:
         """Have the model import ``domain`` (``com.microsoft``) at ``version``; a segment holds
         one version of each."""

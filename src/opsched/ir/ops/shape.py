@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
-from opsched.ir.ops._common import axis_of, fail, same, zero_flops
+from opsched.ir.ops._common import axis_of, fail, promoted, same, zero_flops
 from opsched.ir.ops.registry import Kernel, OpDef, register
 from opsched.ir.schema import OpSchema
 from opsched.ir.types import FrozenAttrs, TensorType
@@ -32,7 +32,7 @@ def _concat_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequ
             raise fail("concat", f"inputs {[str(i) for i in inputs]} differ outside axis {axis}")
     shape = list(first.shape)
     shape[axis] = sum(t.shape[axis] for t in inputs)
-    return TensorType(tuple(shape), first.dtype)
+    return TensorType(tuple(shape), promoted(inputs))  # torch.cat promotes: an int64 and a float32 part, float32
 
 
 def _concat_kernel(graph: Graph, node: Node) -> Kernel:
@@ -41,7 +41,7 @@ def _concat_kernel(graph: Graph, node: Node) -> Kernel:
 
 
 def _concat_export(b: OnnxBuilder, n: Node) -> None:
-    b.add("Concat", list(n.inputs), n.name, axis=int(n.attr("axis", 1)))
+    b.add("Concat", b.promoted_inputs(n), n.name, axis=int(n.attr("axis", 1)))
 
 
 # --- pad ----------------------------------------------------------------------------------
