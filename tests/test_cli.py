@@ -88,6 +88,18 @@ def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixtur
     assert "as fast as" not in capsys.readouterr().out  # its own session would run it in float32
 
 
+
+def test_a_file_ort_cannot_run_is_optimized_and_says_so(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """ONNX Runtime has no float64 Conv: its own session of the file fails, opsched runs the
+    convolutions with torch, and the command says why it has nothing to compare with."""
+    path = tmp_path / "m64.onnx"
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).double().eval()
+    torch.onnx.export(model, (torch.randn(1, 3, 12, 12, dtype=torch.float64),), str(path), dynamo=False)
+    assert main(["optimize", str(path), "--cost", "analytic", "--rounds", "1", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "not timed against ONNX Runtime's own session: it cannot run this file (NotImplemented: " in out
+    assert "as fast as" not in out and (tmp_path / "o" / "schedule.json").exists()
+
 def test_optimize_command_on_a_torch_export_program(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     """A .pt2 file (torch.export.save) runs at the example inputs saved with it, against itself."""
     from opsched.models import example_inputs, get_model
