@@ -516,6 +516,29 @@ def test_nodes_after_a_size_onnx_shape_inference_gets_wrong_are_typed_as_onnx_ru
     np.testing.assert_allclose(module(x).numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_a_pool_window_larger_than_its_input_runs_as_onnx_runtime_clips_it(op: str) -> None:
+    """An exporter that sizes an adaptive pool from a wrong shape inference writes a window
+    larger than the input it gets (13 wide on 12 here; fuzz seed 1004 of the mask-making fuzzer).
+    ONNX Runtime clips it and makes one output; PyTorch's pool refuses it, so the node runs as
+    ONNX Runtime does, where the import used to fail."""
+    import onnxruntime
+
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], kernel_shape=[11, 13], strides=[11, 13])],
+                              "clipped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 10, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = torch.randn(1, 2, 10, 12)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})[0]
+    assert want.shape == (1, 2, 1, 1)
+    imported = from_onnx(model)
+    assert imported.types[imported.outputs[0]].shape == (1, 2, 1, 1)
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(imported, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(x).numpy(), want, rtol=1e-6, atol=1e-6)
+
 def test_nodes_onnx_runtime_cannot_run_are_listed_in_one_error() -> None:
     model = _model([
         helper.make_node("Relu", ["x"], ["a"]),

@@ -343,6 +343,11 @@ def _pool(op: str) -> OnnxConverter:
         if len(kernel) != 2:
             raise Unsupported("only 2-D pooling")
         pads = _auto_pads(c, x, a, kernel, strides, dil)
+        sizes = c.ctx.type(x).shape[2:]
+        if any(n + pads[i] + pads[i + 2] < d * (k - 1) + 1 for i, (n, k, d) in enumerate(zip(sizes, kernel, dil))):
+            # a window larger than its padded input (an exporter's kernel from a wrong shape
+            # inference): ONNX Runtime clips it and makes one output, which PyTorch refuses
+            raise Unsupported("a window larger than its padded input")
         extra: dict[str, Any] = {"ceil_mode": bool(a.get("ceil_mode", 0))}
         if op == "max_pool2d":
             if len(n.output) > 1 and n.output[1]:

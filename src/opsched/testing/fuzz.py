@@ -210,7 +210,7 @@ def _binary(net: FuzzNet, rng: random.Random, gen: torch.Generator, values: list
     shape = values[i].shape
     partners = [j for j, v in enumerate(values) if j != i and
                 (v.shape == shape or v.shape == (shape[0], shape[1], 1, 1))]
-    op = rng.choice(["add", "add", "mul", "sub", "div", "scalar", "param"])
+    op = rng.choice(["add", "add", "mul", "sub", "div", "mask", "scalar", "param"])
     if op == "scalar":
         c = rng.choice([3.0, 0.5, -2.0])
         return (i,), (lambda n, xs: xs[0] / c) if rng.random() < 0.5 else (lambda n, xs: xs[0] * c + 1)
@@ -221,6 +221,7 @@ def _binary(net: FuzzNet, rng: random.Random, gen: torch.Generator, values: list
     functions: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
         "add": torch.add, "mul": torch.mul, "sub": torch.sub,
         "div": lambda a, b: a / (b.abs() + 1.0),
+        "mask": lambda a, b: a * (b > 0),  # a bool operand, promoted to a's dtype
     }
     fn = functions[op]
     if op == "add" and rng.random() < 0.3:
