@@ -317,6 +317,34 @@ def test_unfold_and_fold_stay_in_an_ort_session(size: tuple[int, int], kernel: t
     executor.close()
 
 
+
+class _Nearest(torch.nn.Module):
+    def __init__(self, mode: str, size: tuple[int, ...] | None, scale: float | None) -> None:
+        super().__init__()
+        self.mode, self.size, self.scale = mode, size, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x.sigmoid(), size=self.size, scale_factor=self.scale, mode=self.mode) * 2
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize(("shape", "size", "scale"), [
+    ((2, 4, 14, 14), (16, 16), None),  # fuzz seed 1167: torch.onnx's Resize read other rows, 5.2 off
+    ((1, 3, 16, 10), (14, 10), None),  # down along one axis, the other kept
+    ((1, 2, 7, 9), None, 1.7),  # steps by the scale given, not by the sizes
+    ((1, 2, 11), (4,), None),  # 1-d
+    ((1, 2, 3, 5, 4), (7, 5, 9), None),  # 3-d
+])
+def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tuple[int, ...],
+                                                           size: tuple[int, ...] | None, scale: float | None) -> None:
+    model, x = _Nearest(mode, size, scale), torch.randn(*shape)
+    g = opsched.from_torch(model, x)
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x])
+    executor.close()
+    assert_close(made, [model(x)])  # a row read wrongly is off by the values' spread, ~1
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
 def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     class Bessel(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["GENERIC_OPS", "arguments", "category_of", "encode_args", "generic_kind", "overload", "target_of"]
+__all__ = ["GENERIC_OPS", "arguments", "category_of", "encode_args", "generic_kind", "overload", "run_on",
+           "target_of"]
 
 #: Generic op kinds, by the category each is costed and drawn as.
 GENERIC_OPS: dict[str, str] = {
@@ -156,6 +157,15 @@ def _decode(enc: Any, inputs: Sequence[Any], params: Sequence[Any], device: torc
     if tag in _ENUMS:
         return getattr(torch, value)
     return value
+
+
+def run_on(node: Node, inputs: Sequence[torch.Tensor]) -> Any:
+    """A parameterless generic node's overload run on ``inputs`` in place of its tensors, as
+    they are (device, dtype): what the call does to other values than the graph's."""
+    args = [_decode(a, inputs, (), torch.device("cpu"), None) for a in node.attrs["args"]]
+    kwargs = {k: _decode(v, inputs, (), torch.device("cpu"), None) for k, v in node.attrs["kwargs"]}
+    out = overload(node.attrs["target"])(*args, **kwargs)
+    return out if node.attrs.get("index") is None else out[node.attrs["index"]]
 
 
 def _placement(graph: Graph, node: Node) -> tuple[torch.device, torch.dtype | None]:

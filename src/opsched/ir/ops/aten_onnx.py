@@ -7,7 +7,8 @@ functionalised (``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), as S
 over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.fold`` (``im2col``,
 ``col2im``), as a Gather over the pixel positions of their blocks, and ONNX's ``Col2Im`` (a
 summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks);
-and the Fourier transforms and views of complex values, on pairs of parts
+nearest-neighbour upsampling, which torch.onnx exports as a Resize that reads other pixels, as
+Gathers; and the Fourier transforms and views of complex values, on pairs of parts
 (:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
 :class:`NotExportable` otherwise.
 """
@@ -18,9 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from opsched.ir.node import Node
-from opsched.ir.ops.aten import arguments
+from opsched.ir.ops.aten import arguments, run_on
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
@@ -179,6 +181,27 @@ def _block_positions(padded: Sequence[int], kernel: Sequence[int], dilation: Seq
     return np.ascontiguousarray((rows * padded[1] + columns).reshape(-1), dtype=np.int64)
 
 
+def _nearest(b: OnnxBuilder, node: Node) -> None:
+    """Nearest-neighbour upsampling (``F.interpolate``, modes ``nearest`` and ``nearest-exact``):
+    per spatial axis, a Gather of the rows PyTorch's kernel reads, found by running the overload
+    on a map of row numbers. ONNX's Resize steps by out/in where PyTorch steps by in/out, and the
+    two floor apart: torch.onnx's own export of 14 to 16 pixels read other rows, up to 5.2 off."""
+    (x,) = _tensor_types(b, node, 1)
+    gathers = []
+    for axis in range(2, x.rank):
+        rows = torch.arange(x.shape[axis], dtype=torch.float64)
+        probe = rows.reshape([-1 if d == axis else 1 for d in range(x.rank)]).expand(1, 1, *x.shape[2:])
+        read = run_on(node, [probe])[tuple(slice(None) if d == axis else 0 for d in range(x.rank))]
+        if not torch.equal(read, rows):  # an axis kept as it was needs no Gather
+            gathers.append((axis, read.to(torch.int64).numpy()))
+    made = _operand(b, node, 0)
+    if not gathers:
+        b.add("Identity", [made], node.name)
+    for k, (axis, index) in enumerate(gathers):
+        made = b.add("Gather", [made, b.init(index, f"{node.name}_rows{axis}")],
+                     node.name if k == len(gathers) - 1 else b.fresh(f"{node.name}_axis{axis}"), axis=axis)
+
+
 def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
     """The types of a generic node's first ``n`` arguments, all tensors."""
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
@@ -200,4 +223,7 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
     "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
+    **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+                                                     "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
+                                                     "_upsample_nearest_exact3d") for form in ("default", "vec")},
     **PAIR_FORMS}
