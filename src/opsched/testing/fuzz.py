@@ -221,7 +221,9 @@ def _binary(net: FuzzNet, rng: random.Random, gen: torch.Generator, values: list
     functions: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
         "add": torch.add, "mul": torch.mul, "sub": torch.sub,
         "div": lambda a, b: a / (b.abs() + 1.0),
-        "mask": lambda a, b: a * (b > 0),  # a bool operand, promoted to a's dtype
+        # a bool operand, promoted to a's dtype; at a threshold no value sits at by construction
+        # (a normalised value's mean is 0 give or take rounding, which a threshold of 0 flips)
+        "mask": lambda a, b: a * (b.abs() > 0.3),
     }
     fn = functions[op]
     if op == "add" and rng.random() < 0.3:
