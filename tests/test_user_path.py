@@ -3,6 +3,7 @@ edges. Every model here is checked against eager PyTorch on fresh inputs, not on
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -418,6 +419,64 @@ def test_outputs_come_back_nested_as_the_model_returns_them(verify: bool) -> Non
     assert isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
     assert_close(tensors(out), tensors(want))
 
+
+
+@dataclasses.dataclass
+class Detections:
+    """A user's own output type, as detection and segmentation models return theirs."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    label: str = "person"
+
+
+class Detector(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.boxes, self.scores = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 1, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[Detections, torch.Tensor]:
+        return Detections(self.boxes(x), self.scores(x).sigmoid()), x.mean()
+
+
+@dataclasses.dataclass
+class Unregistered:
+    value: torch.Tensor
+
+
+class ReturnsUnregistered(nn.Module):
+    def forward(self, x: torch.Tensor) -> Unregistered:
+        return Unregistered(x.relu())
+
+
+def test_a_dataclass_output_comes_back_rebuilt_and_tracing_says_how_to_see_into_one() -> None:
+    """optimize() registers the dataclasses a model returns as pytree nodes (torch.export's own
+    register_dataclass), so their tensors are outputs; from_torch, which does not run the model,
+    names the fix, where torch.fx used to make a graph with no outputs at all."""
+    model, x = Detector().eval(), torch.randn(2, 3, 6, 6)
+    for tracer in ("export", "fx"):
+        module = opsched.optimize(model, x, tracer=tracer, cost="analytic")
+        (got, mean), (want, want_mean) = module(x), model(x)
+        assert type(got) is Detections and got.label == "person"
+        assert_close([got.boxes, got.scores, mean], [want.boxes, want.scores, want_mean])
+    for tracer in ("auto", "fx"):
+        with pytest.raises(FrontendError, match=r"returns a Unregistered, whose tensors tracing cannot see: return "
+                                                r"its tensors instead, or register it: "
+                                                r"torch.export.register_dataclass\(Unregistered\)"):
+            opsched.from_torch(ReturnsUnregistered(), x, tracer=tracer)
+
+
+def test_one_tensor_given_for_several_inputs_is_traced_as_several() -> None:
+    """``MultiheadAttention(x, x, x)`` projects once where ``query is key``: traced on the one
+    tensor, the graph was wrong for any other three (and optimize's check refused it)."""
+    attention, x = nn.MultiheadAttention(16, 2, batch_first=True).eval(), torch.randn(2, 5, 16)
+    one, three = (opsched.from_torch(attention, xs) for xs in ((x, x, x), (x, x.clone(), x.clone())))
+    assert one.structural_hash() == three.structural_hash()
+    module = opsched.optimize(attention, (x, x, x))
+    query, memory = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    for xs in ((query, query, query), (query, memory, memory)):
+        with torch.no_grad():
+            assert_close(tensors(module(*xs)), tensors(attention(*xs)))
 
 @pytest.mark.parametrize(("example", "plain"), [
     ("t", True), (("t", "t"), False), (("t",), False), (["t", "t"], None), (("t", None), None),

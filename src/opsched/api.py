@@ -23,7 +23,7 @@ from opsched.cost.unit_costs import PlatformCost, resolve_platform
 from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
-from opsched.frontends.pytorch import Model, Tracer, as_module
+from opsched.frontends.pytorch import Model, Tracer, as_module, register_dataclasses
 from opsched.ir import Graph, random_inputs
 from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
@@ -64,7 +64,9 @@ def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch
     """The structure of what ``model`` returns when called as ``structure`` with ``inputs``."""
     args, kwargs = structure.call([t.clone() for t in inputs])  # a model may change its inputs
     with torch.no_grad():
-        return OutputStructure.of(model(*args, **kwargs))
+        out = model(*args, **kwargs)
+    register_dataclasses(out)
+    return OutputStructure.of(out)
 
 
 @contextlib.contextmanager

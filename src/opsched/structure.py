@@ -14,6 +14,7 @@ import functools
 import inspect
 import itertools
 import keyword
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from opsched._text import value_name
 from opsched.errors import FrontendError, InputMismatchError
 
 __all__ = ["InputStructure", "OutputStructure", "ExampleInputs", "bind_example", "split_example"]
+
+log = logging.getLogger("opsched")
 
 #: What a user gives as example inputs: one tensor, the positional arguments, or the keyword
 #: arguments (a tokenizer's output, say).
@@ -225,9 +228,32 @@ def _slots(leaves: Sequence[Any]) -> tuple[tuple[int | None, ...], tuple[Any, ..
 def bind_example(forward: Callable[..., Any], example: ExampleInputs
                  ) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
     """The structure of calling ``forward`` with ``example`` (:meth:`InputStructure.of`), and the
-    example's tensors: the graph's inputs."""
+    example's tensors: the graph's inputs, each a copy where it shares memory with an earlier one
+    (:func:`_unaliased`)."""
     structure = InputStructure.of(forward, example)
-    return structure, structure.tensors(*split_example(example))
+    return structure, _unaliased(structure.tensors(*split_example(example)), structure.names)
+
+
+def _unaliased(tensors: tuple[torch.Tensor, ...], names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    """``tensors``, each that shares memory with an earlier one copied. A graph follows the path
+    its example took, and a model may take another where two inputs are one tensor:
+    ``MultiheadAttention(x, x, x)`` asks ``query is key`` and projects once, so a graph traced
+    on the one tensor would be wrong for any other three."""
+    seen: dict[Any, str] = {}
+    out = []
+    for name, t in zip(names, tensors):
+        try:
+            memory: Any = (t.device, t.untyped_storage().data_ptr()) if t.untyped_storage().data_ptr() else id(t)
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (fake, functional)
+            memory = id(t)
+        if memory in seen:
+            log.info("example input %r shares memory with %r: traced on a copy, so the graph holds for any inputs",
+                     name, seen[memory])
+            t = t.clone()
+        else:
+            seen[memory] = name
+        out.append(t)
+    return tuple(out)
 
 
 def split_example(example: ExampleInputs) -> _Call:

@@ -60,6 +60,10 @@ class ConversionContext:
     def type(self, value: str) -> TensorType:
         return self.b.type(value)
 
+    def holds(self, value: object) -> bool:
+        """Whether ``value`` names a value of the graph (not a string the model computes)."""
+        return isinstance(value, str) and value in self.b._types
+
     def checked(self, convert: Callable[[], Any], val: Any, what: str) -> Any:
         """What ``convert()`` makes of a call that gave ``val`` in torch. Where it raises
         :class:`Unsupported`, or types its value otherwise than torch did (a family's shape rule

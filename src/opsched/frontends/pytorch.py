@@ -9,8 +9,10 @@ also the tracer that keeps ``leaf_modules`` whole.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import logging
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -28,7 +30,10 @@ from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example, split_example
 from opsched.transforms import canonicalize
 
-__all__ = ["from_torch", "as_module", "script_arguments", "Model", "ProgramModule", "TRACERS", "Tracer"]
+__all__ = ["from_torch", "as_module", "register_dataclasses", "script_arguments", "Model", "ProgramModule", "TRACERS",
+           "Tracer"]
+
+log = logging.getLogger("opsched.frontends")
 
 Tracer = Literal["auto", "export", "fx"]
 TRACERS: tuple[str, ...] = ("auto", "export", "fx")
@@ -81,6 +86,21 @@ def _register_caches(model: nn.Module) -> None:
         register_dynamic_cache_export_support()  # type: ignore[no-untyped-call]  # transformers, unannotated
         return
     register_cache_pytrees_for_model(model)
+
+
+def register_dataclasses(value: Any) -> list[type]:
+    """Register the dataclasses among ``value``'s leaves (a model's output: ``Out(logits=...)``)
+    as pytree nodes, as ``torch.export.register_dataclass`` does, so that their tensors are
+    outputs like any other, for torch.export and torch.fx alike, and the module returns them
+    rebuilt. Returns the types registered (nested ones too)."""
+    registered: list[type] = []
+    while found := {type(leaf) for leaf in pytree.tree_leaves(value)
+                    if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type)} - set(pytree.SUPPORTED_NODES):
+        for kind in sorted(found, key=lambda k: k.__qualname__):
+            torch.export.register_dataclass(kind)
+            log.info("registered the dataclass %s as a pytree node, so that its tensors are outputs", kind.__qualname__)
+            registered.append(kind)
+    return registered
 
 
 def _from_script(script: torch.jit.ScriptModule, example_inputs: ExampleInputs) -> ProgramModule:

@@ -93,7 +93,8 @@ def _hint(reason: str) -> str:
     if found := re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", reason):
         kind = found.group(1).rpartition(".")[2]
         fix = ("model.config.use_cache = False (a Hugging Face model's key-value cache)" if "Cache" in kind else
-               "return its tensors instead")
+               f"return its tensors instead, or register it (torch.export.register_dataclass({kind}) for a dataclass, "
+               f"which opsched.optimize does itself)")
         return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
     return ""
 

@@ -9,6 +9,7 @@ callable; every such node is reported once, in one log line.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -222,7 +223,14 @@ class _FxConverter:
         out: list[str] = []
         for leaf in pytree.tree_leaves(returned):
             value = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
-            out.extend(v for v in pytree.tree_leaves(value) if isinstance(v, str))
+            for v in pytree.tree_leaves(value):
+                if isinstance(leaf, torch.fx.Node) and self.ctx.holds(v):
+                    out.append(v)
+                elif not isinstance(v, (bool, int, float, complex, str, type(None), torch.dtype, torch.device)):
+                    register = f", or register it: torch.export.register_dataclass({type(v).__name__})" \
+                        if dataclasses.is_dataclass(v) else ""
+                    raise FrontendError(f"{self.ctx.b.name} returns a {type(v).__name__}, whose tensors tracing "
+                                        f"cannot see: return its tensors instead{register}")
         return out
 
     def _arg(self, a: Any) -> Value:
