@@ -385,6 +385,11 @@ def test_tolerances_follow_the_reference_dtype_and_scale() -> None:
     assert tolerance(torch.tensor([0.5, -3.0])) == pytest.approx(3e-4)  # float32: 1e-4 of the scale
     assert tolerance(torch.tensor([0.5], dtype=torch.float16)) == pytest.approx(1e-2)  # scale at least 1
     assert tolerance(torch.tensor([2.0], dtype=torch.bfloat16)) == pytest.approx(0.1)
+    double = torch.tensor([4.0], dtype=torch.float64)
+    assert tolerance(double) == pytest.approx(4e-8)
+    assert tolerance(double, {"float64", "int64"}) == pytest.approx(4e-8)
+    assert tolerance(double, {"float64", "float32"}) == pytest.approx(4e-4)  # computed partly in float32
+    assert tolerance(torch.tensor([True]), {"float16"}) == 0.0 and tolerance(torch.tensor([3]), {"float16"}) == 0.0
 
 
 def test_differences_of_complex_outputs_count_both_parts() -> None:

@@ -33,8 +33,7 @@ OnnxForm = Callable[["OnnxBuilder", str, str, Node], str]
 
 def _const(b: OnnxBuilder, value: float, like: Node, hint: str) -> str:
     """A scalar constant in the node's floating dtype (an ONNX op's inputs must share one)."""
-    dtype = np.float16 if like.out.dtype == "float16" else np.float64 if like.out.dtype == "float64" else np.float32
-    return b.init(np.array(value, dtype), hint)
+    return b.init(np.array(value, getattr(np, like.out.dtype)), hint)
 
 
 def _simple(op_type: str) -> OnnxForm:

@@ -67,8 +67,7 @@ def _pad_export(b: OnnxBuilder, n: Node) -> None:
     begin, end = [0] * rank, [0] * rank
     for i in range(len(pads) // 2):
         begin[rank - 1 - i], end[rank - 1 - i] = pads[2 * i], pads[2 * i + 1]
-    dtype = np.float16 if n.out.dtype == "float16" else np.float32
-    value = b.init(np.array(float(n.attr("value", 0.0)), dtype), "v")
+    value = b.init(np.array(n.attr("value", 0.0), getattr(np, n.out.dtype)), "v")  # in the padded value's dtype
     b.add("Pad", [n.inputs[0], b.init(np.array(begin + end, np.int64), "p"), value], n.name, mode="constant")
 
 
