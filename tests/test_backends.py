@@ -356,19 +356,30 @@ def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tup
     assert_close(made, [model(x)])  # a row read wrongly is off by the values' spread, ~1
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
-def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
-    class Bessel(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.special.bessel_j0(x.relu()) + 1
+class _Bessel(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.bessel_j0(x.relu()) + 1
 
-    x = torch.randn(2, 8)
-    g = opsched.from_torch(Bessel(), x)
-    bessel = next(n for n in g.nodes if n.attrs.get("target") == "aten::special_bessel_j0.default")
+
+class _Antialiased(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x.relu(), size=(9, 11), mode="bilinear", antialias=True) + 1
+
+
+@pytest.mark.parametrize(("model", "target"), [
+    (_Bessel(), "aten::special_bessel_j0.default"),  # torch.onnx has no symbolic for it
+    (_Antialiased(), "aten::_upsample_bilinear2d_aa.vec"),  # it has one, which fails
+])
+def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(
+        model: torch.nn.Module, target: str, capfd: pytest.CaptureFixture[str]) -> None:
+    x = torch.randn(1, 2, 6, 8)
+    g = opsched.from_torch(model, x)
+    node = next(n for n in g.nodes if n.attrs.get("target") == target)
     capfd.readouterr()
-    assert not exportable(g, bessel)
+    assert not exportable(g, node)
     assert capfd.readouterr().out == ""  # torch.onnx's exporter would print the traced graph
     executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
-    assert_close(executor([x]), [Bessel()(x)])
+    assert_close(executor([x]), [model(x)])
     assert "run with torch" in executor.describe()
     executor.close()
 

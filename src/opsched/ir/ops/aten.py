@@ -19,10 +19,13 @@ from the overload's tags and name (:func:`category_of`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import os
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -239,7 +242,7 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
     examples = tuple(_example(t) for t in (*inputs, *params))
     buf = io.BytesIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_output():
             warnings.simplefilter("ignore")
             torch.onnx.export(_OneCall(call), examples, buf,  # type: ignore[arg-type]  # a file object works
                               dynamo=False, opset_version=OPSET,
@@ -256,6 +259,27 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
     return model
 
 
+@contextlib.contextmanager
+def _no_output() -> Iterator[None]:
+    """The process's standard output closed to what is written meanwhile: where an export fails,
+    torch.onnx's TorchScript exporter prints the traced graph there from C++ (it turns its log on
+    for every export and, checking whether it was on by the function rather than its value, never
+    turns it off)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no standard output to close
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _composite(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` is defined as other ATen calls (CompositeImplicitAutograd), which
     ``op.decompose`` makes."""
@@ -266,9 +290,9 @@ def _composite(op: torch._ops.OpOverload) -> bool:
 def _has_symbolic(name: str) -> bool:
     """Whether torch.onnx's TorchScript exporter has a symbolic for ``name`` (``aten::cumsum``).
 
-    Asked first because a failed export prints its whole traced graph to stdout: that exporter
-    turns its C++ log on for every export, and keeps it on. The registry is private: where it
-    moved, every call is tried."""
+    Asked first, so that an op without one costs no trace and failed export (one with a symbolic
+    can still fail, and its traced graph is printed: :func:`_no_output`). The registry is
+    private: where it moved, every call is tried."""
     from opsched.ir.ops.onnx_builder import OPSET
 
     try:
