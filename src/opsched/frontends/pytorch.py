@@ -94,8 +94,9 @@ def register_dataclasses(value: Any) -> list[type]:
     outputs like any other, for torch.export and torch.fx alike, and the module returns them
     rebuilt. Returns the types registered (nested ones too)."""
     registered: list[type] = []
-    while found := {type(leaf) for leaf in pytree.tree_leaves(value)
-                    if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type)} - set(pytree.SUPPORTED_NODES):
+    while found := {type(leaf) for leaf in pytree.tree_leaves(value) if dataclasses.is_dataclass(leaf)
+                    and not isinstance(leaf, type) and all(f.init for f in dataclasses.fields(leaf))  # rebuildable
+                    } - set(pytree.SUPPORTED_NODES):
         for kind in sorted(found, key=lambda k: k.__qualname__):
             torch.export.register_dataclass(kind)
             log.info("registered the dataclass %s as a pytree node, so that its tensors are outputs", kind.__qualname__)
