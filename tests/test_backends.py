@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -355,6 +356,36 @@ def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tup
     executor.close()
     assert_close(made, [model(x)])  # a row read wrongly is off by the values' spread, ~1
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+
+def test_a_nearest_resize_is_chosen_only_where_onnx_runtime_reads_pytorchs_rows() -> None:
+    """Brute force over sizes 1-24 to 1-40, both nearest modes: wherever the export's model of
+    ONNX Runtime's Resize says it reads the rows PyTorch reads, ONNX Runtime's Resize does."""
+    import onnx
+    import onnxruntime
+    from onnx import helper
+
+    from opsched.ir.ops.aten_onnx import _resize_rows
+
+    chosen = 0
+    for size in range(1, 25):
+        for out in range(1, 41):
+            scale = np.float32(out) / np.float32(size)
+            predicted = _resize_rows(size, out, scale)
+            graph = helper.make_graph(
+                [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest", nearest_mode="floor",
+                                  coordinate_transformation_mode="asymmetric")], "resize",
+                [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, size])],
+                [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                [onnx.numpy_helper.from_array(np.array([1, 1, scale], np.float32), "s")])
+            session = onnxruntime.InferenceSession(helper.make_model(graph, opset_imports=[
+                helper.make_opsetid("", 17)]).SerializeToString(), providers=["CPUExecutionProvider"])
+            (read,) = session.run(None, {"x": np.arange(size, dtype=np.float32).reshape(1, 1, size)})
+            assert predicted.size == 0 or np.array_equal(read.reshape(-1), predicted), (size, out)
+            for mode in ("nearest", "nearest-exact"):
+                rows = F.interpolate(torch.arange(size, dtype=torch.float64).reshape(1, 1, size), size=out, mode=mode)
+                chosen += np.array_equal(rows.reshape(-1).numpy(), predicted)
+    assert chosen > 24 * 2  # the whole ratios at least, in both modes
 
 class _Bessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
