@@ -387,6 +387,28 @@ def test_a_nearest_resize_is_chosen_only_where_onnx_runtime_reads_pytorchs_rows(
                 chosen += np.array_equal(rows.reshape(-1).numpy(), predicted)
     assert chosen > 24 * 2  # the whole ratios at least, in both modes
 
+
+class _QuerySelection(torch.nn.Module):
+    """RT-DETR's query selection: the top scores, where masked-out anchors all score alike."""
+
+    def forward(self, scores: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        masked = scores.masked_fill(scores < 0.5, -1.0)  # ties: every anchor below 0.5
+        top = masked.topk(6, dim=1)
+        return top.values * 2, torch.gather(features, 1, top.indices[..., None].expand(-1, -1, features.shape[-1]))
+
+
+def test_topk_indices_run_with_torch_so_tied_scores_pick_what_eager_picks() -> None:
+    model = _QuerySelection()
+    scores, features = torch.rand(2, 40) * 0.4, torch.randn(2, 40, 3)  # every score ties at -1
+    scores[0, 7] = 0.9
+    g = opsched.from_torch(model, (scores, features))
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([scores, features])
+    executor.close()
+    values, picked = model(scores, features)
+    assert torch.equal(made[0], values) and torch.equal(made[1], picked)  # ORT's TopK would pick rows 0-5
+    assert "topk" in executor.describe() and "run with torch" in executor.describe()
+
 class _Bessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.special.bessel_j0(x.relu()) + 1
