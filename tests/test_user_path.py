@@ -421,6 +421,28 @@ def test_outputs_come_back_nested_as_the_model_returns_them(verify: bool) -> Non
 
 
 
+
+class Masking(nn.Module):
+    """ViTMAE's masking: patches kept by the order of noise, drawn unless given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Linear(8, 8)
+
+    def forward(self, patches: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        noise = torch.rand(patches.shape[:2]) if noise is None else noise
+        kept = noise.argsort(dim=1)[:, :3]
+        return self.project(torch.gather(patches, 1, kept[..., None].expand(-1, -1, patches.shape[-1])))
+
+
+def test_a_model_that_draws_random_numbers_is_refused_naming_them_and_runs_given_them() -> None:
+    patches = torch.randn(2, 6, 8)
+    with pytest.raises(ExecutionError, match=r"the model draws random numbers \('rand' \(aten::rand.default\)\), "
+                                             r"so no two of its calls agree: give it those numbers as an input"):
+        opsched.optimize(Masking(), patches, cost="analytic")
+    model, inputs = Masking(), (patches, torch.rand(2, 6))
+    equal_on_fresh_inputs(model, opsched.optimize(model, inputs, cost="analytic"), inputs)
+
 @dataclasses.dataclass
 class Detections:
     """A user's own output type, as detection and segmentation models return theirs."""

@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import ExecutionError
-from opsched.ir import Graph
+from opsched.ir import Graph, Node
 from opsched.progress import Progress
 from opsched.structure import InputStructure
 
@@ -95,6 +95,30 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.T
     return tuple(out)
 
 
+def _why_apart(graph: Graph) -> str:
+    """What may set a module's outputs apart from its model's: random numbers drawn in the model
+    (no two calls of it agree), else a path its Python control flow took for the example only."""
+    drawn = [f"{n.name!r} ({n.attrs['target']})" for n in graph.nodes if _draws(n)]
+    if drawn:
+        return (f"the model draws random numbers ({', '.join(drawn[:3])}), so no two of its calls agree: give it "
+                f"those numbers as an input where it takes them (ViTMAE's noise=), or pass verify=False")
+    return ("the model may take another path on other inputs (its Python control flow was traced for the example "
+            "inputs), or this is a bug: please report it with the model")
+
+
+def _draws(node: Node) -> bool:
+    """Whether a generic node draws random numbers: its overload may (``rand``, a dropout), and
+    its arguments do not switch that off (an attention's ``dropout_p=0``, ``train=False``)."""
+    from opsched.ir.ops.aten import arguments, overload
+
+    target = node.attrs.get("target")
+    if not (isinstance(target, str) and target.startswith("aten::")
+            and torch.Tag.nondeterministic_seeded in (op := overload(target)).tags):
+        return False
+    given = {**{a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}, **arguments(node)}
+    return not (given.get("dropout_p", 1) == 0 or given.get("p", 1) == 0 or given.get("train", True) is False)
+
+
 def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module, call: InputStructure,
                    inputs: tuple[torch.Tensor, ...], progress: Progress | None = None,
                    dtype: str | None = None) -> None:
@@ -133,6 +157,4 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, dtype "
                                      f"{str(a.dtype).removeprefix('torch.')} against "
                                      f"{str(e.dtype).removeprefix('torch.')}, largest difference {err:.3g}, "
-                                     f"tolerance {tol:.3g}): the model may take another path on other inputs (its "
-                                     f"Python control flow was traced for the example inputs), or this is a bug: "
-                                     f"please report it with the model")
+                                     f"tolerance {tol:.3g}): {_why_apart(graph)}")
