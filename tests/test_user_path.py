@@ -443,6 +443,25 @@ def test_a_model_that_draws_random_numbers_is_refused_naming_them_and_runs_given
     model, inputs = Masking(), (patches, torch.rand(2, 6))
     equal_on_fresh_inputs(model, opsched.optimize(model, inputs, cost="analytic"), inputs)
 
+
+class Bags(nn.Module):
+    """Bags of ids given as offsets, which random integers are not (the first must be 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags = nn.EmbeddingBag(50, 8, mode="mean")
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.bags(ids, offsets).relu()
+
+
+def test_a_model_refusing_fresh_random_inputs_is_checked_on_its_examples(caplog: pytest.LogCaptureFixture) -> None:
+    model, inputs = Bags().eval(), (torch.randint(0, 50, (10,)), torch.tensor([0, 3, 6, 9]))
+    module = opsched.optimize(model, inputs)
+    assert "the model refuses fresh random inputs (RuntimeError: offsets[0] has to be 0" in caplog.text
+    for xs in (inputs, (torch.randint(0, 50, (10,)), torch.tensor([0, 2, 5, 9]))):
+        assert_close(module(*xs), model(*xs))
+
 @dataclasses.dataclass
 class Detections:
     """A user's own output type, as detection and segmentation models return theirs."""
