@@ -409,6 +409,28 @@ def test_topk_indices_run_with_torch_so_tied_scores_pick_what_eager_picks() -> N
     assert torch.equal(made[0], values) and torch.equal(made[1], picked)  # ORT's TopK would pick rows 0-5
     assert "topk" in executor.describe() and "run with torch" in executor.describe()
 
+
+class _TiedIndices(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = (x * 4).round().clamp(-1, 1)  # three values: every row full of ties
+        return (y.argmax(1), y.min(1).indices, y.topk(5, 1).indices, y.sort(1, descending=True).indices,
+                y.argsort(1), torch.sort(y, dim=1, stable=True).indices, y.kthvalue(3, 1).indices)
+
+
+def test_indices_among_tied_values_are_eagers_on_the_ort_backend() -> None:
+    """ONNX's ArgMax and ArgMin take the first of tied values, as PyTorch does; its TopK orders
+    them by index, where topk and an unstable sort on PyTorch's CPU kernels do not: those run
+    with torch."""
+    model, x = _TiedIndices(), torch.randn(4, 37)
+    g = opsched.from_torch(model, x)
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x])
+    executor.close()
+    assert [torch.equal(a, b) for a, b in zip(made, model(x), strict=True)] == [True] * 7
+    listed = executor.describe().split("run with torch between them: ")[1].split(", ")
+    on_torch = {item.split(" ")[0].rstrip("_0123456789") for item in listed}
+    assert {"topk", "sort", "argsort"} <= on_torch and not on_torch & {"argmax", "min"}, on_torch
+
 class _Bessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.special.bessel_j0(x.relu()) + 1

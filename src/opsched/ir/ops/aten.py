@@ -303,9 +303,10 @@ def _has_symbolic(name: str) -> bool:
 
 
 #: The outputs that ONNX Runtime and PyTorch's CPU kernels make differently from tied values: the
-#: indices of ``topk``, which ORT gives lowest first and PyTorch in its selection's order (RT-DETR
-#: picks its queries by topk over scores that tie where anchors are masked out: 0.2 off).
-_TIES_APART = frozenset({("aten::topk.default", 1)})
+#: indices of ``topk`` and of an unstable ``sort`` or ``argsort``, which ORT gives lowest first
+#: and PyTorch in its algorithm's order (RT-DETR picks its queries by topk over scores that tie
+#: where anchors are masked out: 0.2 off). A stable sort's are ORT's, but have no export.
+_TIES_APART = frozenset({("aten::topk.default", 1), ("aten::sort.default", 1), ("aten::argsort.default", None)})
 
 
 def _export(b: OnnxBuilder, node: Node) -> None:
