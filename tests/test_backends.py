@@ -431,6 +431,29 @@ def test_indices_among_tied_values_are_eagers_on_the_ort_backend() -> None:
     on_torch = {item.split(" ")[0].rstrip("_0123456789") for item in listed}
     assert {"topk", "sort", "argsort"} <= on_torch and not on_torch & {"argmax", "min"}, on_torch
 
+
+class _Rounding(torch.nn.Module):
+    def forward(self, i: torch.Tensor, j: torch.Tensor, f: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (i // 3, i // j, f // 0.7, f // g, torch.div(i, -3, rounding_mode="floor"),
+                torch.div(f, g, rounding_mode="trunc"), i % 3, i % j, torch.fmod(i, j))
+
+
+def test_floor_division_rounds_down_on_the_ort_backend_as_in_eager() -> None:
+    """torch.onnx's own floor_divide truncates (-7 // 3 was -2, -2.1 // 0.7 was -3.0): it is
+    exported as a division rounding down, whose export floors."""
+    gen = torch.Generator().manual_seed(0)
+    sign = torch.where(torch.rand(4, 50, generator=gen) < 0.5, -1, 1)
+    i, j = torch.randint(-50, 50, (4, 50), generator=gen), torch.randint(1, 9, (4, 50), generator=gen) * sign
+    f, g = torch.randn(4, 50, generator=gen) * 5, (torch.rand(4, 50, generator=gen) + 0.1) * sign
+    model = _Rounding()
+    graph = opsched.from_torch(model, (i, j, f, g))
+    executor = get_backend("ort").prepare(graph, lower(graph, schedule(graph, "sequential", host_cpu_model())),
+                                          RunOptions())
+    made = executor([i, j, f, g])
+    executor.close()
+    assert [torch.equal(a, b) for a, b in zip(made, model(i, j, f, g), strict=True)] == [True] * 9
+    assert executor.sessions == 1, executor.describe()  # type: ignore[attr-defined]
+
 class _Bessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.special.bessel_j0(x.relu()) + 1

@@ -210,9 +210,11 @@ class _OneCall(torch.nn.Module):
         return self.call(*tensors)
 
 
-def _example(t: TensorType) -> torch.Tensor:
+def _example(t: TensorType, integers: int = 0) -> torch.Tensor:
+    """A tensor of type ``t`` to trace a call on: floats drawn, integers all ``integers`` (zeros are
+    an index into anything; a divisor needs ones)."""
     dtype = getattr(torch, t.dtype)
-    return torch.zeros(t.shape, dtype=dtype) if not dtype.is_floating_point else torch.rand(t.shape, dtype=dtype)
+    return torch.rand(t.shape, dtype=dtype) if dtype.is_floating_point else torch.full(t.shape, integers, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -239,17 +241,21 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
         out = run(*a, **k)
         return out if index is None else out[index]
 
-    examples = tuple(_example(t) for t in (*inputs, *params))
-    buf = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), _no_output():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(_OneCall(call), examples, buf,  # type: ignore[arg-type]  # a file object works
-                              dynamo=False, opset_version=OPSET,
-                              input_names=[f"in{i}" for i in range(len(examples))], output_names=["out"])
-    except Exception as e:  # noqa: BLE001 (torch.onnx's refusals come in many types)
-        raise NotExportable(f"{target}: torch.onnx has no export for it ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200]})") from e
+    held = (*inputs, *params)
+    fills = (0, 1) if any(not getattr(torch, t.dtype).is_floating_point for t in held) else (0,)
+    for fill in fills:  # integers as zeros, then (an integer division by zeros fails) as ones
+        examples, buf = tuple(_example(t, fill) for t in held), io.BytesIO()
+        try:
+            with warnings.catch_warnings(), _no_output():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(_OneCall(call), examples, buf,  # type: ignore[arg-type]  # a file object works
+                                  dynamo=False, opset_version=OPSET,
+                                  input_names=[f"in{i}" for i in range(len(examples))], output_names=["out"])
+            break
+        except Exception as e:  # noqa: BLE001 (torch.onnx's refusals come in many types)
+            if fill == fills[-1]:
+                raise NotExportable(f"{target}: torch.onnx has no export for it ({type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:200]})") from e
     model = onnx.load_model_from_string(buf.getvalue())
     for n in model.graph.node:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
@@ -309,6 +315,13 @@ def _has_symbolic(name: str) -> bool:
 _TIES_APART = frozenset({("aten::topk.default", 1), ("aten::sort.default", 1), ("aten::argsort.default", None)})
 
 
+#: Overloads exported as another that computes the same, whose symbolic is right where theirs is
+#: not: torch.onnx's ``floor_divide`` truncates (``-7 // 3`` gave -2, ``-2.1 // 0.7`` gave -3.0).
+_EXPORTED_AS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    "aten::floor_divide.default": ("aten::div.Tensor_mode", (("rounding_mode", ("v", "floor")),)),
+}
+
+
 def _export(b: OnnxBuilder, node: Node) -> None:
     """The call's exported nodes, spliced in: its inputs and parameters renamed to the
     segment's values, its output to the node's, everything else fresh under the step's name.
@@ -327,7 +340,8 @@ def _export(b: OnnxBuilder, node: Node) -> None:
         raise NotExportable(f"{node.attrs['target']}: ONNX Runtime orders tied values by index, PyTorch's kernel "
                             f"otherwise, and the indices would differ from eager's")
     g = b.graph
-    model = _exported(node.attrs["target"], node.attrs["args"], node.attrs["kwargs"], node.attrs.get("index"),
+    target, kwargs = _EXPORTED_AS.get(node.attrs["target"], (node.attrs["target"], node.attrs["kwargs"]))
+    model = _exported(target, node.attrs["args"], kwargs, node.attrs.get("index"),
                       tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params))
     # by name: the exporter drops inputs the call does not read (type_as reads only its other's dtype)
     present = {i.name for i in model.graph.input}
