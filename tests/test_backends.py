@@ -454,6 +454,31 @@ def test_floor_division_rounds_down_on_the_ort_backend_as_in_eager() -> None:
     assert [torch.equal(a, b) for a, b in zip(made, model(i, j, f, g), strict=True)] == [True] * 9
     assert executor.sessions == 1, executor.describe()  # type: ignore[attr-defined]
 
+
+class _RepeatedWrites(torch.nn.Module):
+    """Writes that repeat an index: a MoE layer's index_add of its experts' outputs, and an
+    accumulating index assignment."""
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        accumulated = values.sum(-1).clone()
+        accumulated.index_put_((index,), values[:, 0] * 0 + 1, accumulate=True)
+        return (x.index_add(0, index, values), x.index_add(1, index[:3], x[:, :3], alpha=0.5),
+                accumulated, torch.zeros(6).scatter_add(0, index, values[:, 0]))
+
+
+def test_writes_that_repeat_an_index_add_up_on_the_ort_backend() -> None:
+    """torch.onnx's exports of index_add and of an accumulating index_put wrote a repeated index
+    once (4.9 off): index_add exports as an adding ScatterElements, index_put runs with torch."""
+    model, x = _RepeatedWrites(), torch.randn(6, 5)
+    index, values = torch.tensor([1, 4, 1, 1, 0, 4]), torch.randn(6, 5)
+    g = opsched.from_torch(model, (x, index, values))
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x, index, values])
+    executor.close()
+    assert_close(made, list(model(x, index, values)))
+    on_torch = executor.describe().split("run with torch between them: ")[1]
+    assert "index_put" in on_torch and "index_add" not in on_torch, on_torch
+
 class _Bessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.special.bessel_j0(x.relu()) + 1

@@ -315,6 +315,16 @@ def _has_symbolic(name: str) -> bool:
 _TIES_APART = frozenset({("aten::topk.default", 1), ("aten::sort.default", 1), ("aten::argsort.default", None)})
 
 
+def _unfaithful(node: Node) -> str | None:
+    """Why torch.onnx's export of the call computes otherwise than PyTorch, where it does."""
+    target = node.attrs["target"]
+    if (target, node.attrs.get("index")) in _TIES_APART:
+        return "ONNX Runtime orders tied values by index, PyTorch's kernel otherwise: the indices would differ"
+    if target == "aten::index_put.default" and arguments(node).get("accumulate"):
+        return "its export writes each repeated index once, where PyTorch accumulates every write"
+    return None
+
+
 #: Overloads exported as another that computes the same, whose symbolic is right where theirs is
 #: not: torch.onnx's ``floor_divide`` truncates (``-7 // 3`` gave -2, ``-2.1 // 0.7`` gave -3.0).
 _EXPORTED_AS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
@@ -336,9 +346,9 @@ def _export(b: OnnxBuilder, node: Node) -> None:
 
     if node.attrs["target"] in ONNX_FORMS:
         return ONNX_FORMS[node.attrs["target"]](b, node)
-    if (node.attrs["target"], node.attrs.get("index")) in _TIES_APART:
-        raise NotExportable(f"{node.attrs['target']}: ONNX Runtime orders tied values by index, PyTorch's kernel "
-                            f"otherwise, and the indices would differ from eager's")
+    unfaithful = _unfaithful(node)
+    if unfaithful:
+        raise NotExportable(f"{node.attrs['target']}: {unfaithful}")
     g = b.graph
     target, kwargs = _EXPORTED_AS.get(node.attrs["target"], (node.attrs["target"], node.attrs["kwargs"]))
     model = _exported(target, node.attrs["args"], kwargs, node.attrs.get("index"),

@@ -7,6 +7,7 @@ functionalised (``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), as S
 over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.fold`` (``im2col``,
 ``col2im``), as a Gather over the pixel positions of their blocks, and ONNX's ``Col2Im`` (a
 summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks);
+``index_add``, whose own export wrote a repeated index once, as an adding ScatterElements;
 nearest-neighbour upsampling, which torch.onnx exports as a Resize that reads other pixels, as
 Gathers; and the Fourier transforms and views of complex values, on pairs of parts
 (:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
@@ -73,6 +74,29 @@ def _scatter_along(b: OnnxBuilder, node: Node, dim: int, positions: np.ndarray, 
     along[dim] = len(positions)
     indices = b.init(np.ascontiguousarray(np.broadcast_to(positions.reshape(along), shape)), f"{node.name}_indices")
     b.add("ScatterElements", [_operand(b, node, 0), indices, updates], node.name, axis=dim)
+
+
+def _index_add(b: OnnxBuilder, node: Node) -> None:
+    """``self.index_add(dim, index, source, alpha=a)``: ``a * source`` added into ``self`` at
+    ``index`` along ``dim``, a repeated index adding each time (MoE layers gather their experts'
+    outputs so). ONNX's ScatterElements with ``reduction="add"``, its indices ``index`` expanded
+    to ``source``'s shape; torch.onnx's own export wrote a repeated index once."""
+    given, args = arguments(node), node.attrs["args"]
+    base, index, source = (b.operand_type(node, args[k]) for k in (0, 2, 3))
+    if base is None or index is None or source is None or base.rank != source.rank:
+        raise NotExportable(f"{node.attrs['target']}: of a 0-d or differently ranked source")
+    dim = given["dim"] % base.rank
+    along = [1] * source.rank
+    along[dim] = -1
+    shaped = b.add("Reshape", [b.operand(node, args[2]), b.init(np.array(along, np.int64), f"{node.name}_along")],
+                   b.fresh(f"{node.name}_index"))
+    indices = b.add("Expand", [shaped, b.init(np.array(source.shape, np.int64), f"{node.name}_shape")],
+                    b.fresh(f"{node.name}_indices"))
+    updates = b.operand(node, args[3])
+    if given.get("alpha", 1) != 1:
+        alpha = b.init(np.array(given["alpha"], getattr(np, source.dtype)), f"{node.name}_alpha")
+        updates = b.add("Mul", [updates, alpha], b.fresh(f"{node.name}_scaled"))
+    b.add("ScatterElements", [b.operand(node, args[0]), indices, updates], node.name, axis=dim, reduction="add")
 
 
 def _fill(b: OnnxBuilder, node: Node) -> None:
@@ -244,6 +268,7 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
     "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
+    "aten::index_add.default": _index_add,
     **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                                      "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
                                                      "_upsample_nearest_exact3d") for form in ("default", "vec")},
