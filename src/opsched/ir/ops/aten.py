@@ -296,9 +296,9 @@ def _composite(op: torch._ops.OpOverload) -> bool:
 def _has_symbolic(name: str) -> bool:
     """Whether torch.onnx's TorchScript exporter has a symbolic for ``name`` (``aten::cumsum``).
 
-    Asked first, so that an op without one costs no trace and failed export (one with a symbolic
-    can still fail, and its traced graph is printed: :func:`_no_output`). The registry is
-    private: where it moved, every call is tried."""
+    Asked first, so that an op without one costs no trace and no failed export (an op with one
+    can still fail to export: :func:`_no_output` keeps the graph it prints off the screen). The
+    registry is private: where it moved, every call is tried."""
     from opsched.ir.ops.onnx_builder import OPSET
 
     try:
