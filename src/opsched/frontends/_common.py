@@ -53,7 +53,7 @@ class ConversionContext:
 
     def add(self, op: str, inputs: Sequence[str], *, name: str | None = None, params: Sequence[str] = (),
             out: TensorType | None = None, fn: Callable[..., Any] | None = None, **attrs: Any) -> str:
-        if name is not None and name in self.b._types:
+        if name is not None and self.b.holds(name):
             name = self.b.fresh(name)
         return self.b.add(op, inputs, name=name, params=params, out=out, fn=fn, **attrs)
 
@@ -62,14 +62,14 @@ class ConversionContext:
 
     def holds(self, value: object) -> bool:
         """Whether ``value`` names a value of the graph (not a string the model computes)."""
-        return isinstance(value, str) and value in self.b._types
+        return isinstance(value, str) and self.b.holds(value)
 
     def checked(self, convert: Callable[[], Any], val: Any, what: str) -> Any:
         """What ``convert()`` makes of a call that gave ``val`` in torch. Where it raises
         :class:`Unsupported`, or types its value otherwise than torch did (a family's shape rule
         that disagrees), the nodes it added are taken back and :class:`Unsupported` raised: the
         call stays generic, typed by torch."""
-        mark = self.mark()
+        mark = self.b.mark()
         try:
             made = convert()
             if isinstance(made, str) and isinstance(val, torch.Tensor) and self.type(made) != tensor_type(val):
@@ -77,24 +77,10 @@ class ConversionContext:
                           tensor_type(val))
                 raise Unsupported
         except Unsupported:
-            self.undo(mark)
+            for tensor in self.b.undo(mark):  # weights registered meanwhile: forgotten
+                self._param_ids.pop(id(tensor), None)
             raise
         return made
-
-    def mark(self) -> tuple[int, int]:
-        """Where the graph stands: what :meth:`undo` goes back to."""
-        return len(self.b.nodes), len(self.b.params)
-
-    def undo(self, mark: tuple[int, int]) -> None:
-        """Take back every node and weight added since ``mark``."""
-        nodes, params = mark
-        for node in self.b.nodes[nodes:]:
-            del self.b._types[node.name]
-            self.b.callables.pop(node.name, None)
-        del self.b.nodes[nodes:]
-        for name in list(self.b.params)[params:]:
-            tensor = self.b.params.pop(name)
-            self._param_ids.pop(id(tensor), None)
 
     def aten(self, op: torch._ops.OpOverload, inputs: Sequence[str], args: Sequence[Any],
              kwargs: Mapping[str, Any] | None = None, *, name: str, flops: int = 0) -> str:

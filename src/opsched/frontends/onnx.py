@@ -116,7 +116,7 @@ class _OnnxConverter:
             if inp.name in self.env:
                 continue  # an initializer listed as an input (old exporters, _skeleton): a constant all the same
             name = value_name(inp.name)
-            if name != inp.name and (name in taken or name in self.ctx.b._types):
+            if name != inp.name and (name in taken or self.ctx.b.holds(name)):
                 name = self.ctx.b.fresh(name)
             self.env[inp.name] = self.ctx.b.input(name, self._input_shape(inp), _dtype(inp))
         self.inferred = self._infer_types()

@@ -70,6 +70,23 @@ class GraphBuilder:
     def type(self, value: str) -> TensorType:
         return self._types[value]
 
+    def holds(self, value: str) -> bool:
+        """Whether ``value`` names an input or node added so far."""
+        return value in self._types
+
+    def mark(self) -> tuple[int, int]:
+        """Where the graph stands: what :meth:`undo` goes back to."""
+        return len(self.nodes), len(self.params)
+
+    def undo(self, mark: tuple[int, int]) -> list[torch.Tensor]:
+        """Take back every node and parameter added since ``mark``; returns the parameters."""
+        nodes, params = mark
+        for node in self.nodes[nodes:]:
+            del self._types[node.name]
+            self.callables.pop(node.name, None)
+        del self.nodes[nodes:]
+        return [self.params.pop(name) for name in list(self.params)[params:]]
+
     def build(self, outputs: Sequence[str], writes: Sequence[tuple[str, str]] = ()) -> Graph:
         """The graph returning ``outputs``; ``writes``: (graph input, its value after the call)
         for each input the model changes in place (:attr:`Graph.writes`)."""
