@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from opsched.backends import resolve_backend
 from opsched.errors import OpschedError, ScheduleError
@@ -63,14 +64,6 @@ def scheduler_names(scheduler: object) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _holds_tensors(value: Any) -> bool:
-    if isinstance(value, Mapping):
-        return any(_holds_tensors(v) for v in value.values())
-    if isinstance(value, (tuple, list)):
-        return any(_holds_tensors(v) for v in value)
-    return isinstance(value, torch.Tensor)
-
-
 def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[str, Any],
                       cores: int | None = None) -> dict[str, Any]:
     """Each scheduler's options dataclass: its device defaults, overridden by the ``values`` it
@@ -81,7 +74,7 @@ def scheduler_options(names: Sequence[str], device_type: str, values: Mapping[st
     if unknown:
         hints = [f"{k!r} (renamed {RENAMED[k]!r})" if k in RENAMED else repr(k) for k in unknown]
         listing = "; ".join(f"{name} takes {sorted(t) or 'none'}" for name, t in takes.items())
-        inputs = [k for k in unknown if _holds_tensors(values[k])]
+        inputs = [k for k in unknown if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(values[k]))]
         hint = (f"; {', '.join(map(repr, inputs))} holds tensors, but a model's inputs go in example_inputs: one "
                 f"tensor, a tuple of positional arguments or a mapping of keyword arguments" if inputs else "")
         raise ScheduleError(f"no scheduler of {list(names)} has option {', '.join(hints)} ({listing}){hint}")

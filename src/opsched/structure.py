@@ -243,9 +243,10 @@ def _unaliased(tensors: tuple[torch.Tensor, ...], names: Sequence[str]) -> tuple
     out = []
     for name, t in zip(names, tensors):
         try:
-            memory: Any = (t.device, t.untyped_storage().data_ptr()) if t.untyped_storage().data_ptr() else id(t)
+            address = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):  # a tensor without storage (fake, functional)
-            memory = id(t)
+            address = 0
+        memory: Any = (t.device, address) if address else id(t)
         if memory in seen:
             log.info("example input %r shares memory with %r: traced on a copy, so the graph holds for any inputs",
                      name, seen[memory])

@@ -42,7 +42,8 @@ def exportable(graph: Graph, node: Node) -> bool:
     (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
     export = op_def(node.op).onnx
     held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
-    unheld = {t.dtype for t in held} - set(ONNX_DTYPES)
+    dtypes = {t.dtype for t in held}
+    unheld = dtypes - set(ONNX_DTYPES)
     on_pairs = unheld <= set(COMPLEX_PARTS) and node.attrs.get("target") in PAIR_FORMS and not node.params
     if export is None or (unheld and not on_pairs):
         return False
@@ -50,7 +51,7 @@ def exportable(graph: Graph, node: Node) -> bool:
         export(OnnxBuilder(graph, dry_run=True), node)
     except NotExportable:
         return False
-    return {t.dtype for t in held} <= _EVERY_KERNEL or _runs_in_ort(graph, node)
+    return dtypes <= _EVERY_KERNEL or _runs_in_ort(graph, node)
 
 
 def _runs_in_ort(graph: Graph, node: Node) -> bool:

@@ -29,10 +29,11 @@ def _infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[Te
 def _add_kernel(graph: Graph, node: Node) -> Kernel:
     if len(node.inputs) == 2:
         return torch.add
-    dtype = getattr(torch, node.out.dtype)
+    # where operands differ in dtype, the first two may promote to less than all of them
+    dtype = getattr(torch, node.out.dtype) if len({graph.types[v].dtype for v in node.inputs}) > 1 else None
 
     def add(*xs: torch.Tensor) -> torch.Tensor:
-        out = (xs[0] + xs[1]).to(dtype)  # the first two may promote to less than all of them
+        out = xs[0] + xs[1] if dtype is None else (xs[0] + xs[1]).to(dtype)
         for x in xs[2:]:
             out += x  # out is a fresh tensor here, so accumulating in place is safe
         return out
