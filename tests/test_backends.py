@@ -7,8 +7,10 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -453,6 +455,81 @@ def test_floor_division_rounds_down_on_the_ort_backend_as_in_eager() -> None:
     executor.close()
     assert [torch.equal(a, b) for a, b in zip(made, model(i, j, f, g), strict=True)] == [True] * 9
     assert executor.sessions == 1, executor.describe()  # type: ignore[attr-defined]
+
+
+class _NegativeDimensions(torch.nn.Module):
+    """Calls whose dimensions count from the end, several of which torch.onnx exports wrongly
+    as they come (a Transpose with a negative axis, an unfold of another axis)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.unfold(-2, 3, 2).sin(), x.permute(0, -1, -2, 1).cos(), x.transpose(-1, -3).exp(),
+                torch.stack([x, y], dim=-1).sin(), x.unsqueeze(-1).cos(), x.flip(-1).roll(1, -2).sin(),
+                x.movedim(-1, -3).sin(), torch.cumsum(x, -2).cos(), x.log_softmax(-2), x.narrow(-1, 1, 3).sin())
+
+
+def test_negative_dimensions_export_counted_up_on_the_ort_backend() -> None:
+    """Mamba-2's ``permute(x, [0, -2, -1, 1])`` exported a Transpose that ONNX Runtime refused
+    (the whole model failed), PatchTST's ``unfold(x, -2, ...)`` one of another shape: each
+    dimension is counted up from zero before export, and every call runs in one session."""
+    model, x, y = _NegativeDimensions(), torch.randn(2, 7, 6, 5), torch.randn(2, 7, 6, 5)
+    g = opsched.from_torch(model, (x, y))
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x, y])
+    executor.close()
+    assert_close(made, list(model(x, y)))
+    assert executor.sessions == 1 and "run with torch" not in executor.describe(), executor.describe()
+
+
+def _one_node(op_type: str, out_shape: list[int], **attrs: Any) -> onnx.ModelProto:
+    """A model of one ONNX node reading ``in0`` (float32 of shape (3, 4)), as torch.onnx names them."""
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("in0", TensorProto.FLOAT, [3, 4])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)]
+    node = helper.make_node(op_type, ["in0"], ["out"], **attrs)
+    return helper.make_model(helper.make_graph([node], op_type, inputs, outputs),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(("export", "call", "why"), [
+    (("Sinh", [3, 4]), torch.sinh, ""),
+    (("Sinh", [3, 4]), torch.cosh, "values differ on drawn tensors"),
+    (("Sinh", [3, 4]), lambda t: torch.sinh(t).T, "shape (3, 4) where the overload gives (4, 3)"),
+    (("Transpose", [4, 3], {"perm": [-1, 0]}), lambda t: t.T, "ONNX Runtime cannot run it: "),
+], ids=["agrees", "computes-otherwise", "another-shape", "refused"])
+def test_a_torch_onnx_export_is_checked_against_the_overload(export: tuple[Any, ...], call: Any, why: str) -> None:
+    """torch.onnx's export of one call is run by ONNX Runtime on drawn tensors and compared with
+    the overload: a symbolic that computes otherwise, gives another shape or makes a model ONNX
+    Runtime refuses is refused, with how."""
+    from opsched.ir.ops.aten import _apart
+    from opsched.ir.types import TensorType
+
+    op_type, shape, *attrs = export
+    got = _apart(_one_node(op_type, shape, **(attrs[0] if attrs else {})), call, (TensorType((3, 4), "float32"),),
+                 fill=0)
+    assert got.startswith(why) and (got == why or why.endswith(": ")), got
+
+
+def test_a_call_whose_export_is_refused_by_the_check_runs_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsched.ir.ops import aten
+
+    class Sinh(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sinh(x).relu()  # a generic node, and one of a family with its own export
+
+    monkeypatch.setattr(aten, "_apart", lambda *args, **kwargs: "values differ on drawn tensors")
+    aten._checked_export.cache_clear()  # signatures checked before, by the real check
+    try:
+        model, x = Sinh(), torch.randn(3, 5)
+        g = opsched.from_torch(model, x)
+        assert [(n.name, exportable(g, n)) for n in g.nodes] == [("sinh", False), ("relu", True)]
+        executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())),
+                                              RunOptions())
+        assert_close(executor([x]), [model(x)])
+        assert "1 step run with torch between them: sinh" in executor.describe(), executor.describe()
+        executor.close()
+    finally:
+        aten._checked_export.cache_clear()  # nothing refused here is kept for later tests
 
 
 class _RepeatedWrites(torch.nn.Module):

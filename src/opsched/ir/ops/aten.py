@@ -217,11 +217,28 @@ def _example(t: TensorType, integers: int = 0) -> torch.Tensor:
     return torch.rand(t.shape, dtype=dtype) if dtype.is_floating_point else torch.full(t.shape, integers, dtype=dtype)
 
 
-@functools.lru_cache(maxsize=1024)
 def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tuple[TensorType, ...],
               params: tuple[TensorType, ...]) -> onnx.ModelProto:
     """One call exported by torch.onnx, its parameters as model inputs after its inputs (so the
-    model is the same for every node of this signature, whatever its weights)."""
+    model is the same for every node of this signature, whatever its weights), and checked: run
+    by ONNX Runtime, it gives what the overload gives (:func:`_checked_export`)."""
+    made = _checked_export(target, args, kwargs, index, inputs, params)
+    if isinstance(made, str):
+        raise NotExportable(made)
+    return made
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_export(target: str, args: Any, kwargs: Any, index: int | None, inputs: tuple[TensorType, ...],
+                    params: tuple[TensorType, ...]) -> onnx.ModelProto | str:
+    """:func:`_exported`'s model, or why there is none; a refusal is kept like a model, so that
+    a signature torch.onnx cannot export, or exports wrongly, costs one attempt per process.
+
+    torch.onnx's symbolics are checked because some are wrong, silently: its ``unfold`` over a
+    negative dimension slices another axis (PatchTST's patching gave a tensor of another shape)
+    and its ``floor_divide`` truncates. The check runs the export and the overload on the same
+    drawn tensors (floats from a normal distribution, so signs vary; integers as the export's
+    examples) and wants equal integers and floats equal within :data:`_AGREE` of the dtype."""
     import onnx
 
     from opsched.ir.ops.onnx_builder import OPSET
@@ -232,14 +249,16 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
     # what it is made of (aten::mul)
     run = op if _has_symbolic(op._schema.name) else op.decompose if _composite(op) else None
     if run is None:
-        raise NotExportable(f"{target}: torch.onnx has no export for it at opset {OPSET}")
+        return f"{target}: torch.onnx has no export for it at opset {OPSET}"
 
-    def call(*tensors: torch.Tensor) -> Any:
-        ins, ps = tensors[:n_in], tensors[n_in:]
-        a = [_decode(x, ins, ps, torch.device("cpu"), None) for x in args]
-        k = {key: _decode(v, ins, ps, torch.device("cpu"), None) for key, v in kwargs}
-        out = run(*a, **k)
-        return out if index is None else out[index]
+    def calling(fn: Any) -> Any:
+        def call(*tensors: torch.Tensor) -> Any:
+            ins, ps = tensors[:n_in], tensors[n_in:]
+            a = [_decode(x, ins, ps, torch.device("cpu"), None) for x in args]
+            k = {key: _decode(v, ins, ps, torch.device("cpu"), None) for key, v in kwargs}
+            out = fn(*a, **k)
+            return out if index is None else out[index]
+        return call
 
     held = (*inputs, *params)
     fills = (0, 1) if any(not getattr(torch, t.dtype).is_floating_point for t in held) else (0,)
@@ -248,21 +267,59 @@ def _exported(target: str, args: Any, kwargs: Any, index: int | None, inputs: tu
         try:
             with warnings.catch_warnings(), _no_output():
                 warnings.simplefilter("ignore")
-                torch.onnx.export(_OneCall(call), examples, buf,  # type: ignore[arg-type]  # a file object works
+                torch.onnx.export(_OneCall(calling(run)), examples, buf,  # type: ignore[arg-type]  # a file works
                                   dynamo=False, opset_version=OPSET,
                                   input_names=[f"in{i}" for i in range(len(examples))], output_names=["out"])
             break
         except Exception as e:  # noqa: BLE001 (torch.onnx's refusals come in many types)
             if fill == fills[-1]:
-                raise NotExportable(f"{target}: torch.onnx has no export for it ({type(e).__name__}: "
-                                    f"{str(e).splitlines()[0][:200]})") from e
+                return f"{target}: torch.onnx has no export for it ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
     model = onnx.load_model_from_string(buf.getvalue())
     for n in model.graph.node:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
-            raise NotExportable(f"{target}: its ONNX form has a sub-graph ({n.op_type})")
+            return f"{target}: its ONNX form has a sub-graph ({n.op_type})"
     if len(model.graph.output) != 1:
-        raise NotExportable(f"{target}: its ONNX form has {len(model.graph.output)} outputs, expected one")
-    return model
+        return f"{target}: its ONNX form has {len(model.graph.output)} outputs, expected one"
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        return model  # draws random numbers: nothing to compare
+    apart = _apart(model, calling(op), held, fill)
+    return f"{target}: torch.onnx's export computes otherwise than the overload ({apart})" if apart else model
+
+
+#: How far a float result of ONNX Runtime may be from the overload's and agree, relative and
+#: absolute, by dtype: far above what two kernels' orders of summation make, far below a wrong export.
+_AGREE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-3, torch.float64: 1e-7}
+
+
+def _apart(model: onnx.ModelProto, call: Kernel, held: tuple[TensorType, ...], fill: int) -> str:
+    """How the export, run by ONNX Runtime's CPU provider, and ``call`` differ on drawn tensors
+    of the types ``held``; empty where they agree."""
+    import numpy as np
+    import onnxruntime as ort
+
+    draw = torch.Generator().manual_seed(0)
+    examples = [torch.randn(t.shape, generator=draw).to(dtype) if (dtype := getattr(torch, t.dtype)).is_floating_point
+                else _example(t, fill) for t in held]
+    if any(e.dtype == torch.bfloat16 for e in examples):
+        return "bfloat16 tensors, which ONNX Runtime's Python API cannot take"
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = 1, 3
+    present = {i.name for i in model.graph.input}
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {f"in{k}": e.numpy() for k, e in enumerate(examples) if f"in{k}" in present})
+    except Exception as e:  # noqa: BLE001 (ONNX Runtime raises its own types for every refusal)
+        return f"ONNX Runtime cannot run it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    want = call(*examples)
+    if tuple(got.shape) != tuple(want.shape):
+        return f"shape {tuple(got.shape)} where the overload gives {tuple(want.shape)}"
+    computed = torch.from_numpy(np.ascontiguousarray(got)).to(want.dtype)
+    bound = _AGREE.get(want.dtype)
+    if bound is None:
+        agree = torch.equal(computed, want)
+    else:
+        agree = torch.allclose(computed, want, rtol=bound, atol=bound, equal_nan=True)
+    return "" if agree else "values differ on drawn tensors"
 
 
 @contextlib.contextmanager
@@ -332,6 +389,40 @@ _EXPORTED_AS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
 }
 
 
+#: The arguments that name dimensions, by their schema names.
+_DIMS = frozenset({"dim", "dims", "dim0", "dim1", "dim2", "dimension", "start_dim", "end_dim", "source",
+                   "destination"})
+#: Overloads whose dimension arguments count in their result, which has one axis more.
+_ADD_AN_AXIS = frozenset({"aten::unsqueeze", "aten::stack"})
+
+
+def _dims_counted_up(target: str, args: Any, kwargs: Any, inputs: tuple[TensorType, ...],
+                     params: tuple[TensorType, ...]) -> tuple[Any, Any]:
+    """The encoded arguments with every negative dimension counted up from zero (``-2`` of a
+    rank-3 tensor is ``1``): several of torch.onnx's symbolics take them as they come, and so
+    ``permute(x, [0, -2, -1, 1])`` exported a Transpose that ONNX refuses (Mamba-2) and
+    ``unfold(x, -2, ...)`` one that slices another axis. The rank is that of the call's first
+    tensor argument (the first of a list: ``cat``)."""
+    op = overload(target)
+    first = args[0] if args else None
+    while first is not None and first[0] == "list":
+        first = first[1][0] if first[1] else None
+    if first is None or first[0] not in ("t", "p"):
+        return args, kwargs
+    rank = len((inputs if first[0] == "t" else params)[first[1]].shape) + (op._schema.name in _ADD_AN_AXIS)
+
+    def up(enc: Any) -> Any:
+        tag, value = enc
+        if tag == "list":
+            return ("list", tuple(up(v) for v in value))
+        return ("v", value + rank) if tag == "v" and isinstance(value, int) and not isinstance(value, bool) \
+            and value < 0 else enc
+
+    names = [a.name for a in op._schema.arguments]
+    counted = tuple(up(a) if i < len(names) and names[i] in _DIMS else a for i, a in enumerate(args))
+    return counted, tuple((k, up(v) if k in _DIMS else v) for k, v in kwargs)
+
+
 def _export(b: OnnxBuilder, node: Node) -> None:
     """The call's exported nodes, spliced in: its inputs and parameters renamed to the
     segment's values, its output to the node's, everything else fresh under the step's name.
@@ -351,8 +442,9 @@ def _export(b: OnnxBuilder, node: Node) -> None:
         raise NotExportable(f"{node.attrs['target']}: {unfaithful}")
     g = b.graph
     target, kwargs = _EXPORTED_AS.get(node.attrs["target"], (node.attrs["target"], node.attrs["kwargs"]))
-    model = _exported(target, node.attrs["args"], kwargs, node.attrs.get("index"),
-                      tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params))
+    inputs, params = tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params)
+    args, kwargs = _dims_counted_up(target, node.attrs["args"], kwargs, inputs, params)
+    model = _exported(target, args, kwargs, node.attrs.get("index"), inputs, params)
     # by name: the exporter drops inputs the call does not read (type_as reads only its other's dtype)
     present = {i.name for i in model.graph.input}
     names = {f"in{k}": v for k, v in enumerate(node.inputs)}
