@@ -165,8 +165,24 @@ class _NoGradRegion(nn.Module):
         return self.proj(x) * angles.cos() + angles.sin()
 
 
+class _ModeRegions(nn.Module):
+    """Regions that set a mode, each traced as a higher-order call: attention scores computed
+    with autocast off (as many models guard their softmax), and a region with gradients on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            scores = (self.q(x).float() @ self.k(x).transpose(-1, -2)).softmax(-1)
+        with torch.enable_grad():
+            mixed = scores @ x
+        return mixed + x.sin()
+
+
 @pytest.mark.parametrize("tracer", ["export", "fx"])
-@pytest.mark.parametrize("model_type", [_EmptyCache, _NoGradRegion])
+@pytest.mark.parametrize("model_type", [_EmptyCache, _NoGradRegion, _ModeRegions])
 def test_decoder_idioms_import_whole_and_equal_eager(tracer: str, model_type: type[nn.Module]) -> None:
     model, x = model_type().eval(), torch.randn(2, 3, 8 if model_type is _EmptyCache else 4)
     graph = from_torch(model, x, tracer=tracer)  # type: ignore[arg-type]
@@ -175,6 +191,26 @@ def test_decoder_idioms_import_whole_and_equal_eager(tracer: str, model_type: ty
         assert [len(n.inputs) for n in graph.nodes if n.op == "concat"] in ([], [1])  # the empty one skipped
     with torch.no_grad():
         assert_close(run_graph(graph, [x]), [model(x)])
+
+
+class _AutocastRegion(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.proj(x)
+        return y.float().relu() + x
+
+
+def test_a_region_autocast_turns_on_runs_whole_on_torch_and_equal_eager() -> None:
+    """Its calls compute in another precision than they are recorded in: it stays one call of
+    the region, as the model makes it."""
+    model, x = _AutocastRegion().eval(), torch.randn(2, 3, 4)
+    graph = from_torch(model, x)
+    assert [n.attrs["target"] for n in graph.nodes if n.op == "opaque"] == ["wrap_with_autocast"]
+    assert_close(run_graph(graph, [x]), [model(x)])
 
 
 class _ComplexRotary(nn.Module):

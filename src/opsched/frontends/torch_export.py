@@ -13,8 +13,13 @@ out-of-place calls and scatters) while keeping operators whole (``conv2d``, ``la
 * otherwise a generic ATen node (:mod:`opsched.ir.ops.aten`): it runs the overload itself, its
   type from fake-tensor propagation, its FLOPs from PyTorch's flop counter.
 
-Nothing becomes opaque but a control-flow operator (``torch.cond``: its branches are graphs of
-their own), which runs whole, on torch. Nodes inside a ``torch.nn`` module are named after it
+A region the model runs with autocast turned off (``with torch.autocast(..., enabled=False)``,
+often around rotary embeddings and attention scores), or with gradients turned on or off, is
+traced as a higher-order call on a graph of its own: its calls are converted in place of it,
+as if the region were not there, since at inference, without autocast around the model, it
+computes the same. Nothing becomes opaque but a control-flow operator (``torch.cond``: its
+branches are graphs of their own) and a region autocast turns on, each of which runs whole,
+on torch. Nodes inside a ``torch.nn`` module are named after it
 (``stem_0_conv``, as torch.fx names them), others as torch.export does.
 """
 
@@ -107,6 +112,19 @@ def _functional(program: torch.export.ExportedProgram) -> bool:
                    for n in program.graph.nodes if n.op == "call_function")
 
 
+def _transparent_body(n: torch.fx.Node) -> torch.fx.Node | None:
+    """The graph a higher-order call runs where the call only sets a mode that leaves inference
+    as it is (module docstring): gradients on or off, autocast off; None for any other."""
+    hop = torch.ops.higher_order
+    if n.target is getattr(hop, "wrap_with_set_grad_enabled", None):
+        body = n.args[1]  # (enabled, body, *operands)
+    elif n.target is getattr(hop, "wrap_with_autocast", None) and n.args[2] is False:
+        body = n.args[4]  # (device, dtype, enabled, cache_enabled, body, *operands)
+    else:
+        return None
+    return body if isinstance(body, torch.fx.Node) and body.op == "get_attr" else None
+
+
 class ExportConverter:
     """One exported program's conversion (module docstring); converters get this as ``c``."""
 
@@ -193,6 +211,8 @@ class ExportConverter:
         if n.target is getitem:
             return self._getitem(n)
         if isinstance(n.target, torch._ops.HigherOrderOperator):
+            if (body := _transparent_body(n)) is not None:
+                return self._inline(self.env[body], n.args[n.args.index(body) + 1:])
             return self.control_flow(n) if isinstance(val, torch.Tensor) else _Pending(n)
         if not isinstance(n.target, torch._ops.OpOverload):
             raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} calls {n.target!r}, not an ATen operator")
@@ -215,6 +235,21 @@ class ExportConverter:
         if isinstance(val, torch.Tensor):
             return self.generic(n)
         return _Pending(n)
+
+    def _inline(self, body: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple[Any, ...]:
+        """``body``'s calls converted on ``operands``, in place of the higher-order call that
+        runs it; its results, as that call's."""
+        bound = iter(operands)
+        for n in body.graph.nodes:
+            if n.op == "placeholder":
+                self.env[n] = self._arg(next(bound))
+            elif n.op == "get_attr":  # a region within the region
+                self.env[n] = getattr(body, str(n.target))
+            elif n.op == "call_function":
+                self.env[n] = self._call(n)
+            elif n.op == "output":
+                return tuple(self._arg(n.args[0]))
+        raise FrontendError(f"{self.ctx.b.name}: a region's graph has no output node")
 
     def _getitem(self, n: torch.fx.Node) -> Any:
         source, index = n.args
