@@ -301,8 +301,13 @@ def _pad(net: FuzzNet, rng: random.Random, gen: torch.Generator, values: list[to
 def _reshape(net: FuzzNet, rng: random.Random, gen: torch.Generator, values: list[torch.Tensor]) -> Any:
     i = _pick(rng, values)
     b, c, h, w = values[i].shape
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < 0.25:
         return (i,), lambda n, xs: xs[0].permute(0, 1, 3, 2).contiguous() if h != w else xs[0].transpose(2, 3)
+    if kind < 0.5:  # dimensions counted from the end, as models write them
+        if rng.random() < 0.5 and w >= 2:
+            return (i,), lambda n, xs: xs[0].unfold(-1, 2, 2).amax(-1).flip(-2)
+        return (i,), lambda n, xs: xs[0].permute(0, -3, -1, -2).contiguous() if h != w else xs[0].transpose(-1, -2)
     if h % 2:
         return None
     return (i,), lambda n, xs: xs[0].reshape(b, c * 2, h // 2, w)
