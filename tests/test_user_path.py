@@ -422,6 +422,29 @@ def test_outputs_come_back_nested_as_the_model_returns_them(verify: bool) -> Non
 
 
 
+class _Small(nn.Module):
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.steps):
+            x = x.sin()
+        return x
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+@pytest.mark.parametrize("steps", [0, 1, 2])
+def test_a_model_of_no_step_or_one_is_optimized_with_measured_costs(backend: str, steps: int,
+                                                                     tmp_path: Path) -> None:
+    """A model that computes nothing (it returns its input) or one thing has no segment to cut:
+    ONNX Runtime's cut calibration failed on its empty plan."""
+    model, x = _Small(steps), torch.randn(3, 4)
+    module = opsched.optimize(model, x, backend=backend, cache_dir=str(tmp_path), budget_s=2, progress=False)
+    assert len(module.graph.nodes) == steps
+    assert_close(module(x), model(x))
+
+
 class Masking(nn.Module):
     """ViTMAE's masking: patches kept by the order of noise, drawn unless given."""
 

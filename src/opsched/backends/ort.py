@@ -235,6 +235,8 @@ class OrtBackend(CpuBackend):
         def measure() -> float:
             sequential = Schedule.from_stages(graph.structural_hash(), sequential_stages(graph), graph_name=graph.name)
             plan = lower(graph, sequential)
+            if len(plan.steps) < 2:
+                return 0.0  # nothing to cut: a model that computes nothing, or one step
             ((lane,),) = (phase.lanes for phase in plan.phases)
             k = max(1, min(cuts, len(lane) // 4))
             positions = [round(len(lane) * (j + 1) / (k + 1)) for j in range(k)]
