@@ -193,6 +193,30 @@ def test_decoder_idioms_import_whole_and_equal_eager(tracer: str, model_type: ty
         assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class _EmptySlices(nn.Module):
+    """Slices of no element (a cache with no entries yet, ``x[:, n:]`` where ``n`` is the
+    width), read by a concatenation, a sum, a product and a multiplication."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        empty = x[:, :0]
+        return (torch.cat([empty, x.sin()], 1), empty.sum(1) + x[:, 0], empty @ self.w[:0], empty * 2,
+                x[:, 4:].cos())
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_an_empty_slice_is_a_value_of_no_element(tracer: str, backend: str) -> None:
+    """It was refused at import ("slice 0:0 of axis 1 of f32[3,4] is empty")."""
+    model, x = _EmptySlices(), torch.randn(3, 4)
+    module = opsched.optimize(model, x, tracer=tracer, backend=backend, cost="analytic")  # type: ignore[arg-type]
+    assert [tuple(t.shape) for t in module(x)] == [(3, 4), (3,), (3, 5), (3, 0), (3, 0)]
+    assert_close(list(module(x)), list(model(x)))
+
+
 class _AutocastRegion(nn.Module):
     def __init__(self) -> None:
         super().__init__()
