@@ -3,6 +3,7 @@ a kernel or an export on every backend (or says why not), and plans are plain da
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -388,6 +389,51 @@ def test_a_nearest_resize_is_chosen_only_where_onnx_runtime_reads_pytorchs_rows(
                 rows = F.interpolate(torch.arange(size, dtype=torch.float64).reshape(1, 1, size), size=out, mode=mode)
                 chosen += np.array_equal(rows.reshape(-1).numpy(), predicted)
     assert chosen > 24 * 2  # the whole ratios at least, in both modes
+
+
+def test_symbolics_of_later_opsets_are_known_before_any_export() -> None:
+    """torch.onnx registers a symbolic as it imports its opset's module, on its first export:
+    asked before that, ``tril`` (opset 14) and ``grid_sampler`` (16) had none, and the answer
+    was kept. A fresh interpreter, so that no export has run."""
+    import subprocess
+    import sys
+
+    probe = ("from opsched.ir.ops.aten import _has_symbolic; "
+             "print([_has_symbolic(n) for n in ('aten::tril', 'aten::grid_sampler', 'aten::hypot')])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[True, True, False]"  # hypot has none at any opset
+
+
+class _GridSample(torch.nn.Module):
+    def __init__(self, mode: str, padding: str, corners: bool) -> None:
+        super().__init__()
+        self.mode, self.padding, self.corners = mode, padding, corners
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(x.sigmoid(), grid, mode=self.mode, padding_mode=self.padding,
+                             align_corners=self.corners) * 2
+
+
+@pytest.mark.parametrize("volume", [False, True], ids=["image", "volume"])
+def test_grid_sampling_runs_in_an_ort_session_as_eager_in_every_mode(volume: bool) -> None:
+    """Deformable attention's and spatial transformers' sampling, every mode, padding and
+    corner alignment PyTorch has, at points outside the input, on its edges and on exact
+    half-pixels (where nearest rounds): ONNX's GridSample in the session, equal to eager."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, *((4, 5, 6) if volume else (6, 7)), generator=gen)
+    grid = torch.rand(2, *((3, 4, 5, 3) if volume else (5, 9, 2)), generator=gen) * 2.6 - 1.3
+    grid.view(-1)[:16] = torch.tensor([-1, 1, 0, 0.5, -0.5, 1 / 6, -1 / 6, 1 / 7, 3 / 7, 1.1, -1.1, 0.999, -5 / 6,
+                                       1 / 3, -2 / 3, 0.25])
+    modes = ["bilinear", "nearest"] + ([] if volume else ["bicubic"])  # PyTorch samples volumes in these two
+    for mode, padding, corners in itertools.product(modes, ["zeros", "border", "reflection"], [False, True]):
+        model = _GridSample(mode, padding, corners)
+        g = opsched.from_torch(model, (x, grid))
+        executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())),
+                                              RunOptions())
+        made = executor([x, grid])
+        executor.close()
+        assert isinstance(executor, LaneExecutor) and executor.sessions == 1, (mode, padding, executor.describe())
+        assert_close(made, [model(x, grid)], what=f"{mode}, {padding}, align_corners={corners}")
 
 
 class _QuerySelection(torch.nn.Module):

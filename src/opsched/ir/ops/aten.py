@@ -355,13 +355,18 @@ def _has_symbolic(name: str) -> bool:
 
     Asked first, so that an op without one costs no trace and no failed export (an op with one
     can still fail to export: :func:`_no_output` keeps the graph it prints off the screen). The
-    registry is private: where it moved, every call is tried."""
+    registry fills as the exporter imports its symbolics, on its first export: asked before, it
+    lacked those of later opsets (``grid_sampler``'s, of opset 16, was missing until some other
+    call had been exported), so they are imported first. The registry is private: where it
+    moved, every call is tried."""
     from opsched.ir.ops.onnx_builder import OPSET
 
     try:
         from torch.onnx._internal.torchscript_exporter.registration import registry
+        from torch.onnx._internal.torchscript_exporter.utils import _trigger_symbolic_function_registration
     except ImportError:
         return True
+    _trigger_symbolic_function_registration()
     return bool(registry.is_registered_op(name, OPSET))
 
 

@@ -8,6 +8,7 @@ over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.f
 ``col2im``), as a Gather over the pixel positions of their blocks, and ONNX's ``Col2Im`` (a
 summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks);
 ``index_add``, whose own export wrote a repeated index once, as an adding ScatterElements;
+``grid_sampler`` (``F.grid_sample``) as ONNX's GridSample;
 nearest-neighbour upsampling, which torch.onnx exports as a Resize that reads other pixels, as
 Gathers; and the Fourier transforms and views of complex values, on pairs of parts
 (:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
@@ -231,6 +232,21 @@ def _nearest(b: OnnxBuilder, node: Node) -> None:
                      node.name if k == len(gathers) - 1 else b.fresh(f"{node.name}_axis{axis}"), axis=axis)
 
 
+#: ONNX's GridSample modes and paddings (its names since opset 20), by PyTorch's enumerations.
+_GRID_MODES, _GRID_PADDINGS = ("linear", "nearest", "cubic"), ("zeros", "border", "reflection")
+
+
+def _grid_sample(b: OnnxBuilder, node: Node) -> None:
+    """``F.grid_sample`` (``grid_sampler``: deformable attention's sampling, spatial transformers,
+    optical flow's warps) as ONNX's GridSample, whose modes, paddings and corner alignment are
+    PyTorch's, over images and volumes alike."""
+    _tensor_types(b, node, 2)
+    how = arguments(node)
+    b.add("GridSample", [_operand(b, node, 0), _operand(b, node, 1)], node.name,
+          mode=_GRID_MODES[how["interpolation_mode"]], padding_mode=_GRID_PADDINGS[how["padding_mode"]],
+          align_corners=int(how["align_corners"]))
+
+
 def _rows_read(node: Node, x: TensorType, axis: int) -> np.ndarray:
     """The input rows along ``axis`` that an upsampling ``node`` of ``x`` reads, one per output row."""
     rows = torch.arange(x.shape[axis], dtype=torch.float64)
@@ -269,6 +285,7 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
     "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
     "aten::index_add.default": _index_add,
+    **{f"aten::{name}.default": _grid_sample for name in ("grid_sampler", "grid_sampler_2d", "grid_sampler_3d")},
     **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                                      "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
                                                      "_upsample_nearest_exact3d") for form in ("default", "vec")},
