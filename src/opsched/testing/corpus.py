@@ -74,6 +74,8 @@ def _shaped(*shape: int) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: (torch.randn(*shape),)
 
 
+#: Every stage of a backbone, for the heads that read them all.
+_STAGES = ["stage1", "stage2", "stage3", "stage4"]
 #: The shrunk sizes both corpora share: two layers of four heads, 64-pixel images in 16-pixel patches.
 _LAYERS: dict[str, Any] = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
 _VISION: dict[str, Any] = {"image_size": 64, "patch_size": 16, "hidden_size": 64, **_LAYERS}
@@ -85,7 +87,7 @@ def corpus() -> dict[str, CorpusModel]:
     image, tokens, layers, vision = _image, _tokens, _LAYERS, _VISION
     text: dict[str, Any] = {"vocab_size": 100, **layers}
     labels: dict[str, Any] = {"num_labels": 4}
-    every_stage: dict[str, Any] = {"out_features": ["stage1", "stage2", "stage3", "stage4"]}
+    every_stage: dict[str, Any] = {"out_features": _STAGES}
     stages: dict[str, Any] = {"embedding_size": 16, "hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1]}
     entries = [
         CorpusModel("bert", "BertModel", lambda: hf.BertModel(hf.BertConfig(hidden_size=64, **text)), tokens()),
@@ -139,9 +141,10 @@ def corpus() -> dict[str, CorpusModel]:
 
 def wide_corpus() -> dict[str, CorpusModel]:
     """More architectures, each a model family of its own (encoders, decoders, state-space
-    models, speech, video, detection and depth heads), shrunk the same way: too many to run
-    every scheduler x backend on in CI, so the sweep (``benchmarks/sweep.py``) and the tests
-    under ``--runslow`` run each through ``optimize()`` and through its ``torch.onnx`` exports."""
+    models, speech, video, time series; detection, segmentation, depth and super-resolution
+    heads), shrunk the same way: too many to run every scheduler x backend on in CI, so the
+    sweep (``benchmarks/sweep.py``) and the tests under ``--runslow`` run each through
+    ``optimize()`` and through its ``torch.onnx`` exports."""
     hf = _transformers()
     image, shaped, layers, vision = _image, _shaped, _LAYERS, _VISION
     tokens = _tokens()
@@ -182,6 +185,10 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("gemma", "GemmaModel", lambda: hf.GemmaModel(hf.GemmaConfig(head_dim=16, **decoder)), tokens),
         CorpusModel("mamba", "MambaModel", lambda: hf.MambaModel(hf.MambaConfig(
             vocab_size=100, hidden_size=64, num_hidden_layers=2, state_size=8, use_cache=False)), tokens),
+        # its chunked scan permutes and transposes by dimensions counted from the end
+        CorpusModel("mamba2", "Mamba2Model", lambda: hf.Mamba2Model(hf.Mamba2Config(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, state_size=8, num_heads=4, head_dim=32, n_groups=1,
+            chunk_size=8, use_cache=False)), tokens),
         CorpusModel("rwkv", "RwkvModel", lambda: hf.RwkvModel(hf.RwkvConfig(
             vocab_size=100, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128,
             use_cache=False)), tokens),
@@ -213,6 +220,16 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("hiera", "HieraModel", lambda: hf.HieraModel(hf.HieraConfig(
             image_size=[64, 64], embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 4], query_stride=[2, 2],
             masked_unit_size=[8, 8], patch_stride=[4, 4])), image()),
+        # a pixel decoder of multi-scale deformable attention: grid sampling at learned offsets
+        CorpusModel("mask2former", "Mask2FormerModel", lambda: hf.Mask2FormerModel(hf.Mask2FormerConfig(
+            backbone_config=hf.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1],
+                                          num_heads=[1, 1, 2, 2], window_size=2, out_features=_STAGES),
+            feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64,
+            num_queries=10, encoder_layers=1, decoder_layers=2, num_attention_heads=4,
+            use_pretrained_backbone=False)), image()),
+        # super-resolution: windowed attention, then a convolutional upsampler by pixel shuffle
+        CorpusModel("swin2sr", "Swin2SRModel", lambda: hf.Swin2SRModel(hf.Swin2SRConfig(
+            image_size=32, embed_dim=32, depths=[1, 1], num_heads=[2, 2], window_size=4)), image(32)),
         CorpusModel("wav2vec2", "Wav2Vec2Model", lambda: hf.Wav2Vec2Model(hf.Wav2Vec2Config(
             hidden_size=64, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **layers)), shaped(1, 4000)),
@@ -222,6 +239,10 @@ def wide_corpus() -> dict[str, CorpusModel]:
                         max_source_positions=50, **labels)), shaped(1, 16, 100)),
         CorpusModel("ast", "ASTModel", lambda: hf.ASTModel(hf.ASTConfig(
             hidden_size=64, num_mel_bins=32, max_length=64, **layers)), shaped(1, 64, 32)),
+        # a time series cut into patches along its time axis (an unfold of dimension -2)
+        CorpusModel("patchtst", "PatchTSTModel", lambda: hf.PatchTSTModel(hf.PatchTSTConfig(
+            num_input_channels=3, context_length=32, patch_length=8, patch_stride=8, d_model=32, num_hidden_layers=2,
+            num_attention_heads=4, ffn_dim=64)), shaped(1, 32, 3)),
         CorpusModel("videomae", "VideoMAEModel", lambda: hf.VideoMAEModel(hf.VideoMAEConfig(
             image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=64, **layers)),
                     shaped(1, 4, 3, 32, 32)),
