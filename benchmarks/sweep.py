@@ -1,4 +1,4 @@
-"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 36 Hugging Face
+"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 40 Hugging Face
 architectures beyond the corpus) through every way a user brings a model, on this CPU.
 
 Per model: ``opsched.optimize`` with its defaults (its own check against the model included) and
@@ -7,7 +7,8 @@ the largest difference of its outputs from eager PyTorch's; the model's ``torch.
 and the largest difference from ONNX Runtime's own session of the file; and the same for the
 TorchScript exporter at an older opset (``--torchscript-opset``), the files older tools wrote.
 A failure is the first line of its error, marked *exporter* where torch.onnx itself could not
-write the file and *opsched* where opsched failed. No timings: what runs, and how exactly.
+write the file, *file* where it wrote one that ONNX Runtime's own session refuses, and *opsched*
+where opsched failed. No timings: what runs, and how exactly.
 
     python benchmarks/sweep.py
     python benchmarks/sweep.py --models bit mamba --torchscript-opset 13
@@ -60,7 +61,10 @@ def onnx_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], opset: i
         proto, exporter = export_onnx(model, inputs, opset, torchscript=torchscript)
     except Exception as e:  # noqa: BLE001 (torch.onnx raises many types)
         return {"failed": "exporter", "error": first_line(e)}
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 (ONNX Runtime raises its own types)
+        return {"failed": "file", "error": f"ONNX Runtime refuses the file: {first_line(e)}"}
     want = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)})
     graph = opsched.from_onnx(proto)
     module = opsched.optimize_graph(graph, cost=host_cpu_model(), scheduler="sequential", backend="ort", check=False)
@@ -114,13 +118,13 @@ def main() -> None:
                      cell(s, lambda r: f"{r['max_diff']:.1e}", False)])
         print(" | ".join(map(str, rows[-1])), flush=True)
     ok = {path: sum("failed" not in r[path] for r in records) for path in ("torch", "dynamo", "torchscript")}
-    exporter = sum(r["torchscript"].get("failed") == "exporter" for r in records)
+    exporter = sum(r["torchscript"].get("failed") in ("exporter", "file") for r in records)
     headers = ["model", "architecture", "torch: ops / opaque", "optimize() vs eager, max diff", "optimize s",
                "dynamo ONNX: ops / sessions", "vs ORT, max diff", f"TorchScript opset {args.torchscript_opset}: "
                "ops / sessions", "vs ORT, max diff"]
     summary = (f"Of {len(records)} models: `optimize()` ran {ok['torch']}; the dynamo export imported and ran "
                f"{ok['dynamo']}; the TorchScript export at opset {args.torchscript_opset} {ok['torchscript']} "
-               f"({exporter} that torch.onnx could not write, "
+               f"({exporter} that torch.onnx could not write or wrote so that ONNX Runtime refuses the file, "
                f"{len(records) - ok['torchscript'] - exporter} that opsched failed).")
     md = "\n".join([
         "# The sweep: the wide corpus through every frontend", "",
