@@ -475,9 +475,9 @@ def test_indices_among_tied_values_are_eagers_on_the_ort_backend() -> None:
     made = executor([x])
     executor.close()
     assert [torch.equal(a, b) for a, b in zip(made, model(x), strict=True)] == [True] * 7
-    listed = executor.describe().split("run with torch between them: ")[1].split(", ")
-    on_torch = {item.split(" ")[0].rstrip("_0123456789") for item in listed}
-    assert {"topk", "sort", "argsort"} <= on_torch and not on_torch & {"argmax", "min"}, on_torch
+    on_torch = {label.rstrip("_0123456789"): why for label, _, why in executor.on_torch}  # type: ignore[attr-defined]
+    assert {"topk", "sort", "argsort"} <= set(on_torch) and not set(on_torch) & {"argmax", "min"}, on_torch
+    assert "ONNX Runtime orders tied values by index" in str(on_torch["topk"])
 
 
 class _Rounding(torch.nn.Module):
@@ -559,20 +559,21 @@ def test_a_torch_onnx_export_is_checked_against_the_overload(export: tuple[Any, 
 def test_a_call_whose_export_is_refused_by_the_check_runs_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     from opsched.ir.ops import aten
 
-    class Sinh(torch.nn.Module):
+    class Exp(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.sinh(x).relu()  # a generic node, and one of a family with its own export
+            return torch.exp(x).relu()  # a generic node torch.onnx exports, and one of a family of ours
 
     monkeypatch.setattr(aten, "_apart", lambda *args, **kwargs: "values differ on drawn tensors")
     aten._checked_export.cache_clear()  # signatures checked before, by the real check
     try:
-        model, x = Sinh(), torch.randn(3, 5)
+        model, x = Exp(), torch.randn(3, 5)
         g = opsched.from_torch(model, x)
-        assert [(n.name, exportable(g, n)) for n in g.nodes] == [("sinh", False), ("relu", True)]
+        assert [(n.name, exportable(g, n)) for n in g.nodes] == [("exp", False), ("relu", True)]
         executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())),
                                               RunOptions())
         assert_close(executor([x]), [model(x)])
-        assert "1 step run with torch between them: sinh" in executor.describe(), executor.describe()
+        assert "1 step run with torch between them: exp (aten.elementwise) (exp: aten::exp.default: torch.onnx's " \
+               "export computes otherwise than the overload (values differ on drawn tensors))" in executor.describe()
         executor.close()
     finally:
         aten._checked_export.cache_clear()  # nothing refused here is kept for later tests
@@ -626,7 +627,7 @@ def test_an_op_torch_onnx_cannot_export_runs_with_torch_and_prints_nothing(
     assert capfd.readouterr().out == ""  # torch.onnx's exporter would print the traced graph
     executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
     assert_close(executor([x]), [model(x)])
-    assert "run with torch" in executor.describe()
+    assert f"{target}: torch.onnx has no export for it" in executor.describe(), executor.describe()
     executor.close()
 
 
@@ -648,7 +649,8 @@ def test_a_node_onnx_runtime_has_no_kernel_for_at_its_types_runs_with_torch() ->
     executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
     assert_close(executor([x]), list(model(x)))
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
-    assert "1 step run with torch between them: conv" in executor.describe(), executor.describe()
+    assert "1 step run with torch between them: conv (conv2d) (conv: ONNX Runtime's CPU provider has no Conv" \
+           in executor.describe(), executor.describe()
     executor.close()
 
 class _PoolThenGelu(torch.nn.Module):

@@ -30,6 +30,7 @@ import torch
 from opsched._text import count
 from opsched.backends.base import CpuBackend, Executor, register_backend
 from opsched.backends.lanes import LaneExecutor, step_category
+from opsched.backends.ort_export import refusal
 from opsched.backends.ort_profile import KernelTimes, kernel_events, kernel_times, ort_category, owner
 from opsched.backends.ort_program import JOIN_IN_PLACE, ort_program
 from opsched.cost import SegmentCut, StageTiming, TimingPolicy
@@ -65,15 +66,35 @@ class OrtExecutor(LaneExecutor):
         super().__init__(ort_program(graph, plan, cores, profile_dir, spin), cores, "onnxruntime")
         self.graph, self.plan = graph, plan
 
-    def describe(self) -> str:
+    @property
+    def on_torch(self) -> list[tuple[str, str, str | None]]:
+        """The steps run with torch between the sessions, in plan order: each one's label, op and
+        why it is not in a session (:func:`~opsched.backends.ort_export.refusal`)."""
         prog = self.program
-        sessions = self.sessions
-        on_torch = [f"{it.label} ({it.op})" for phase in prog.phases for lane in phase for it, s in
-                    ((it, prog.sessions[it.id]) for it in lane) if s is None and it.op != JOIN_IN_PLACE]
-        text = (f"onnxruntime: {count(sessions, 'session')} in {count(len(prog.phases), 'phase')} "
+        steps = {step.label: step for step in self.plan.steps}
+        found = []
+        for it in (it for phase in prog.phases for lane in phase for it in lane):
+            if prog.sessions[it.id] is None and it.op != JOIN_IN_PLACE:
+                names = steps[it.label].nodes if it.label in steps else ()
+                why = next((r for name in names if (r := refusal(self.graph, self.graph.node(name)))), None)
+                found.append((it.label, it.op, why))
+        return found
+
+    def describe(self) -> str:
+        """How many sessions, and the steps run with torch between them with why (the reasons of
+        the first five, each once: the answer to "what cuts my sessions")."""
+        text = (f"onnxruntime: {count(self.sessions, 'session')} in {count(len(self.program.phases), 'phase')} "
                 f"on {count(self.cores, 'core')}")
+        on_torch = self.on_torch
         if on_torch:
-            text += f"; {count(len(on_torch), 'step')} run with torch between them: {', '.join(on_torch[:5])}"
+            text += (f"; {count(len(on_torch), 'step')} run with torch between them: "
+                     f"{', '.join(f'{label} ({op})' for label, op, _ in on_torch[:5])}")
+            why: dict[str, list[str]] = {}
+            for label, _, reason in on_torch[:5]:
+                if reason:
+                    why.setdefault(reason, []).append(label)
+            if why:
+                text += " (" + "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in why.items()) + ")"
         return text
 
     def trace(self, inputs: Sequence[torch.Tensor]) -> list[TraceEvent]:

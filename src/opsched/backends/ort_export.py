@@ -11,6 +11,7 @@ integers only of some (no float64 ``Conv``, say).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,42 +25,51 @@ from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OnnxBuilder
 from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime.plan import step_label
 
-__all__ = ["export_segment", "exportable"]
+__all__ = ["export_segment", "exportable", "refusal"]
 
 
 #: The element types for which ONNX Runtime's CPU provider has a kernel of every op we export.
 _EVERY_KERNEL = frozenset({"float32"})
 
-#: Per node signature (op, configuration and types): whether ONNX Runtime builds a session of it.
-_RUNS: dict[tuple[Any, ...], bool] = {}
+#: Per node signature (op, configuration and types): why ONNX Runtime builds no session of it,
+#: None where it does.
+_NO_KERNEL: dict[tuple[Any, ...], str | None] = {}
 
 
 def exportable(graph: Graph, node: Node) -> bool:
-    """Whether ``node`` exports to ONNX and runs there: its op has an exporter that accepts its
-    configuration, ONNX has a type for every value it reads and makes, and ONNX Runtime a kernel
-    for each at those types; complex values, which ONNX Runtime's kernels do not take, only as
-    pairs of parts, read and made by the overloads that have a form on pairs
-    (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
-    export = op_def(node.op).onnx
+    """Whether ``node`` exports to ONNX and runs there (:func:`refusal`)."""
+    return refusal(graph, node) is None
+
+
+def refusal(graph: Graph, node: Node) -> str | None:
+    """Why ``node`` does not export to ONNX and run there, or None where it does: its op has an
+    exporter that accepts its configuration, ONNX has a type for every value it reads and makes,
+    and ONNX Runtime a kernel for each at those types; complex values, which ONNX Runtime's
+    kernels do not take, only as pairs of parts, read and made by the overloads that have a form
+    on pairs (:mod:`opsched.ir.ops.fourier`: a small enough Fourier transform, say)."""
+    opdef = op_def(node.op)
     held = (node.out, *(graph.types[v] for v in node.inputs), *(graph.param_types[p] for p in node.params))
     dtypes = {t.dtype for t in held}
     unheld = dtypes - set(ONNX_DTYPES)
     on_pairs = unheld <= set(COMPLEX_PARTS) and node.attrs.get("target") in PAIR_FORMS and not node.params
-    if export is None or (unheld and not on_pairs):
-        return False
+    if opdef.onnx is None:
+        return opdef.no_onnx
+    if unheld and not on_pairs:
+        return f"ONNX has no {', '.join(sorted(unheld))} for it to take"
     try:
-        export(OnnxBuilder(graph, dry_run=True), node)
-    except NotExportable:
-        return False
-    return dtypes <= _EVERY_KERNEL or _runs_in_ort(graph, node)
+        opdef.onnx(OnnxBuilder(graph, dry_run=True), node)
+    except NotExportable as e:
+        return str(e)
+    return None if dtypes <= _EVERY_KERNEL else _kernel_refusal(graph, node)
 
 
-def _runs_in_ort(graph: Graph, node: Node) -> bool:
-    """Whether ONNX Runtime's CPU provider makes a session of ``node`` alone: it has a kernel for
-    each ONNX node the node exports to, at its types. Asked once per op, configuration and types."""
+def _kernel_refusal(graph: Graph, node: Node) -> str | None:
+    """Why ONNX Runtime's CPU provider makes no session of ``node`` alone (it lacks a kernel for
+    an ONNX node the node exports to, at its types), or None. Asked once per op, configuration
+    and types."""
     key = (node.op, node.attrs, tuple(graph.types[v] for v in node.inputs),
            tuple(graph.param_types[p] for p in node.params), node.out)
-    if key not in _RUNS:
+    if key not in _NO_KERNEL:
         from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
 
         from opsched.backends.ort_program import ort_session
@@ -67,10 +77,13 @@ def _runs_in_ort(graph: Graph, node: Node) -> bool:
         model = export_segment(graph, [(node.name,)], list(dict.fromkeys(node.inputs)), [node.name])
         try:
             ort_session(model.SerializeToString(), threads=1)
-            _RUNS[key] = True
-        except NoKernel:
-            _RUNS[key] = False
-    return _RUNS[key]
+            _NO_KERNEL[key] = None
+        except NoKernel as e:
+            found = re.search(r"Could not find an implementation for (\w+\(\d+\))", str(e))
+            kernel = found.group(1) if found else "one of its ONNX nodes"
+            types = ", ".join(sorted({t.dtype for t in (node.out, *(graph.types[v] for v in node.inputs))}))
+            _NO_KERNEL[key] = f"ONNX Runtime's CPU provider has no {kernel} kernel for {types}"
+    return _NO_KERNEL[key]
 
 
 def export_segment(graph: Graph, items: Sequence[tuple[str, ...]], inputs: Sequence[str],
