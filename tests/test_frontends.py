@@ -57,6 +57,38 @@ def test_untraceable_module_names_the_construct_and_the_fix() -> None:
     assert "torch.fx cannot trace WithDataDependent" in msg
 
 
+class _Keypoints(nn.Module):
+    """SuperPoint's keypoint selection: the positions of the local maxima above a threshold."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        peaks = scores == F.max_pool2d(scores, 3, stride=1, padding=1)  # an unbatched (C, H, W) pool
+        return torch.nonzero(peaks & (scores > 0.5)).float()
+
+
+def test_a_tensor_whose_size_depends_on_the_data_is_named_with_its_node() -> None:
+    """torch.export traces nonzero with a size it leaves unknown; the conversion reached it as a
+    bare GuardOnDataDependentSymNode from the depth of the IR."""
+    with pytest.raises(FrontendError, match=r"node 'nonzero' \(aten::nonzero.default\) gives a tensor "
+                                                     r"whose size \(u\d+\) depends on the values it reads"):
+        from_torch(_Keypoints(), torch.rand(1, 16, 16), tracer="export")
+
+
+class _UnbatchedPools(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(x, 3, stride=1, padding=1) + F.avg_pool2d(x, 2).repeat_interleave(2, -1) \
+            .repeat_interleave(2, -2)
+
+
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_a_pool_of_an_unbatched_image_stays_generic_and_equals_eager(tracer: str) -> None:
+    """torch pools a (C, H, W) image; the pool family's rule wants (N, C, H, W) and refused it
+    with a ShapeMismatchError that failed the import (SuperPoint): the call stays generic."""
+    model, x = _UnbatchedPools(), torch.randn(3, 8, 8)
+    graph = from_torch(model, x, tracer=tracer)  # type: ignore[arg-type]
+    assert "pool" not in {n.op for n in graph.nodes}
+    assert_close(run_graph(graph, [x]), [model(x)])
+
+
 def test_leaf_module_runs_opaquely_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     model, x = WithDataDependent().eval(), torch.randn(1, 3, 8, 8)
     with caplog.at_level(logging.WARNING, logger="opsched.frontends"):

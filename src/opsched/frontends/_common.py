@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from opsched.errors import FrontendError, StatefulModelError
+from opsched.errors import FrontendError, ShapeMismatchError, StatefulModelError
 from opsched.ir import Graph, GraphBuilder, TensorType, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
@@ -67,11 +67,16 @@ class ConversionContext:
     def checked(self, convert: Callable[[], Any], val: Any, what: str) -> Any:
         """What ``convert()`` makes of a call that gave ``val`` in torch. Where it raises
         :class:`Unsupported`, or types its value otherwise than torch did (a family's shape rule
-        that disagrees), the nodes it added are taken back and :class:`Unsupported` raised: the
-        call stays generic, typed by torch."""
+        that disagrees) or not at all (one narrower than torch's: a pool of an unbatched
+        ``(C, H, W)`` image, which torch takes), the nodes it added are taken back and
+        :class:`Unsupported` raised: the call stays generic, typed by torch."""
         mark = self.b.mark()
         try:
-            made = convert()
+            try:
+                made = convert()
+            except ShapeMismatchError as e:
+                log.debug("%s: %s cannot be typed by its family: %s", self.b.name, what, e)
+                raise Unsupported from e
             if isinstance(made, str) and isinstance(val, torch.Tensor) and self.type(made) != tensor_type(val):
                 log.debug("%s: %s typed %s by its family, %s by torch", self.b.name, what, self.type(made),
                           tensor_type(val))
@@ -107,7 +112,21 @@ def held_type(value: Any, what: str) -> TensorType:
     if not isinstance(value, torch.Tensor) or dtype not in DTYPE_BYTES:
         raise FrontendError(f"{what} gives {getattr(value, 'dtype', type(value).__name__)}, which opsched does not "
                             f"hold (it holds tensors of {', '.join(DTYPE_BYTES)})")
+    unknown = [str(d) for d in value.shape if isinstance(d, torch.SymInt) and not _known(d)]
+    if unknown:
+        raise FrontendError(f"{what} gives a tensor whose size ({', '.join(unknown)}) depends on the values it reads "
+                            f"(as nonzero's or a boolean mask's does); a static graph cannot hold it: compute it "
+                            f"outside the model, or keep its module whole with leaf_modules")
     return tensor_type(value)
+
+
+def _known(size: torch.SymInt) -> bool:
+    """Whether a traced size is a number, not one that depends on tensor data."""
+    try:
+        int(size)
+    except Exception:  # noqa: BLE001 (torch raises its guard errors for a data-dependent size)
+        return False
+    return True
 
 
 def report_opaque(graph: Graph, source: str) -> None:
