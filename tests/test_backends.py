@@ -436,6 +436,88 @@ def test_grid_sampling_runs_in_an_ort_session_as_eager_in_every_mode(volume: boo
         assert_close(made, [model(x, grid)], what=f"{mode}, {padding}, align_corners={corners}")
 
 
+#: The long tail of operators models call, each a model of its own (an input of (2, 3, 9, 11),
+#: drawn). Some torch.onnx exports and runs in a session, some run with torch; all must equal eager.
+_LONG_TAIL: dict[str, Any] = {
+    "bicubic": lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"),
+    "bicubic_corners": lambda x: F.interpolate(x, size=(13, 5), mode="bicubic", align_corners=True),
+    "bilinear_down": lambda x: F.interpolate(x, size=(4, 5), mode="bilinear"),
+    "area": lambda x: F.interpolate(x, size=(4, 5), mode="area"),
+    "pixel_shuffle": lambda x: F.pixel_shuffle(x.repeat(1, 4, 1, 1), 2),
+    "pixel_unshuffle": lambda x: F.pixel_unshuffle(x[:, :, :8, :10], 2),
+    "adaptive_max": lambda x: F.adaptive_max_pool2d(x, (4, 3)),
+    "adaptive_avg": lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
+    "avg_pool_ceil": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "max_pool_dilated": lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True),
+    "lp_pool": lambda x: F.lp_pool2d(x.abs(), 2, 3, 2),
+    "local_response": lambda x: F.local_response_norm(x, 2),
+    "group_norm": lambda x: F.group_norm(x, 3),
+    "instance_norm": lambda x: F.instance_norm(x),
+    "cumprod": lambda x: torch.cumprod(x, -1),
+    "logcumsumexp": lambda x: torch.logcumsumexp(x, -2),
+    "median": lambda x: x.median(-1).values,
+    "kthvalue": lambda x: x.kthvalue(3, -1).values,
+    "std": lambda x: x.std(-1),
+    "var": lambda x: x.var(-1, correction=0),
+    "vector_norm": lambda x: torch.linalg.vector_norm(x, 3, -1),
+    "clamp_tensors": lambda x: x.clamp(min=x.mean(), max=x.amax() / 2),
+    "remainder": lambda x: torch.remainder(x * 5, 1.7),
+    "fmod": lambda x: torch.fmod(x * 5, 1.7),
+    "trunc": lambda x: torch.trunc(x * 3),
+    "erfinv": lambda x: torch.erfinv(x.tanh() * 0.99),
+    "atan2": lambda x: torch.atan2(x, x.flip(-1)),
+    "hypot": lambda x: torch.hypot(x, x.flip(-1)),
+    "logaddexp": lambda x: torch.logaddexp(x, x.flip(-1)),
+    "einsum": lambda x: torch.einsum("bchw,bcwk->bchk", x, x.transpose(-1, -2)[..., :5]),
+    "triu": lambda x: torch.triu(x, -1),
+    "diag_embed": lambda x: torch.diag_embed(x[0, 0, 0]),
+    "cdist": lambda x: torch.cdist(x[0], x[1]),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "mish": F.mish,
+    "celu": lambda x: F.celu(x, 0.7),
+    "softmin": lambda x: F.softmin(x, -1),
+    "glu": lambda x: F.glu(x[..., :10], -1),
+    "logsigmoid": F.logsigmoid,
+    "threshold": lambda x: F.threshold(x, 0.2, -3.0),
+    "normalize": lambda x: F.normalize(x, dim=1),
+    "cosine_similarity": lambda x: F.cosine_similarity(x, x.flip(-1), dim=1),
+    "amin": lambda x: x.amin((1, 3)),
+    "prod": lambda x: x.prod(-1),
+    "all_any": lambda x: ((x > 0).all(-1) | (x < -1).any(-1)).float(),
+    "argmax": lambda x: x.argmax(-1, keepdim=True).float(),
+    "bucketize": lambda x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.5])).float(),
+    "masked_softmax": lambda x: x.masked_fill(x > 0.5, float("-inf")).softmax(-1),
+    "repeat_interleave": lambda x: x.repeat_interleave(2, dim=-1),
+    "tile": lambda x: x.tile((1, 2, 1, 1)),
+    "index_select": lambda x: x.index_select(-1, torch.tensor([3, 0, 3, 10])),
+    "gather": lambda x: x.gather(-1, (x.abs() * 3).long().clamp(max=10)),
+    "take_along_dim": lambda x: torch.take_along_dim(x, x.argsort(-1), -1),
+    "replicate_pad": lambda x: F.pad(x, (1, 2, 3, 0), mode="replicate"),
+    "circular_pad": lambda x: F.pad(x[0], (2, 2), mode="circular"),
+    "negative_pad": lambda x: F.pad(x, (-1, 2, 0, -2)),
+}
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fn(x)
+        return out
+
+
+@pytest.mark.parametrize("name", list(_LONG_TAIL))
+def test_the_long_tail_of_operators_runs_on_the_ort_backend_equal_to_eager(name: str) -> None:
+    model, x = _Call(_LONG_TAIL[name]), torch.randn(2, 3, 9, 11, generator=torch.Generator().manual_seed(0))
+    g = opsched.from_torch(model, x)
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x])
+    executor.close()
+    assert_close(made, [model(x)], what=f"{name} ({executor.describe()})")
+
+
 class _QuerySelection(torch.nn.Module):
     """RT-DETR's query selection: the top scores, where masked-out anchors all score alike."""
 
