@@ -17,10 +17,9 @@ A region the model runs with autocast turned off (``with torch.autocast(..., ena
 often around rotary embeddings and attention scores), or with gradients turned on or off, is
 traced as a higher-order call on a graph of its own: its calls are converted in place of it,
 as if the region were not there, since at inference, without autocast around the model, it
-computes the same. A region that turns autocast on is made explicit first (by
-``run_decompositions``: the casts autocast makes become calls), then converted the same. Nothing
-becomes opaque but a control-flow operator (``torch.cond``: its branches are graphs of their
-own), which runs whole, on torch. Nodes inside a ``torch.nn`` module are named after it
+computes the same. Nothing becomes opaque but a control-flow operator (``torch.cond``: its
+branches are graphs of their own) and a region autocast turns on, each of which runs whole,
+on torch. Nodes inside a ``torch.nn`` module are named after it
 (``stem_0_conv``, as torch.fx names them), others as torch.export does.
 """
 
@@ -86,7 +85,7 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
             program = torch.export.export(module, tuple(args), kwargs, strict=False)
-            if not _functional(program) or _autocast_on(program):
+            if not _functional(program):
                 program = program.run_decompositions({})
     except Exception as e:  # torch.export raises many types for the same root causes
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
@@ -103,16 +102,6 @@ def _hint(reason: str) -> str:
                f"which opsched.optimize does itself)")
         return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
     return ""
-
-
-def _autocast_on(program: torch.export.ExportedProgram) -> bool:
-    """Whether a region of the program turns autocast on: ``run_decompositions`` makes the casts
-    autocast would make explicit calls (a linear in bfloat16 between casts), where the region's
-    calls alone compute in another precision than the model does."""
-    autocast = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
-    return any(n.target is autocast and n.args[2] is not False
-               for gm in program.graph_module.modules() if isinstance(gm, torch.fx.GraphModule)
-               for n in gm.graph.nodes)
 
 
 def _functional(program: torch.export.ExportedProgram) -> bool:
