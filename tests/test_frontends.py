@@ -261,8 +261,9 @@ class _AutocastRegion(nn.Module):
 
 
 def test_a_region_autocast_turns_on_runs_whole_on_torch_and_equal_eager() -> None:
-    """Its calls compute in another precision than they are recorded in: it stays one call of
-    the region, as the model makes it."""
+    """Its calls compute in another precision than they are recorded in, and which depends on the
+    device (autocast("cpu") casts CPU tensors only): it stays one call of the region, replayed on
+    the device the graph runs on, as the model would run there."""
     model, x = _AutocastRegion().eval(), torch.randn(2, 3, 4)
     graph = from_torch(model, x)
     assert [n.attrs["target"] for n in graph.nodes if n.op == "opaque"] == ["wrap_with_autocast"]
