@@ -339,6 +339,8 @@ class _Nearest(torch.nn.Module):
     # fuzz seed 1167: torch.onnx's Resize of 14 to 16 pixels read other rows, 5.2 off
     ((2, 4, 14, 14), (16, 16), None, {"nearest": ["Gather", "Gather"], "nearest-exact": ["Gather", "Gather"]}),
     ((1, 3, 16, 10), (14, 10), None, {"nearest": ["Resize"], "nearest-exact": ["Gather"]}),  # down along one axis
+    # fuzz seed 5219: from scales, ONNX's shape inference made 5 pixels 6, ONNX Runtime 7
+    ((1, 1, 5, 5), (7, 7), None, {"nearest": ["Resize"], "nearest-exact": ["Gather", "Gather"]}),
     # steps by the scale given, not by the sizes
     ((1, 2, 7, 9), None, 1.7, {"nearest": ["Gather", "Gather"], "nearest-exact": ["Gather", "Gather"]}),
     ((1, 2, 11), (4,), None, {"nearest": ["Resize"], "nearest-exact": ["Gather"]}),  # 1-d
@@ -361,9 +363,29 @@ def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tup
     assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
 
 
+class _UpsampledAndJoined(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.interpolate(x.sigmoid(), size=(7, 7), mode="nearest"), y], 1) * 2
+
+
+def test_a_nearest_resize_joined_with_its_size_loads_in_one_session() -> None:
+    """Fuzz seed 5219: 5 pixels resized to 7 by scales, which ONNX's shape inference sizes 6
+    (it computes in double precision) and ONNX Runtime makes 7; joined with a tensor of 7, the
+    Concat failed to load ("Can't merge shape info"). The Resize is given its sizes."""
+    model, x, y = _UpsampledAndJoined(), torch.randn(1, 1, 5, 5), torch.randn(1, 2, 7, 7)
+    g = opsched.from_torch(model, (x, y))
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x, y])
+    executor.close()
+    assert_close(made, [model(x, y)])
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+
+
 def test_a_nearest_resize_is_chosen_only_where_onnx_runtime_reads_pytorchs_rows() -> None:
     """Brute force over sizes 1-24 to 1-40, both nearest modes: wherever the export's model of
-    ONNX Runtime's Resize says it reads the rows PyTorch reads, ONNX Runtime's Resize does."""
+    ONNX Runtime's Resize says it reads the rows PyTorch reads, ONNX Runtime's Resize does; and
+    ONNX's shape inference, strict, gives the Resize the size ONNX Runtime makes (from scales it
+    gave 6 rows of 5 to 7, and a segment declaring 7 failed to load: fuzz seed 5219)."""
     import onnx
     import onnxruntime
     from onnx import helper
@@ -373,18 +395,19 @@ def test_a_nearest_resize_is_chosen_only_where_onnx_runtime_reads_pytorchs_rows(
     chosen = 0
     for size in range(1, 25):
         for out in range(1, 41):
-            scale = np.float32(out) / np.float32(size)
-            predicted = _resize_rows(size, out, scale)
+            predicted = _resize_rows(size, out)
             graph = helper.make_graph(
-                [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest", nearest_mode="floor",
+                [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest", nearest_mode="floor",
                                   coordinate_transformation_mode="asymmetric")], "resize",
                 [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, size])],
                 [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                [onnx.numpy_helper.from_array(np.array([1, 1, scale], np.float32), "s")])
-            session = onnxruntime.InferenceSession(helper.make_model(graph, opset_imports=[
-                helper.make_opsetid("", 17)]).SerializeToString(), providers=["CPUExecutionProvider"])
+                [onnx.numpy_helper.from_array(np.array([1, 1, out], np.int64), "sizes")])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0]
+            assert [d.dim_value for d in inferred.type.tensor_type.shape.dim] == [1, 1, out], (size, out)
+            session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             (read,) = session.run(None, {"x": np.arange(size, dtype=np.float32).reshape(1, 1, size)})
-            assert predicted.size == 0 or np.array_equal(read.reshape(-1), predicted), (size, out)
+            assert np.array_equal(read.reshape(-1), predicted), (size, out)
             for mode in ("nearest", "nearest-exact"):
                 rows = F.interpolate(torch.arange(size, dtype=torch.float64).reshape(1, 1, size), size=out, mode=mode)
                 chosen += np.array_equal(rows.reshape(-1).numpy(), predicted)

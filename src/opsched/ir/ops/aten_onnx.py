@@ -212,14 +212,17 @@ def _nearest(b: OnnxBuilder, node: Node) -> None:
     map of row numbers. Where ONNX's Resize reads the same rows (it steps by out/in in float32
     where PyTorch steps by in/out: at whole ratios they agree), a Resize, 10x faster than
     Gathers in ONNX Runtime; where they floor apart (torch.onnx's own export of 14 to 16 pixels
-    read other rows, up to 5.2 off), a Gather per axis."""
+    read other rows, up to 5.2 off), a Gather per axis.
+
+    The Resize is given its output's sizes, not its scales: from scales ONNX's shape inference
+    computes a size in double precision, ONNX Runtime's kernel in single, and they disagree for
+    a quarter of the pairs of sizes up to 24 and 40 (5 to 7 pixels: 6 inferred, 7 made), which
+    broke the session of any segment that declared the value's shape."""
     (x,) = _tensor_types(b, node, 1)
     rows = [_rows_read(node, x, axis) for axis in range(2, x.rank)]
-    scales = [np.float32(len(read)) / np.float32(size) for read, size in zip(rows, x.shape[2:])]
-    if all(np.array_equal(read, _resize_rows(size, len(read), scale))
-           for read, size, scale in zip(rows, x.shape[2:], scales)):
-        steps = b.init(np.array([1, 1, *scales], np.float32), f"{node.name}_scales")
-        b.add("Resize", [_operand(b, node, 0), "", steps], node.name, mode="nearest",
+    if all(np.array_equal(read, _resize_rows(size, len(read))) for read, size in zip(rows, x.shape[2:])):
+        sizes = b.init(np.array([*x.shape[:2], *(len(read) for read in rows)], np.int64), f"{node.name}_sizes")
+        b.add("Resize", [_operand(b, node, 0), "", "", sizes], node.name, mode="nearest",
               coordinate_transformation_mode="asymmetric", nearest_mode="floor")
         return
     gathers = [(axis, read) for axis, read in enumerate(rows, start=2)
@@ -255,11 +258,10 @@ def _rows_read(node: Node, x: TensorType, axis: int) -> np.ndarray:
     return np.asarray(read.to(torch.int64).numpy(), np.int64)
 
 
-def _resize_rows(size: int, out: int, scale: np.float32) -> np.ndarray:
-    """The rows ONNX's nearest Resize (asymmetric coordinates, floor) reads at ``scale``, as ONNX
-    Runtime computes them (float32); none where its output would not have ``out`` rows."""
-    if int(np.floor(np.float32(size) * scale)) != out:
-        return np.empty(0, np.int64)
+def _resize_rows(size: int, out: int) -> np.ndarray:
+    """The rows ONNX's nearest Resize (asymmetric coordinates, floor) reads making ``out`` rows
+    of ``size``, as ONNX Runtime computes them: at the scale out/in, in float32."""
+    scale = np.float32(out) / np.float32(size)
     return np.minimum(np.floor(np.arange(out, dtype=np.float32) / scale), size - 1).astype(np.int64)
 
 
