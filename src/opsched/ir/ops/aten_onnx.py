@@ -262,7 +262,8 @@ def _resize_rows(size: int, out: int) -> np.ndarray:
     """The rows ONNX's nearest Resize (asymmetric coordinates, floor) reads making ``out`` rows
     of ``size``, as ONNX Runtime computes them: at the scale out/in, in float32."""
     scale = np.float32(out) / np.float32(size)
-    return np.minimum(np.floor(np.arange(out, dtype=np.float32) / scale), size - 1).astype(np.int64)
+    rows: np.ndarray = np.minimum(np.floor(np.arange(out, dtype=np.float32) / scale), size - 1).astype(np.int64)
+    return rows
 
 
 def _tensor_types(b: OnnxBuilder, node: Node, n: int) -> list[TensorType]:
