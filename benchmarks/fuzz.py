@@ -69,9 +69,10 @@ def main() -> None:
         f"# Fuzzer: {args.models} random models (seeds {args.first}-{args.first + args.models - 1})", "",
         f"Each model ({min(sizes)}-{max(sizes)} operators, median {sorted(sizes)[len(sizes) // 2]}) through every "
         "scheduler (sequential, greedy, ios, est, nimble, opara) on every CPU backend (torch, ort), imported by the "
-        "torch.fx frontend and by torch.onnx export + opsched.from_onnx, each compared with eager PyTorch on the "
-        "example input and on a fresh one. `refused`: the ONNX importer named the ops it lacks; `unexportable`: "
-        "torch.onnx itself could not export the model.", "",
+        "torch frontend (`opsched.from_torch`: torch.export, torch.fx where it refuses) and by torch.onnx export + "
+        "opsched.from_onnx, each compared with eager PyTorch on the example input and on a fresh one. `refused`: "
+        "the ONNX importer named the ops it lacks; `unexportable`: torch.onnx could not export the model, or "
+        "wrote a file ONNX Runtime's own session refuses or runs otherwise than eager (the exporter's gaps).", "",
         "## Runs (model x scheduler x backend)", "",
         format_table(["frontend", *statuses], runs, markdown=True), "",
         "## Models (the worst outcome of its twelve runs per frontend)", "",
