@@ -18,8 +18,9 @@ often around rotary embeddings and attention scores), or with gradients turned o
 traced as a higher-order call on a graph of its own: its calls are converted in place of it,
 as if the region were not there, since at inference, without autocast around the model, it
 computes the same. Nothing becomes opaque but a control-flow operator (``torch.cond``: its
-branches are graphs of their own) and a region autocast turns on, each of which runs whole,
-on torch. Nodes inside a ``torch.nn`` module are named after it
+branches are graphs of their own) and a region autocast turns on (whose casts are the device's:
+``autocast("cuda")`` casts CUDA tensors only), each of which runs whole, on torch, where the
+graph runs. Nodes inside a ``torch.nn`` module are named after it
 (``stem_0_conv``, as torch.fx names them), others as torch.export does.
 """
 
