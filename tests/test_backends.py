@@ -631,6 +631,24 @@ def test_negative_dimensions_export_counted_up_on_the_ort_backend() -> None:
     assert executor.sessions == 1 and "run with torch" not in executor.describe(), executor.describe()
 
 
+class _Tiled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.tile((1, 2, 1, 1)).sin() + x.tile((2,)).sum()
+
+
+def test_a_composite_whose_symbolic_makes_an_if_exports_as_what_it_is_made_of() -> None:
+    """torch.onnx's own ``tile`` makes an If, which a segment cannot hold, so it ran with torch
+    between sessions; ``tile`` is made of ``repeat``, whose export is a Tile."""
+    model, x = _Tiled(), torch.randn(2, 3, 5, 4)
+    g = opsched.from_torch(model, x)
+    assert all(exportable(g, n) for n in g.nodes), [(n.name, n.op) for n in g.nodes if not exportable(g, n)]
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x])
+    executor.close()
+    assert_close(made, [model(x)])
+    assert executor.sessions == 1, executor.describe()  # type: ignore[attr-defined]
+
+
 def _one_node(op_type: str, out_shape: list[int], **attrs: Any) -> onnx.ModelProto:
     """A model of one ONNX node reading ``in0`` (float32 of shape (3, 4)), as torch.onnx names them."""
     from onnx import TensorProto, helper

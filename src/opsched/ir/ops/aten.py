@@ -239,17 +239,32 @@ def _checked_export(target: str, args: Any, kwargs: Any, index: int | None, inpu
     and its ``floor_divide`` truncates. The check runs the export and the overload on the same
     drawn tensors (floats from a normal distribution, so signs vary; integers as the export's
     examples) and wants equal integers and floats equal within :data:`_AGREE` of the dtype."""
+    from opsched.ir.ops.onnx_builder import OPSET
+
+    op = overload(target)
+    # its own symbolic, then, for a composite, what it is made of: an alias without a symbolic
+    # (aten::multiply as aten::mul), or one whose symbolic makes an If (aten::tile, as repeat)
+    runs = [run for run, ok in ((op, _has_symbolic(op._schema.name)), (op.decompose, _composite(op))) if ok]
+    if not runs:
+        return f"{target}: torch.onnx has no export for it at opset {OPSET}"
+    reasons = []
+    for run in runs:
+        made = _export_by(run, op, target, args, kwargs, index, inputs, params)
+        if not isinstance(made, str):
+            return made
+        reasons.append(made)
+    return reasons[0]
+
+
+def _export_by(run: Any, op: torch._ops.OpOverload, target: str, args: Any, kwargs: Any, index: int | None,
+               inputs: tuple[TensorType, ...], params: tuple[TensorType, ...]) -> onnx.ModelProto | str:
+    """The call exported by torch.onnx as ``run`` computes it (the overload ``op`` or what it is
+    made of), checked against ``op`` (:func:`_checked_export`); or why there is no such model."""
     import onnx
 
     from opsched.ir.ops.onnx_builder import OPSET
 
     n_in = len(inputs)
-    op = overload(target)
-    # an alias or other composite (aten::multiply) without a symbolic of its own is exported as
-    # what it is made of (aten::mul)
-    run = op if _has_symbolic(op._schema.name) else op.decompose if _composite(op) else None
-    if run is None:
-        return f"{target}: torch.onnx has no export for it at opset {OPSET}"
 
     def calling(fn: Any) -> Any:
         def call(*tensors: torch.Tensor) -> Any:
