@@ -7,6 +7,8 @@ declare it at against the newer one.
 - ``fold``: ONNX's ``Col2Im`` against :func:`opsched.ir.ops.aten_onnx.col2im_by_scatter` (what
   segments hold for the dtypes ONNX Runtime's Col2Im lacks), both made by opsched's own export of
   an ``F.fold`` call;
+- ``nearest``: nearest upsampling by 2 (a feature pyramid's), opsched's Resize (given its sizes)
+  against the Gather per axis it falls back to where ONNX's rows are not PyTorch's;
 - ``avg pool``: NASNet's pool (3x3, stride 1, padding not counted, 11 channels: outside ORT's
   blocked layout) declared at opset 18 (AveragePool-11, where segments declare it:
   :data:`opsched.ir.ops.onnx_opsets.OLDEST`) against opset 20 (AveragePool-19).
@@ -96,6 +98,37 @@ def fold_forms(channels: int, size: int, kernel: int) -> tuple[Forms, list[int]]
     return forms, list(cols.shape)
 
 
+def nearest_forms(shape: list[int], scale: int) -> Forms:
+    """opsched's export of nearest upsampling by a whole ``scale`` (a Resize given its sizes),
+    and the Gather per axis that it falls back to where ONNX's rows are not PyTorch's."""
+    x = torch.randn(*shape)
+    graph = from_torch(_Upsample(scale), x)
+    (node,) = [n for n in graph.nodes if "upsample_nearest" in n.attrs.get("target", "")]
+    b = OnnxBuilder(graph)
+    ONNX_FORMS[node.attrs["target"]](b, node)
+    native = b.model([node.inputs[0]], [node.name])
+    made, nodes, inits = "x", [], []
+    for axis in (2, 3):
+        rows = numpy_helper.from_array(np.arange(shape[axis] * scale, dtype=np.int64) // scale, f"rows{axis}")
+        out = "y" if axis == 3 else f"by_rows{axis}"
+        nodes.append(helper.make_node("Gather", [made, rows.name], [out], axis=axis))
+        inits.append(rows)
+        made = out
+    gathers = helper.make_graph(nodes, "gathers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return {"native": native,
+            "gathers": helper.make_model(gathers, opset_imports=[helper.make_opsetid("", OPSET)])}
+
+
+class _Upsample(torch.nn.Module):
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=self.scale, mode="nearest")
+
+
 class _Fold(torch.nn.Module):
     def __init__(self, size: int, kernel: int) -> None:
         super().__init__()
@@ -134,7 +167,8 @@ def main() -> None:
     cases = [("gelu (erf)", gelu_forms("none", [4, 197, 768]), [4, 197, 768]),
              ("gelu (tanh)", gelu_forms("tanh", [4, 197, 768]), [4, 197, 768]),
              ("fold 256x32x32, 2x2 blocks", fold, fold_shape),
-             ("avg pool 3x3 (opset 18 as native)", avg_pool_forms([1, 11, 56, 56]), [1, 11, 56, 56])]
+             ("avg pool 3x3 (opset 18 as native)", avg_pool_forms([1, 11, 56, 56]), [1, 11, 56, 56]),
+             ("nearest x2 (Resize by sizes as native)", nearest_forms([1, 64, 28, 28], 2), [1, 64, 28, 28])]
     rows, records = [], []
     for name, forms, shape in cases:
         med, ratio, diff = race(forms, shape, args.rounds, args.threads)

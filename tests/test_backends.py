@@ -333,7 +333,7 @@ class _Nearest(torch.nn.Module):
 
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
 @pytest.mark.parametrize(("shape", "size", "scale", "forms"), [
-    # a whole ratio: Resize reads PyTorch's rows, and runs 10x faster than Gathers
+    # a whole ratio: Resize reads PyTorch's rows, and runs 60x faster than Gathers (benchmarks/onnx_forms.py)
     ((1, 8, 6, 5), None, 2.0, {"nearest": ["Resize"], "nearest-exact": ["Resize"]}),
     ((1, 2, 4, 6), (12, 18), None, {"nearest": ["Resize"], "nearest-exact": ["Resize"]}),
     # fuzz seed 1167: torch.onnx's Resize of 14 to 16 pixels read other rows, 5.2 off
