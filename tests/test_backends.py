@@ -421,7 +421,7 @@ def test_symbolics_of_later_opsets_are_known_before_any_export() -> None:
     import subprocess
     import sys
 
-    probe = ("from opsched.ir.ops.aten import _has_symbolic; "
+    probe = ("from opsched.ir.ops.aten_export import _has_symbolic; "
              "print([_has_symbolic(n) for n in ('aten::tril', 'aten::grid_sampler', 'aten::hypot')])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[True, True, False]"  # hypot has none at any opset
@@ -671,7 +671,7 @@ def test_a_torch_onnx_export_is_checked_against_the_overload(export: tuple[Any, 
     """torch.onnx's export of one call is run by ONNX Runtime on drawn tensors and compared with
     the overload: a symbolic that computes otherwise, gives another shape or makes a model ONNX
     Runtime refuses is refused, with how."""
-    from opsched.ir.ops.aten import _apart
+    from opsched.ir.ops.aten_export import _apart
     from opsched.ir.types import TensorType
 
     op_type, shape, *attrs = export
@@ -681,15 +681,15 @@ def test_a_torch_onnx_export_is_checked_against_the_overload(export: tuple[Any, 
 
 
 def test_a_call_whose_export_is_refused_by_the_check_runs_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opsched.ir.ops import aten
+    from opsched.ir.ops import aten_export
 
     class Exp(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.exp(x).relu()  # a generic node torch.onnx exports, and one of a family of ours
 
-    monkeypatch.setattr(aten, "_apart", lambda *args, **kwargs: "torch.onnx's export computes otherwise than "
+    monkeypatch.setattr(aten_export, "_apart", lambda *args, **kwargs: "torch.onnx's export computes otherwise than "
                                                                  "the overload on drawn tensors")
-    aten._checked_export.cache_clear()  # signatures checked before, by the real check
+    aten_export._checked_export.cache_clear()  # signatures checked before, by the real check
     try:
         model, x = Exp(), torch.randn(3, 5)
         g = opsched.from_torch(model, x)
@@ -701,7 +701,7 @@ def test_a_call_whose_export_is_refused_by_the_check_runs_with_torch(monkeypatch
                "export computes otherwise than the overload on drawn tensors)" in executor.describe()
         executor.close()
     finally:
-        aten._checked_export.cache_clear()  # nothing refused here is kept for later tests
+        aten_export._checked_export.cache_clear()  # nothing refused here is kept for later tests
 
 
 class _RepeatedWrites(torch.nn.Module):

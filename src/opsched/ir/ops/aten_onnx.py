@@ -1,7 +1,8 @@
 """ONNX forms of the ATen overloads that torch.onnx cannot export and models use often.
 
 A generic ATen node (:mod:`opsched.ir.ops.aten`) exports through its overload's own torch.onnx
-symbolic. These overloads have none at the segments' opset, and each would otherwise cut an ONNX
+symbolic (:mod:`opsched.ir.ops.aten_export`), except where a form here takes its place. These
+overloads have none at the segments' opset, or a wrong one, and each would otherwise cut an ONNX
 Runtime segment: casts (``_to_copy``); the writes an in-place index assignment becomes once
 functionalised (``slice_scatter``, ``select_scatter``, ``fill``, ``copy``), as ScatterElements
 over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.fold`` (``im2col``,
