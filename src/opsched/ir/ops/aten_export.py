@@ -140,8 +140,9 @@ def _export_by(run: Any, target: str, args: Any, kwargs: Any, index: int | None,
 
 
 #: How far a float result of ONNX Runtime may be from the overload's and agree, relative and
-#: absolute, by dtype: far above what two kernels' orders of summation make, far below a wrong export.
-_AGREE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-3, torch.float64: 1e-7}
+#: absolute, by dtype: far above what two kernels' orders of summation make, far below a wrong
+#: export. (No bfloat16: its tensors cannot reach ONNX Runtime's Python API to be checked.)
+_AGREE = {torch.float16: 1e-2, torch.float32: 1e-3, torch.float64: 1e-7}
 
 
 def _apart(model: onnx.ModelProto, call: Kernel, held: tuple[TensorType, ...], fill: int) -> str:
