@@ -122,7 +122,7 @@ def _copy(b: OnnxBuilder, node: Node) -> None:
     output's type and broadcast to its shape."""
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 
-    _tensor_types(b, node, 2)
+    _tensor_types(b, node, 2)  # both operands of a type ONNX holds, else NotExportable
     cast = b.add("Cast", [_operand(b, node, 1)], b.fresh(f"{node.name}_src"), to=ONNX_DTYPES[node.out.dtype])
     b.add("Expand", [cast, b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")], node.name)
 
@@ -245,7 +245,7 @@ def _grid_sample(b: OnnxBuilder, node: Node) -> None:
     """``F.grid_sample`` (``grid_sampler``: deformable attention's sampling, spatial transformers,
     optical flow's warps) as ONNX's GridSample, whose modes, paddings and corner alignment are
     PyTorch's, over images and volumes alike."""
-    _tensor_types(b, node, 2)
+    _tensor_types(b, node, 2)  # both operands of a type ONNX holds, else NotExportable
     how = arguments(node)
     b.add("GridSample", [_operand(b, node, 0), _operand(b, node, 1)], node.name,
           mode=_GRID_MODES[how["interpolation_mode"]], padding_mode=_GRID_PADDINGS[how["padding_mode"]],
