@@ -301,7 +301,11 @@ def main() -> None:
             for model in args.models:
                 if (model, batch, dtype) in have:
                     continue
-                done.append(run(model, batch, dtype, args, cache_dir))
+                try:
+                    done.append(run(model, batch, dtype, args, cache_dir))
+                except Exception as e:  # a model that cannot be built or imported here: said, and the rest go on
+                    print(f"  {model} b{batch} {dtype}: failed: {type(e).__name__}: {e}", flush=True)
+                    continue
                 md, extra = report(done, contenders, args.device)
                 write(name, md, {"rows": done, "device": gpu, **extra}, args.out)
                 if device.type == "cuda":

@@ -15,6 +15,7 @@ profile store) or on the units' analytic presets (``--profiles analytic``).
 
     python benchmarks/heterogeneous.py                      # (a) on the zoo, (b) on cpu-pools
     python benchmarks/heterogeneous.py --measure cpu+cuda   # (b) on a GPU machine
+    python benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda   # (b) alone
 """
 
 from __future__ import annotations
@@ -127,9 +128,30 @@ def measured(models: list[str], where: str, rounds: int, profiles: str,
     return rows, {s: geomean(v) for s, v in ratios.items()}, data
 
 
+def simulated_table(models: list[str], window: int) -> None:
+    """Part (a): the simulated CPU + NPU comparison, written to ``heterogeneous``."""
+    rows, geo, data = simulated(models, window)
+    write_table("heterogeneous", [
+        "# Placement on heterogeneous units (simulated CPU + NPU)", "",
+        "Platform `cpu+npu` (`opsched.cost.units`): a quad Cortex-A53 (38 GFLOP/s peak, a quarter of it on "
+        "convolutions) beside a VTA-like NPU (102 GOP/s, 0.15 ms per call) that runs dense convolutions whose "
+        "channels are multiples of 16; one 2 GB/s DRAM and PartitionTuner's 2 ms switch cost per copy. Makespans "
+        "in ms under the unit simulator (`opsched.schedulers.placed_sim`), batch 1. *cpu*: everything on the CPU. "
+        "*PT vs*: how much faster PartitionTuner's placement is (paper: +5.03% over static on SqueezeNet; over "
+        "profiling-based +7.18% ResNet-50, +5.36% ResNet-18, +2.73% SqueezeNet). *window*: the longest run of "
+        f"operators with at most {window} that both units run, where the exhaustive optimum (every placement, "
+        "topological order per unit) is computable. *PT, paper only*: PartitionTuner without opsched's makespan "
+        "refinement (`refine=0`: the paper's DP and parallel deployment alone).",
+    ], ["model", "cpu", *PLACERS, "PT, paper only", "PT vs static", "PT vs profiled", "window ops", "optimum", "PT",
+        "PT vs optimum"],
+        rows, geo, {"models": data})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=list_models())
+    p.add_argument("--simulated", action=argparse.BooleanOptionalAction, default=True,
+                   help="part (a), the simulated comparison (--no-simulated: part (b) alone)")
     p.add_argument("--window", type=int, default=12, help="operators both units run, per exhaustive window")
     p.add_argument("--measure", default="cpu+cuda" if torch.cuda.is_available() else "cpu-pools",
                    help="the platform of part (b), or 'none'")
@@ -140,21 +162,8 @@ def main() -> None:
     p.add_argument("--cache-dir", help="profile store of part (b)'s measurements (default: a fresh temporary one)")
     args = p.parse_args()
     logging.getLogger("opsched").setLevel(logging.ERROR)
-    rows, geo, data = simulated(args.models, args.window)
-    write_table("heterogeneous", [
-        "# Placement on heterogeneous units (simulated CPU + NPU)", "",
-        "Platform `cpu+npu` (`opsched.cost.units`): a quad Cortex-A53 (38 GFLOP/s peak, a quarter of it on "
-        "convolutions) beside a VTA-like NPU (102 GOP/s, 0.15 ms per call) that runs dense convolutions whose "
-        "channels are multiples of 16; one 2 GB/s DRAM and PartitionTuner's 2 ms switch cost per copy. Makespans "
-        "in ms under the unit simulator (`opsched.schedulers.placed_sim`), batch 1. *cpu*: everything on the CPU. "
-        "*PT vs*: how much faster PartitionTuner's placement is (paper: +5.03% over static on SqueezeNet; over "
-        "profiling-based +7.18% ResNet-50, +5.36% ResNet-18, +2.73% SqueezeNet). *window*: the longest run of "
-        f"operators with at most {args.window} that both units run, where the exhaustive optimum (every placement, "
-        "topological order per unit) is computable. *PT, paper only*: PartitionTuner without opsched's makespan "
-        "refinement (`refine=0`: the paper's DP and parallel deployment alone).",
-    ], ["model", "cpu", *PLACERS, "PT, paper only", "PT vs static", "PT vs profiled", "window ops", "optimum", "PT",
-        "PT vs optimum"],
-        rows, geo, {"models": data})
+    if args.simulated:
+        simulated_table(args.models, args.window)
     if args.measure != "none":
         rows, geo, data = measured(args.measure_models, args.measure, args.rounds, args.profiles,
                                    args.cache_dir or tempfile.mkdtemp(prefix="opsched-units-"))

@@ -351,15 +351,6 @@ def test_cuda_device_is_refused_cleanly_without_a_gpu() -> None:
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
-@pytest.fixture
-def strict_float32() -> Any:
-    """float32 as float32: no TF32 in cuDNN convolutions or matrix products while the test runs."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 ZOO_PRECISIONS = [(name, dtype) for name in list_models() for dtype in ("float32", "float16")] + [
     (name, "bfloat16") for name in ("inception_v3", "nasnet_mobile", "randwire_small")]
 

@@ -122,8 +122,11 @@ def zoo(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, tuple[torch.Te
 
 
 @pytest.mark.parametrize("scheduler", PLACERS)
-@pytest.mark.parametrize("where", ["cpu-pools", "cpu+npu"])
-def test_placed_plans_equal_eager(zoo, scheduler: str, where: str, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("where", ["cpu-pools", "cpu+npu", pytest.param("cpu+cuda", marks=pytest.mark.gpu)])
+def test_placed_plans_equal_eager(zoo, scheduler: str, where: str, caplog: pytest.LogCaptureFixture,
+                                  strict_float32: None) -> None:
+    """On ``cpu+cuda`` the lanes on the GPU take their inputs across (pinned host memory,
+    copies ordered by events) and the plan is compared in strict float32 with the CPU model."""
     model, inputs, graph = zoo
     with caplog.at_level(logging.ERROR):
         module = opsched.optimize_graph(graph, cost=CPU, scheduler=scheduler, platform=where, check=False)

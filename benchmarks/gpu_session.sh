@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: set the image's Python up, run the CUDA tests, then the GPU
+# benchmarks the open issues wait on, in the order given, each stage cut to what is left of the
+# call's time, so a stage that runs long costs the ones after it and never the results before it.
+#
+#   bash benchmarks/gpu_session.sh SECONDS STAGE...
+#   stages: setup tests compile hetero memory corpus standing
+#
+# The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
+# installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
+# which the image lacks) and opsched itself with no dependencies, for the torch.compile entry
+# point. Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the logs and every
+# results file written since the start are packed into $OUT/results.tar.gz, so a call cut short
+# still brings back what was measured. $OUT/session.log says what ran, its exit status and time.
+set -u
+deadline=$(( $(date +%s) + $1 )); shift
+OUT=${OUT:-/tmp/gpu-session}
+logs=/tmp/gpu-session-logs
+mkdir -p "$OUT" "$logs"
+log="$OUT/session.log"
+stamp=$(mktemp)
+export PYTHONUNBUFFERED=1 OPSCHED_CACHE_DIR=/tmp/opsched-cache
+export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+pack() {
+    find docs/results -newer "$stamp" -type f -print0 |
+        tar czf "$OUT/results.tar.gz" --null -T - -C "$(dirname "$logs")" "$(basename "$logs")"
+}
+
+# stage NAME CAP_SECONDS COMMAND...: run COMMAND within CAP seconds or what is left, if less
+stage() {
+    local name=$1 cap=$2 left t0 rc
+    shift 2
+    left=$(( deadline - $(date +%s) - 10 ))
+    if (( left < 30 )); then
+        echo "== $name: skipped, ${left}s left" | tee -a "$log"
+        return
+    fi
+    (( cap > left )) && cap=$left
+    echo "== $name (at most ${cap}s): $*" | tee -a "$log"
+    t0=$(date +%s)
+    timeout -k 10 "$cap" bash -c '"$@"' "$name" "$@" > "$logs/$name.log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc after $(( $(date +%s) - t0 ))s" | tee -a "$log"
+    tail -n 30 "$logs/$name.log" >> "$log"
+    pack
+}
+
+setup() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: src on PYTHONPATH"
+    python3 - <<'EOF'
+import importlib, torch
+for m in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "triton", "numpy"):
+    print(m, getattr(importlib.import_module(m), "__version__", "?"))
+print("cuda", torch.version.cuda, torch.cuda.get_device_name(), torch.backends.cudnn.version())
+import opsched
+from opsched.models import example_inputs, get_model
+model, x = get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1")
+module = opsched.optimize(model, x, device="cuda", scheduler="greedy", cost="analytic")
+print(module.report())
+EOF
+}
+
+tests() {
+    python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --timeout 240 --junitxml /tmp/gpu-session-logs/tests.xml tests
+    python3 -m pytest -q -p no:cacheprovider tests/test_hetero.py -k measured_once
+}
+
+export -f setup tests
+for s in "$@"; do
+    case $s in
+        setup) stage setup 60 setup ;;
+        tests) stage tests 150 tests ;;
+        # issue 22: Inductor segments on streams against torch.compile's modes and the 1-stream graph
+        compile) stage compile 150 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
+            --models googlenet inception_v3 squeezenet1_1 randwire_small resnet50 nasnet_mobile \
+            --contenders graph compile compile-max compile-ro ios opsched-compile --budget 10 --rounds 20 \
+            --name compile-gpu ;;
+        # issue 21: placements across the CPU's cores and the GPU, measured
+        hetero) stage hetero 70 python3 benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda \
+            --measure-models squeezenet1_1 resnet18 googlenet --rounds 7 ;;
+        # issue 20: GraphTurbo's split plans at the batches where activations outgrow the L2
+        memory) stage memory 110 python3 benchmarks/gpu.py --batches 64 128 --dtypes float16 \
+            --models inception_v3 googlenet resnet50 --contenders graph ios graphturbo --budget 10 --rounds 15 \
+            --name memory-gpu ;;
+        # issue 18: the real-model corpus against the single-stream CUDA graph
+        corpus) stage corpus 400 python3 benchmarks/gpu.py --corpus --batches 1 --dtypes float16 \
+            --contenders eager graph sequential optimize --budget 10 --rounds 15 --name corpus-gpu ;;
+        # ../shared/GPU.md item 2: optimize() racing the IOS and est plans
+        standing) stage standing 400 python3 benchmarks/gpu.py --batches 1 --dtypes float32 float16 \
+            --contenders graph ios est optimize --budget 20 --name gpu-race ;;
+        *) echo "unknown stage $s" | tee -a "$log" ;;
+    esac
+done
+pack
+echo "== done, $(( deadline - $(date +%s) ))s to spare" | tee -a "$log"
