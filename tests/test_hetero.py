@@ -257,6 +257,48 @@ def test_units_that_exist_are_measured_once_into_the_profile_store(tmp_path) -> 
         assert_close(ScheduledModule(graph, first)(*x), run_graph(graph, x), "measured placement")
 
 
+def test_every_real_unit_is_measured_on_a_backend_of_its_own_device() -> None:
+    """What ``cost="measured"`` times a unit on: a backend of the unit's device type (the GPU of
+    ``cpu+cuda`` on the CUDA backend; the first GPU run found it asking torch's CPU kernels)."""
+    from opsched.backends import get_backend
+    from opsched.cost.units import platform_names
+
+    for name in platform_names():
+        for unit in platform(name).units:
+            if unit.device is not None:
+                assert get_backend(unit.backend).device_type == torch.device(unit.device).type, (name, unit.name)
+
+
+def test_a_unit_off_the_host_prices_the_graph_with_its_weights_on_its_device() -> None:
+    """A measured unit's model is handed the graph placed on the unit's device (a CUDA
+    backend's replays read their weights there), once per unit; the host's unit gets the graph
+    itself. A stand-in device, ``meta``, plays the GPU."""
+    seen: dict[str, set[str]] = {}
+
+    class Recording:  # a measured model's shape: it prices stages of the graph it is handed
+        key = device = "recording"
+        monotone = True
+
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def stage_latency(self, graph: opsched.Graph, stage: object) -> float:
+            seen.setdefault(self.tag, set()).update(str(p.device) for p in graph.params.values())
+            return 1.0
+
+        def segment_cut(self, graph: opsched.Graph) -> None:
+            return None
+
+    host, far = Recording("cpu"), Recording("far")
+    plat = Platform("host+far", (Unit("cpu", CPU.spec), Unit("far", CPU.spec, device="meta")), Link(1.0))
+    graph = opsched.from_torch(get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1"))
+    costs = UnitCosts(graph, PlatformCost(plat, {"cpu": host, "far": far}))
+    priced = [n.name for n in graph.nodes if not math.isinf(costs.exec_ms(n.name, "far"))]
+    assert priced and seen == {"cpu": {"cpu"}, "far": {"meta"}}
+    assert costs._graph_on(plat.unit("far")) is costs._graph_on(plat.unit("far"))  # placed once
+    assert costs._graph_on(plat.unit("cpu")) is graph
+
+
 def test_optimize_measures_the_units_of_its_platform(tmp_path, monkeypatch) -> None:
     from opsched import api
 

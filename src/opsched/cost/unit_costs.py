@@ -26,6 +26,7 @@ from opsched.cost.units import Platform, Unit, costs_nothing, platform
 from opsched.errors import CostModelError
 from opsched.ir import Graph, op_schema
 from opsched.schedule import Stage
+from opsched.transforms.place import place
 
 __all__ = ["UnitCosts", "PlatformCost", "platform_cost", "resolve_platform"]
 
@@ -93,6 +94,7 @@ class UnitCosts:
     def __init__(self, graph: Graph, cost: PlatformCost) -> None:
         self.graph, self.platform, self.models = graph, cost.platform, cost.models
         self.units: tuple[Unit, ...] = cost.platform.units
+        self._placed: dict[str, Graph] = {}
         self.readers: dict[str, list[str]] = {}
         for node in graph.nodes:
             for v in dict.fromkeys(node.inputs):
@@ -100,6 +102,15 @@ class UnitCosts:
         self._column = {u.name: k for k, u in enumerate(self.units)}
         self._exec = {n.name: tuple(self._price(n.name, u) for u in self.units) for n in graph.nodes}
         self._chains: dict[tuple[tuple[str, ...], str], float] = {}
+
+    def _graph_on(self, unit: Unit) -> Graph:
+        """The graph as ``unit``'s measured model times it: its weights on the unit's device (a
+        GPU's model launches kernels there, as the units backend runs them), placed once."""
+        if unit.device is None or torch.device(unit.device).type == "cpu":
+            return self.graph
+        if unit.name not in self._placed:
+            self._placed[unit.name] = place(self.graph, unit.device)
+        return self._placed[unit.name]
 
     def _price(self, name: str, unit: Unit) -> float:
         node = self.graph.node(name)
@@ -110,7 +121,7 @@ class UnitCosts:
         model = self.models[unit.name]
         if isinstance(model, AnalyticCostModel):
             return model.op_latency(self.graph, node)
-        return model.stage_latency(self.graph, Stage(((name,),)))
+        return model.stage_latency(self._graph_on(unit), Stage(((name,),)))
 
     def exec_ms(self, name: str, unit: str) -> float:
         """``name`` alone on ``unit`` (infinite where the unit cannot run it)."""
@@ -152,7 +163,7 @@ class UnitCosts:
             if isinstance(model, AnalyticCostModel):
                 self._chains[key] = model.fused_latency(self.graph, names)
             else:
-                self._chains[key] = model.stage_latency(self.graph, Stage((names,)))
+                self._chains[key] = model.stage_latency(self._graph_on(self.platform.unit(unit)), Stage((names,)))
         return self._chains[key]
 
     def copy_ms(self, value: str, src: str, dst: str) -> float:

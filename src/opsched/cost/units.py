@@ -190,7 +190,8 @@ def _cpu_pools() -> Platform:
 def _cpu_cuda() -> Platform:
     cpu = Unit("cpu", host_cpu_spec(), device="cpu", cores=os.cpu_count())
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-    gpu = Unit("cuda:0", gpu_spec_named_in(here) or device_spec("H100"), device="cuda:0")
+    # measured as the CUDA backend times stages: captured replays, no launch overhead
+    gpu = Unit("cuda:0", gpu_spec_named_in(here) or device_spec("H100"), device="cuda:0", backend="cuda")
     return Platform("cpu+cuda", (cpu, gpu), Link(gbps=12.0, switch_us=15.0))
 
 
