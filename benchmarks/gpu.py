@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _report import RESULTS, geomean, write  # noqa: E402
+from torch.utils._pytree import tree_map_only  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
@@ -90,7 +91,8 @@ def single_stream_graph(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> 
         for s, t in zip(static, x):
             s.copy_(t)
         graph.replay()
-        return out.clone()
+        # every tensor the model returns, a Hugging Face ModelOutput's too (a registered pytree)
+        return tree_map_only(torch.Tensor, torch.Tensor.clone, out)
     call.model = model  # type: ignore[attr-defined]  # the graph reads the weights in place: keep them
     return call
 
