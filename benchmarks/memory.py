@@ -60,7 +60,7 @@ DEFAULT_CORPUS = ["resnet", "regnet", "mobilenet_v2", "convnext"]
 
 def ablation(graph, preset: str) -> dict[str, dict[str, float]]:  # type: ignore[no-untyped-def]
     """Simulated DRAM bytes and latency of the paper's ablation steps under the hierarchy ``preset``."""
-    grouped, h = graphturbo_groups(graph, GraphTurboOptions(hierarchy=preset), "cpu")
+    grouped, h = graphturbo_groups(graph, GraphTurboOptions(hierarchy=preset, split_when="fits"), "cpu")
     cores = h.cores
     steps = {
         "layer by layer": ([Group((n.name,)) for n in graph.nodes], breadth_first),
@@ -110,8 +110,8 @@ def run(name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], onn
     cost = AnalyticCostModel(host_cpu_spec())
     h = hierarchy(preset)  # the measured one is measured once per process
     plans = {"unsplit": schedule(graph, "sequential", cost),
-             "split": schedule(graph, "graphturbo", cost, max_lanes=h.cores, hierarchy=preset),
-             "split 1 lane": schedule(graph, "graphturbo", cost, max_lanes=1, hierarchy=preset)}
+             "split": schedule(graph, "graphturbo", cost, max_lanes=h.cores, hierarchy=preset, split_when="fits"),
+             "split 1 lane": schedule(graph, "graphturbo", cost, max_lanes=1, hierarchy=preset, split_when="fits")}
     modules = {k: ScheduledModule(graph, s, backend="ort") for k, s in plans.items()}
     feeds = {session.get_inputs()[0].name: inputs[0].numpy()}
     calls = {"ORT session": lambda: session.run(None, feeds),

@@ -204,8 +204,10 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
             if name not in made:
                 made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
         if checked and graph_batch(graph) > 1 and "graphturbo" not in made:
-            # at a batch, the cache-fitting split plan races too: kept only where it runs faster
-            defaults = scheduler_options(["graphturbo"], dev.type, {})["graphturbo"]
+            # at a batch, the cache-fitting split plan races too (every sub-graph whose instances fit
+            # split, the paper's rule, since the estimate misses what smaller kernels lose and gain):
+            # kept only where it runs faster
+            defaults = scheduler_options(["graphturbo"], dev.type, {"split_when": "fits"})["graphturbo"]
             split = schedule(graph, "graphturbo", cost_model, defaults, progress=progress("searching graphturbo"))
             if split.splits:
                 made["graphturbo"] = split

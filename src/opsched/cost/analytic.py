@@ -56,7 +56,7 @@ from opsched.ir import Graph, Node, node_bytes, node_flops, op_schema
 from opsched.ir.ops.conv import merged_conv
 from opsched.schedule import Stage
 
-__all__ = ["AnalyticCostModel", "OpCost"]
+__all__ = ["AnalyticCostModel", "OpCost", "Work", "parallel_work"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +94,7 @@ class AnalyticCostModel:
         s = self.spec
         eff = s.efficiency.get(category, s.efficiency["default"])
         area = max(flops / (s.peak_gflops * 1e6 * eff), nbytes / (s.mem_gbps * 1e6))
-        if category in ("conv", "gemm") and channels:
-            rows = max(elems // channels, 1)
-            tiles = -(-rows // s.tile[0]) * -(-channels // s.tile[1])
-            u = min(1.0, tiles / s.tile_capacity)
-        else:
-            u = min(1.0, max(elems, 1) / s.capacity)
-        return OpCost(area, area / u, s.launch_us / 1e3)
+        return OpCost(area, area / s.occupancy(elems, category, channels), s.launch_us / 1e3)
 
     def op_cost(self, graph: Graph, node: Node) -> OpCost:
         per_graph = self._op_costs.get(graph)
@@ -116,12 +110,8 @@ class AnalyticCostModel:
         if schema.is_view:
             return OpCost(0.0, 0.0, 0.0)
         ins, params = graph.input_types(node), graph.node_param_types(node)
-        category = _category(node)
-        channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1] if node.out.shape else 1  # 0-d
-        # a reduction's threads share out its input, not its (small) output: a global average pool
-        # of 4 channels over 64x64 keeps 16,384 threads busy, not 4
-        parallel = sum(t.numel for t in ins) if category == "reduce" else node.out.numel
-        return self._cost(node_flops(node, ins, params), node_bytes(node, ins, params), parallel, category, channels)
+        w = parallel_work(graph, node)
+        return self._cost(node_flops(node, ins, params), node_bytes(node, ins, params), w.elems, w.category, w.channels)
 
     def _merged_cost(self, graph: Graph, stage: Stage) -> OpCost:
         spec = merged_conv(graph, stage.nodes)
@@ -194,6 +184,27 @@ class AnalyticCostModel:
             issue = sum(c.launch_ms for g in costs for c in g)
             return max(issue, chains, area) + sync
         return max(chains, area) + sync
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """How an operator's work spreads over a device (:meth:`DeviceSpec.occupancy`): its
+    efficiency class, its output channels (the tiles' columns) and the elements its threads
+    share out."""
+
+    category: str
+    channels: int
+    elems: int
+
+
+def parallel_work(graph: Graph, node: Node) -> Work:
+    """``node``'s :class:`Work`."""
+    category = _category(node)
+    channels = node.out.shape[1] if node.op == "conv2d" else node.out.shape[-1] if node.out.shape else 1  # 0-d
+    # a reduction's threads share out its input, not its (small) output: a global average pool
+    # of 4 channels over 64x64 keeps 16,384 threads busy, not 4
+    elems = sum(t.numel for t in graph.input_types(node)) if category == "reduce" else node.out.numel
+    return Work(category, channels, elems)
 
 
 def _category(node: Node) -> str:

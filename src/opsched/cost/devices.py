@@ -60,13 +60,16 @@ class DeviceSpec:
     overlap: float = 0.5
     cut_us: float = 0.0
 
-    @property
-    def capacity(self) -> int:
-        return self.slots * self.saturation
-
-    @property
-    def tile_capacity(self) -> int:
-        return self.slots * self.tiles_per_slot
+    def occupancy(self, elems: int, category: str, channels: int = 0, slots: int | None = None) -> float:
+        """The fraction of ``slots`` slots (None: all of them) an operator alone keeps busy: a
+        tiled one (dense convolution, GEMM, with ``channels`` output channels over ``elems``
+        output elements) by its tiles, any other by ``elems``, the elements its threads share."""
+        n = self.slots if slots is None else slots
+        if category in ("conv", "gemm") and channels:
+            rows = max(elems // channels, 1)
+            tiles = -(-rows // self.tile[0]) * -(-channels // self.tile[1])
+            return min(1.0, tiles / (n * self.tiles_per_slot))
+        return min(1.0, max(elems, 1) / (n * self.saturation))
 
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (

@@ -72,13 +72,16 @@ class Hierarchy:
     """A device's levels, fastest first, the last unbounded; ``fit`` names the level an
     instance's live activations must fit (a core's L2 on a CPU, the L2 on a GPU); ``cores``
     are the units instances are bound to (CPU cores; 1 on a GPU, whose instances use every SM);
-    ``device`` the analytic preset that prices an instance's compute."""
+    ``device`` the analytic preset that prices an instance's compute; ``slots_per_core`` how
+    many of its slots one core drives (1 on a CPU; every SM on a GPU, where one lane's kernels
+    spread over the whole chip)."""
 
     name: str
     cores: int
     levels: tuple[MemoryLevel, ...]
     fit: str
     device: DeviceSpec
+    slots_per_core: int = 1
 
     def __post_init__(self) -> None:
         names = [lv.name for lv in self.levels]
@@ -89,8 +92,21 @@ class Hierarchy:
         if self.fit not in names[:-1]:
             raise CostModelError(f"hierarchy {self.name!r}: instances must fit a bounded level, one of "
                                  f"{names[:-1]}; got {self.fit!r}")
-        if self.cores < 1:
-            raise CostModelError(f"hierarchy {self.name!r}: cores must be at least 1, got {self.cores}")
+        if self.cores < 1 or self.slots_per_core < 1:
+            raise CostModelError(f"hierarchy {self.name!r}: cores and slots per core must be at least 1, got "
+                                 f"{self.cores} and {self.slots_per_core}")
+
+    def slots(self, cores: int = 1) -> int:
+        """The device's slots (SMs, CPU cores) that ``cores`` of its cores drive."""
+        return cores * self.slots_per_core
+
+    def gflops(self, cores: int = 1) -> float:
+        """The peak compute of ``cores`` cores."""
+        return self.device.peak_gflops * self.slots(cores) / max(self.device.slots, 1)
+
+    def share_gbps(self, level: MemoryLevel, cores: int = 1) -> float:
+        """The bandwidth of ``level`` that ``cores`` cores get (a shared level split evenly)."""
+        return level.bandwidth_gbps * min(self.slots(cores), level.shared_by) / level.shared_by
 
     def level(self, name: str) -> MemoryLevel:
         for lv in self.levels:
@@ -250,7 +266,7 @@ def _gpu(name: str, sms: int, smem_kib: int, l2_mib: int, l2_gbps: float, hbm_gb
         levels = (MemoryLevel("SMEM", smem_kib * KIB, 128.0 * 1.5, 1, persists=False),  # ~128 B/clk/SM, ~1.5 GHz
                   MemoryLevel("L2", l2_mib * MIB, l2_gbps, sms),
                   MemoryLevel("HBM", None, hbm_gbps, sms))
-        return Hierarchy(name, 1, levels, "L2", DEVICES[name])
+        return Hierarchy(name, 1, levels, "L2", DEVICES[name], slots_per_core=sms)
     return make
 
 

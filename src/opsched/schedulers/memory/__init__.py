@@ -11,7 +11,7 @@ The ``graphturbo`` scheduler (:mod:`opsched.schedulers.graphturbo`) puts them to
 """
 
 from opsched.schedulers.memory.binding import ALL, Binding, bind
-from opsched.schedulers.memory.grouping import estimate_ms, group_nodes, singletons
+from opsched.schedulers.memory.grouping import estimate_ms, group_nodes, singletons, split_pays
 from opsched.schedulers.memory.instances import PIECE, Group, InstanceDag, Unit, instance_dag
 from opsched.schedulers.memory.order import breadth_first, depth_first
 from opsched.schedulers.memory.splitinfo import SplitInfo, divisors, instance_peak, split_info
@@ -20,5 +20,5 @@ from opsched.schedulers.memory.traffic import Traffic, simulate
 __all__ = [
     "ALL", "Binding", "Group", "InstanceDag", "PIECE", "SplitInfo", "Traffic", "Unit", "bind", "breadth_first",
     "depth_first", "divisors", "estimate_ms", "group_nodes", "instance_dag", "instance_peak", "simulate",
-    "singletons", "split_info",
+    "singletons", "split_info", "split_pays",
 ]

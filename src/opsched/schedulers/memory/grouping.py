@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from opsched._toposort import topological_order
+from opsched.cost.analytic import parallel_work
 from opsched.cost.hierarchy import Hierarchy
 from opsched.ir import Graph
 from opsched.ir.schema import node_flops, op_schema
 from opsched.schedulers.memory.instances import Group
-from opsched.schedulers.memory.splitinfo import SplitInfo, read_outside, split_info
+from opsched.schedulers.memory.splitinfo import SplitInfo, instance_peak, read_outside, split_info
 
-__all__ = ["group_nodes", "estimate_ms", "singletons"]
+__all__ = ["group_nodes", "estimate_ms", "split_pays", "singletons"]
 
 
 def singletons(graph: Graph) -> list[Group]:
@@ -37,45 +38,52 @@ def singletons(graph: Graph) -> list[Group]:
 
 
 def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: Hierarchy) -> float:
-    """A sub-graph's time on one core under the hierarchy: compute (recomputed halos included),
-    plus bytes over the bandwidth of the level they live in, plus a dispatch per node and
-    instance. Values made and read inside
-    live in the fit level where the instances fit; values read from or read outside, and the
-    weights (read once per instance), in the first level below that holds them whole."""
+    """A sub-graph's time on one core under the hierarchy: per node, compute (recomputed halos
+    included) plus bytes over the bandwidth of the level they live in, over the share of the
+    core's slots one instance of the node keeps busy; plus the weights, read once per instance,
+    and a dispatch per node and instance. Values made and read inside live in the fit level
+    where the instances fit; values read from or read outside, and the weights, in the first
+    level below that holds them whole."""
     inside = set(nodes)
     spec = hierarchy.device
-    core_flops = spec.peak_gflops * 1e9 / max(spec.slots, 1)
     fit_at = hierarchy.levels.index(hierarchy.fit_level)
 
     def level_gbps(nbytes: int) -> float:
         for lv in hierarchy.levels[fit_at + 1:]:
             if lv.capacity is None or nbytes <= lv.capacity:
-                return lv.bandwidth_gbps / lv.shared_by
-        return hierarchy.dram.bandwidth_gbps / hierarchy.dram.shared_by
+                return hierarchy.share_gbps(lv)
+        return hierarchy.share_gbps(hierarchy.dram)
 
-    fit_gbps = hierarchy.fit_level.bandwidth_gbps if info.fits else 0.0
+    fit_gbps = hierarchy.share_gbps(hierarchy.fit_level) if info.fits else 0.0
     exported = read_outside(graph, inside)
-    seconds, compute, weights = 0.0, 0.0, 0
+    seconds, weights = 0.0, 0
     for v in nodes:
         node = graph.node(v)
         ins = graph.input_types(node)
         params = graph.node_param_types(node)
-        category = op_schema(node.op).category
-        compute += node_flops(node, ins, params) / (core_flops * spec.efficiency.get(category,
-                                                                                     spec.efficiency["default"]))
+        w = parallel_work(graph, node)
+        alone = node_flops(node, ins, params) * info.recompute / (
+            hierarchy.gflops() * 1e9 * spec.efficiency.get(w.category, spec.efficiency["default"]))
         weights += sum(t.nbytes for t in params)
         for x, t in zip(node.inputs, ins):
             internal = x in inside and fit_gbps
-            seconds += t.nbytes / ((fit_gbps if internal else level_gbps(t.nbytes)) * 1e9)
+            alone += t.nbytes / ((fit_gbps if internal else level_gbps(t.nbytes)) * 1e9)
         out = node.out.nbytes
-        if v in exported or not fit_gbps:
-            seconds += out / (level_gbps(out) * 1e9)
-        else:
-            seconds += out / (fit_gbps * 1e9)
-    seconds += compute * info.recompute
+        alone += out / ((level_gbps(out) if v in exported or not fit_gbps else fit_gbps) * 1e9)
+        seconds += alone / spec.occupancy(max(w.elems // info.factor, 1), w.category, w.channels, hierarchy.slots())
     seconds += info.factor * weights / (level_gbps(weights) * 1e9)
     seconds += info.factor * len(nodes) * spec.launch_us * 1e-6
     return seconds * 1e3
+
+
+def split_pays(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: Hierarchy) -> bool:
+    """Whether ``info``'s instances cost less under :func:`estimate_ms` than the sub-graph run
+    whole, its values then in the levels below the fit level. On a GPU it may not: instances of
+    a slice of the batch leave SMs idle that the whole batch keeps busy."""
+    if info.factor == 1:
+        return True
+    whole = SplitInfo(1, instance_peak(graph, nodes), False)
+    return estimate_ms(graph, nodes, info, hierarchy) < estimate_ms(graph, nodes, whole, hierarchy)
 
 
 def group_nodes(graph: Graph, hierarchy: Hierarchy, *, max_factor: int | None = None,

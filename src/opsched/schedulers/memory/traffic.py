@@ -12,7 +12,9 @@ slice of the batch) reads its source. A value larger than a level passes it by.
 
 A node takes its compute time (its FLOPs at the device preset's efficiency for its category, on
 its core or on all of them) plus, per level, its bytes over the level's bandwidth (a shared
-level's split among the cores that share it). A unit starts when its core is free and the units
+level's split among the cores that share it), over the fraction of those cores' slots it
+keeps busy (the analytic model's occupancy: an instance of a fraction of the batch may leave
+most of a GPU's SMs idle). A unit starts when its core is free and the units
 it reads are done. This is a model for comparing orders and groupings (tests, the ablation, the
 picture), not a prediction of milliseconds.
 """
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from opsched.cost.analytic import parallel_work
 from opsched.cost.hierarchy import Hierarchy, MemoryLevel
 from opsched.ir import Graph, Node
 from opsched.ir.schema import node_flops, op_schema
@@ -96,9 +99,7 @@ class _Simulation:
         self.caches = [[_Lru(lv) for lv in self.private] + shared for _ in range(hierarchy.cores)]
         self.bytes = {lv.name: 0 for lv in hierarchy.levels}
         self.by_group: dict[int, dict[str, int]] = {}
-        spec = hierarchy.device
-        self.core_flops = spec.peak_gflops * 1e9 / max(spec.slots, 1)
-        self.efficiency = spec.efficiency
+        self.efficiency = hierarchy.device.efficiency
         self.readers: dict[str, int] = {}
         self.keep: set[str] = set()
         self.source: dict[str, str] = {}  # a view -> the value whose memory it reads
@@ -178,14 +179,9 @@ class _Simulation:
     def _seconds(self, node: Node, moved: Mapping[str, int], core: int) -> float:
         ins = [self.g.types[x] for x in node.inputs]
         params = [self.g.param_types[p] for p in node.params]
-        category = op_schema(node.op).category
-        if category == "conv" and node.attr("groups", 1) > 1:
-            category = "depthwise"
+        w = parallel_work(self.g, node)
         cores = self.h.cores if core == ALL else 1
-        compute = node_flops(node, ins, params) / (self.core_flops * cores * self.efficiency.get(
-            category, self.efficiency["default"]))
-        memory = 0.0
-        for lv in self.h.levels:
-            share = lv.bandwidth_gbps * 1e9 * min(cores, lv.shared_by) / lv.shared_by
-            memory += moved[lv.name] / share
-        return compute + memory
+        compute = node_flops(node, ins, params) / (self.h.gflops(cores) * 1e9 * self.efficiency.get(
+            w.category, self.efficiency["default"]))
+        memory = sum(moved[lv.name] / (self.h.share_gbps(lv, cores) * 1e9) for lv in self.h.levels)
+        return (compute + memory) / self.h.device.occupancy(w.elems, w.category, w.channels, self.h.slots(cores))
