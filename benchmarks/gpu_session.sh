@@ -4,14 +4,22 @@
 # call's time, so a stage that runs long costs the ones after it and never the results before it.
 #
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
-#   stages: setup tests compile hetero memory corpus standing
+#   stages: setup tests tests-inductor compile compile-max hetero memory corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
 # which the image lacks) and opsched itself with no dependencies, for the torch.compile entry
-# point. Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the logs and every
-# results file written since the start are packed into $OUT/results.tar.gz, so a call cut short
-# still brings back what was measured. $OUT/session.log says what ran, its exit status and time.
+# point. Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the
+# logs and every results file written since the start are packed into $OUT/results.tar.gz, so
+# a call cut short still brings back what was measured. $OUT/session.log says what ran, its
+# exit status and time.
+#
+# What the first use taught (H200, 2026-11-25): a session's 900 s of device time is one call of
+# about 590 s and, issued at once while the machine is warm (30 s), one of about 250 s; a start
+# cost about 30 s. The CUDA tests took longer than both: 18 of 55 finished in 400 s under
+# `-n 8`/`-n 12`, most of it in the tests that compile every lane segment with Inductor, so
+# those run as a stage of their own, last. torch.compile's max-autotune spent over 150 s on
+# GoogLeNet alone: it is a stage of its own too. The setup stage took 26 s.
 set -u
 deadline=$(( $(date +%s) + $1 )); shift
 OUT=${OUT:-/tmp/gpu-session}
@@ -63,21 +71,36 @@ print(module.report())
 EOF
 }
 
-tests() {
-    python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider --timeout 240 --junitxml /tmp/gpu-session-logs/tests.xml tests
-    python3 -m pytest -q -p no:cacheprovider tests/test_hetero.py -k measured_once
+# pytest, on the GPU's tests: one line per test as it ends (a call cut short still says which
+# passed), the slowest named, two intra-op threads per worker so the workers do not starve
+# each other of the 16 cores
+gpu_pytest() {
+    OMP_NUM_THREADS=2 python3 -m pytest -v -p no:cacheprovider -p no:benchmark --timeout 240 --durations 15 "$@"
 }
 
-export -f setup tests
+tests() {
+    gpu_pytest -n 8 -m gpu -k "not inductor" tests
+    gpu_pytest tests/test_hetero.py -k measured_once
+}
+
+tests_inductor() {
+    gpu_pytest -n 6 -m gpu -k inductor tests
+}
+
+export -f setup gpu_pytest tests tests_inductor
 for s in "$@"; do
     case $s in
         setup) stage setup 60 setup ;;
-        tests) stage tests 150 tests ;;
+        tests) stage tests 240 tests ;;
+        tests-inductor) stage tests-inductor 240 tests_inductor ;;
         # issue 22: Inductor segments on streams against torch.compile's modes and the 1-stream graph
-        compile) stage compile 150 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
-            --models googlenet inception_v3 squeezenet1_1 randwire_small resnet50 nasnet_mobile \
-            --contenders graph compile compile-max compile-ro ios opsched-compile --budget 10 --rounds 20 \
+        compile) stage compile 200 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
+            --models squeezenet1_1 googlenet randwire_small inception_v3 resnet50 nasnet_mobile \
+            --contenders graph compile compile-ro ios opsched-compile --budget 10 --rounds 20 \
             --name compile-gpu ;;
+        compile-max) stage compile-max 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
+            --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
+            --rounds 20 --name compile-max-gpu ;;
         # issue 21: placements across the CPU's cores and the GPU, measured
         hetero) stage hetero 70 python3 benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda \
             --measure-models squeezenet1_1 resnet18 googlenet --rounds 7 ;;
