@@ -49,3 +49,21 @@ def test_the_generator_is_deterministic_and_varied() -> None:
                      "resize", "pad", "reshape", "linear", "reduce"}
     sizes = [len(FuzzNet(seed).steps) for seed in range(40)]
     assert min(sizes) >= 9 and max(sizes) <= 66 and len(set(sizes)) > 10
+
+
+def test_an_export_that_runs_away_is_stopped_and_named() -> None:
+    """The deadline around torch.onnx's export (which ran away on seed 73069): a block past it
+    raises a TimeoutError naming what ran long, and the timer is gone afterwards."""
+    import signal
+    import time
+
+    from opsched.testing.fuzz_check import _deadline
+
+    with pytest.raises(TimeoutError, match="the exporter ran past 0 s"), _deadline(0.05, "the exporter"):
+        end = time.perf_counter() + 5
+        while time.perf_counter() < end:
+            pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with _deadline(5, "a quick block"):
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

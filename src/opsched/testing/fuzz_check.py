@@ -9,10 +9,13 @@ a named error is ``refused``, not a failure. ``benchmarks/fuzz.py`` tallies many
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import tempfile
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,33 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
     return out
 
 
+#: How long torch.onnx may take to export one fuzz model (they take well under a second): its
+#: TorchScript exporter can run away on a random graph (seed 73069: minutes, and all of a 24 GiB
+#: machine's memory), which then counts as the exporter's refusal.
+EXPORT_SECONDS = 60.0
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise TimeoutError in the block once ``seconds`` have passed (at the next Python line it
+    runs: the exporter calls back into Python for every node). Only where a timer signal can
+    be had: on Unix, in the main thread; elsewhere the block runs unbounded."""
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"{what} ran past {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
     """The model's torch.onnx export; raises where ONNX Runtime cannot run the file either (the
     exporter bakes sizes from ONNX's shape inference into Reshape targets, and ONNX's rule for a
@@ -102,7 +132,7 @@ def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
     import onnx
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _deadline(EXPORT_SECONDS, "torch.onnx.export"):
         path = Path(tmp) / "model.onnx"
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"])
         proto = onnx.load(path)
