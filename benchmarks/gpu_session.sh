@@ -9,7 +9,9 @@
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
 # which the image lacks) and opsched itself with no dependencies, for the torch.compile entry
-# point. Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the
+# point. Fetch the wheel here first, and name .whl in the device call's carry:
+#   echo /.whl/ >> .git/info/exclude
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl platformdirs==4.12.2 Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the
 # logs and every results file written since the start are packed into $OUT/results.tar.gz, so
 # a call cut short still brings back what was measured. $OUT/session.log says what ran, its
 # exit status and time.
