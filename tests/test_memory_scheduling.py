@@ -44,6 +44,7 @@ from opsched.schedulers import schedule
 from opsched.schedulers.memory import (
     ALL,
     Group,
+    SplitInfo,
     bind,
     breadth_first,
     depth_first,
@@ -382,9 +383,8 @@ def test_split_when_pays_keeps_the_splits_the_estimate_prices_below_the_whole_su
     fits = schedule(g, "graphturbo", AnalyticCostModel("V100"), hierarchy="V100", split_when="fits")
     assert fits.splits and len(paid.splits) < len(fits.splits)
     for nodes, info in group_nodes(g, h):
-        split = info.fits and info.factor > 1
-        whole = dataclasses.replace(info, factor=1, fits=False)
-        assert split_pays(g, nodes, info, h) == (not split or estimate_ms(g, nodes, info, h) <
+        whole = SplitInfo(1, instance_peak(g, nodes), False)
+        assert split_pays(g, nodes, info, h) == (info.factor == 1 or estimate_ms(g, nodes, info, h) <
                                                  estimate_ms(g, nodes, whole, h))
     with pytest.raises(ScheduleError, match="split_when of scheduler 'graphturbo' must be one of"):
         schedule(g, "graphturbo", AnalyticCostModel("V100"), split_when="always")

@@ -92,8 +92,7 @@ class AnalyticCostModel:
 
     def _cost(self, flops: int, nbytes: int, elems: int, category: str, channels: int = 0) -> OpCost:
         s = self.spec
-        eff = s.efficiency.get(category, s.efficiency["default"])
-        area = max(flops / (s.peak_gflops * 1e6 * eff), nbytes / (s.mem_gbps * 1e6))
+        area = max(flops / (s.peak_gflops * 1e6 * s.efficiency_of(category)), nbytes / (s.mem_gbps * 1e6))
         return OpCost(area, area / s.occupancy(elems, category, channels), s.launch_us / 1e3)
 
     def op_cost(self, graph: Graph, node: Node) -> OpCost:
@@ -141,8 +140,7 @@ class AnalyticCostModel:
         nbytes = -2 * sum(n.out.nbytes for n in nodes[:-1])
         for n in nodes:
             ins, params = graph.input_types(n), graph.node_param_types(n)
-            eff = s.efficiency.get(_category(n), s.efficiency["default"])
-            compute += node_flops(n, ins, params) / (s.peak_gflops * 1e6 * eff)
+            compute += node_flops(n, ins, params) / (s.peak_gflops * 1e6 * s.efficiency_of(_category(n)))
             nbytes += node_bytes(n, ins, params)
         head = self.op_cost(graph, nodes[0])
         occupancy = head.area_ms / head.exec_ms if head.exec_ms else 1.0

@@ -60,6 +60,10 @@ class DeviceSpec:
     overlap: float = 0.5
     cut_us: float = 0.0
 
+    def efficiency_of(self, category: str) -> float:
+        """The fraction of peak an operator of ``category`` reaches (the default's where unlisted)."""
+        return self.efficiency.get(category, self.efficiency["default"])
+
     def occupancy(self, elems: int, category: str, channels: int = 0, slots: int | None = None) -> float:
         """The fraction of ``slots`` slots (None: all of them) an operator alone keeps busy: a
         tiled one (dense convolution, GEMM, with ``channels`` output channels over ``elems``

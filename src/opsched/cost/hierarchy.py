@@ -104,6 +104,10 @@ class Hierarchy:
         """The peak compute of ``cores`` cores."""
         return self.device.peak_gflops * self.slots(cores) / max(self.device.slots, 1)
 
+    def compute_s(self, flops: float, category: str, cores: int = 1) -> float:
+        """Seconds of ``flops`` on ``cores`` cores at the device's efficiency for ``category``."""
+        return flops / (self.gflops(cores) * 1e9 * self.device.efficiency_of(category))
+
     def share_gbps(self, level: MemoryLevel, cores: int = 1) -> float:
         """The bandwidth of ``level`` that ``cores`` cores get (a shared level split evenly)."""
         return level.bandwidth_gbps * min(self.slots(cores), level.shared_by) / level.shared_by

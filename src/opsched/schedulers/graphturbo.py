@@ -27,9 +27,17 @@ from opsched.cost.measured import Calibrations
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
 from opsched.schedule import Schedule
-from opsched.schedulers.memory import Group, bind, breadth_first, depth_first, group_nodes, instance_dag, simulate
-from opsched.schedulers.memory.grouping import split_pays
-from opsched.schedulers.memory.splitinfo import SplitInfo
+from opsched.schedulers.memory import (
+    Group,
+    SplitInfo,
+    bind,
+    breadth_first,
+    depth_first,
+    group_nodes,
+    instance_dag,
+    simulate,
+    split_pays,
+)
 from opsched.schedulers.registry import Progress, SchedulerSpec, laned, option, positive, register
 
 __all__ = ["GraphTurboOptions", "graphturbo_groups"]
@@ -71,6 +79,7 @@ def graphturbo_groups(graph: Graph, options: GraphTurboOptions, device: str,
     if options.max_lanes is not None:
         h = dataclasses.replace(h, cores=options.max_lanes)
     found = group_nodes(graph, h, max_factor=options.max_factor, max_rounds=64 if options.grouping else 0)
+
     def split(nodes: tuple[str, ...], info: SplitInfo) -> bool:
         return options.split and info.fits and (options.split_when == "fits" or split_pays(graph, nodes, info, h))
 

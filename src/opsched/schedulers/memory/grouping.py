@@ -62,8 +62,7 @@ def estimate_ms(graph: Graph, nodes: Sequence[str], info: SplitInfo, hierarchy: 
         ins = graph.input_types(node)
         params = graph.node_param_types(node)
         w = parallel_work(graph, node)
-        alone = node_flops(node, ins, params) * info.recompute / (
-            hierarchy.gflops() * 1e9 * spec.efficiency.get(w.category, spec.efficiency["default"]))
+        alone = hierarchy.compute_s(node_flops(node, ins, params) * info.recompute, w.category)
         weights += sum(t.nbytes for t in params)
         for x, t in zip(node.inputs, ins):
             internal = x in inside and fit_gbps

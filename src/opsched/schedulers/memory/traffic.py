@@ -99,7 +99,6 @@ class _Simulation:
         self.caches = [[_Lru(lv) for lv in self.private] + shared for _ in range(hierarchy.cores)]
         self.bytes = {lv.name: 0 for lv in hierarchy.levels}
         self.by_group: dict[int, dict[str, int]] = {}
-        self.efficiency = hierarchy.device.efficiency
         self.readers: dict[str, int] = {}
         self.keep: set[str] = set()
         self.source: dict[str, str] = {}  # a view -> the value whose memory it reads
@@ -181,7 +180,6 @@ class _Simulation:
         params = [self.g.param_types[p] for p in node.params]
         w = parallel_work(self.g, node)
         cores = self.h.cores if core == ALL else 1
-        compute = node_flops(node, ins, params) / (self.h.gflops(cores) * 1e9 * self.efficiency.get(
-            w.category, self.efficiency["default"]))
+        compute = self.h.compute_s(node_flops(node, ins, params), w.category, cores)
         memory = sum(moved[lv.name] / (self.h.share_gbps(lv, cores) * 1e9) for lv in self.h.levels)
         return (compute + memory) / self.h.device.occupancy(w.elems, w.category, w.channels, self.h.slots(cores))
