@@ -329,6 +329,27 @@ def test_placed_schedule_round_trips_and_reruns(tmp_path) -> None:
         assert_close(ScheduledModule(graph, again)(*inputs), model(*inputs), "reloaded placed schedule")
 
 
+def test_outputs_made_off_the_host_are_copied_back_to_it() -> None:
+    """A model output made on a unit with memory of its own comes back to the default unit by a
+    copy on the lane that made it (on ``cpu+cuda`` a GPU lane's output would otherwise come back
+    on ``cuda:0``); an output made on the host is returned as made, with no copy."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 1)).eval()
+    x = torch.randn(1, 16, 8, 8)
+    graph = opsched.from_torch(model, (x,))
+    first, second = (n.name for n in graph.nodes)
+    on_npu = Schedule(graph.structural_hash(), (Lane((first, second), "npu"),), options={"platform": "cpu+npu"})
+    back_on_cpu = Schedule(graph.structural_hash(), (Lane((first,), "npu"), Lane((second,), "cpu")),
+                           waits=((second, first),), options={"platform": "cpu+npu"})
+    for sched, copies_back in [(on_npu, 1), (back_on_cpu, 0)]:
+        module = ScheduledModule(graph, sched)
+        labels = [it.label for phase in module.executor.program.phases for lane in phase for it in lane]
+        assert labels.count(f"copy {graph.outputs[0]} npu->cpu") == copies_back, labels
+        with torch.no_grad():
+            out = module(x)
+            assert_close(out, model(x), "an output made on the NPU")
+            assert out.device == x.device
+
+
 def test_bad_platforms_and_placements_are_named() -> None:
     graph = random_dag(6, 0)
     with pytest.raises(CostModelError, match="no platform 'cpu.gpu'"):

@@ -6,7 +6,10 @@ stream of its own). Where a step reads a value made on a unit whose memory it ca
 copy item runs first on the reader's lane, after the producer (the producer's event), into a
 slot of its own that later readers on that unit share; a value is copied once per unit. A
 copy to a GPU is non-blocking; a GPU step whose value another lane reads, and the last step
-of a GPU lane in a phase, synchronise its stream before the lane signals them. Pools of one
+of a GPU lane in a phase, synchronise its stream before the lane signals them. The module's
+inputs and outputs live on the platform's default unit (the host): a model output made on a
+unit of its own memory is copied back by the lane that made it, as the placement simulator
+prices it, so a placed module returns what the model returns, where it returns it. Pools of one
 CPU share its memory: nothing is copied, and each lane of a phase gets its share of the cores
 (torch's intra-op threads are process-wide, so a pool is a share, not a pinned set).
 
@@ -58,6 +61,7 @@ class _Builder:
         self.streams: dict[str, Any] = {}
         self.home = {slot: p.default for slot in plan.input_slots}  # slot -> unit that made it
         self.shadow: dict[tuple[int, str], int] = {}  # (slot, unit) -> its copy's slot
+        self.returned: dict[int, int] = {}  # an output slot made off the host -> its copy's slot there
         self.last_read: dict[int, int] = {}  # a copy's slot -> the last phase that reads it
         self.n_slots = len(plan.slot_names)
         self.n_items = len(plan.steps)
@@ -96,12 +100,12 @@ class _Builder:
         frees = [list(phase.frees) for phase in self.plan.phases]
         for copy, k in self.last_read.items():  # a copy lives until its unit's last reader's phase ends
             frees[k].append(copy)
+        outputs = tuple(self.returned.get(slot, slot) for slot in self.plan.output_slots)
         return Program(tuple(phases), tuple(tuple(f) for f in frees), self.n_items, self.n_slots,
-                       self.plan.input_slots, self.plan.output_slots)
+                       self.plan.input_slots, outputs)
 
     def _items(self, k: int, li: int, s: int, unit: str, last: bool) -> Iterator[Item]:
         step = self.plan.steps[s]
-        device = _unit_device(self.p, unit)
         inputs = []
         for slot in step.inputs:
             src = self.home[slot]
@@ -109,11 +113,8 @@ class _Builder:
                 inputs.append(slot)
                 continue
             if (slot, unit) not in self.shadow:
-                self.shadow[(slot, unit)] = target = self.n_slots
-                self.n_slots += 1
-                yield Item(self._new_item(), f"copy {self.plan.slot_names[slot]} {src}->{unit}", COPY_OP,
-                           _copy(slot, target, device, emulate=self.p.unit(unit).device is None),
-                           step.waits, "data")
+                self.shadow[(slot, unit)] = target = self._new_slot()
+                yield self._copy_item(slot, target, src, unit, step.waits)
             inputs.append(self.shadow[(slot, unit)])
             self.last_read[self.shadow[(slot, unit)]] = k
         bound = dataclasses.replace(step, inputs=tuple(inputs))
@@ -123,10 +124,26 @@ class _Builder:
                              any(where != (k, li) for where in self.readers_lane.get(slot, ()))
                              for slot in step.outputs)
         yield Item(s, step.label, step.op, _run_on(kernel, stream, shared), step.waits, step_category(step))
+        host = self.p.default
+        for slot in step.outputs:
+            if slot in self.plan.output_slots and slot not in self.returned and not self.p.shares_memory(unit, host):
+                self.returned[slot] = target = self._new_slot()
+                yield self._copy_item(slot, target, unit, host, ())  # after the step, on its lane
+
+    def _copy_item(self, slot: int, target: int, src: str, dst: str, waits: tuple[int, ...]) -> Item:
+        """Copies ``slot`` (made on ``src``) into ``target`` on ``dst``; an emulated unit's side
+        of the copy is the host's memory, so its copies are clones."""
+        emulate = self.p.unit(dst).device is None or self.p.unit(src).device is None
+        return Item(self._new_item(), f"copy {self.plan.slot_names[slot]} {src}->{dst}", COPY_OP,
+                    _copy(slot, target, _unit_device(self.p, dst), emulate), waits, "data")
 
     def _new_item(self) -> int:
         self.n_items += 1
         return self.n_items - 1
+
+    def _new_slot(self) -> int:
+        self.n_slots += 1
+        return self.n_slots - 1
 
 
 def _copy(src: int, dst: int, device: torch.device, emulate: bool) -> Callable[[list[Any]], None]:
