@@ -1,8 +1,9 @@
 """GPU benchmark: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile.
 
 For every zoo model, batch size and precision, in one process, interleaved (a fresh order each
-round) after warm-up, each
-call timed with CUDA events: eager PyTorch; the same model captured into a single-stream CUDA
+round) after warm-up, each contender's turn one untimed call and ``--block`` calls each timed with
+CUDA events, its sample their median (a batch-1 call takes 0.1-1 ms, and single calls, one a turn,
+spread by up to 30% between rounds on an H200): eager PyTorch; the same model captured into a single-stream CUDA
 graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
 ``torch.compile`` (default, max-autotune and reduce-overhead); opsched's sequential, greedy,
 IOS, ``est`` and ``graphturbo`` schedules, each run by the CUDA executor with the whole plan
@@ -198,7 +199,7 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
             print(f"  {name} b{batch} {dtype}: {LABELS[k]} failed: {type(e).__name__}: {e}", flush=True)
     timer = cuda_events_ms if device.type == "cuda" else wall_ms
     with torch.no_grad():
-        times = interleave(fns, args.rounds, warmup=3, clock=timer)
+        times = interleave(fns, args.rounds, warmup=3, clock=timer, block=args.block)
     med = {k: statistics.median(v) for k, v in times.items()}
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
     some = next(iter(modules.values()), None)
@@ -256,8 +257,8 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
                 "batch1_geomean": geomean(b1), "geomean": geomean(every), "worst_any_batch": min(every)}
     lines = ["# GPU: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile", "",
              "Median latency in ms (± interquartile range) over interleaved rounds (a fresh order each round) "
-             "in one process, each call "
-             "timed with CUDA events. Ratios > 1 mean opsched is faster than the base "
+             "in one process, each round's sample the median of a turn's calls (see the command's --block), "
+             "each call timed with CUDA events. Ratios > 1 mean opsched is faster than the base "
              f"({LABELS[base]}). Bound: the longest path of isolated unit latencies. Memory: the GPU memory "
              "a call of the contender needs (its weights, graph pool and activations: peak reserved) "
              "against the base's; for a contender whose build measures (IOS, est, optimize()) it can "
@@ -282,6 +283,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=float, default=60.0, help="seconds of DP search per model")
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--block", type=int, default=5, help="timed calls per turn, the turn's sample their median")
     p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one, so search times are honest)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in the results JSON")
     p.add_argument("--name", help="results name (default gpu-<device name>)")

@@ -4,24 +4,28 @@
 # call's time, so a stage that runs long costs the ones after it and never the results before it.
 #
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
-#   stages: setup tests tests-inductor compile compile-max hetero memory corpus standing
+#   stages: setup tests tests-hetero tests-inductor compile compile-b compile32 compile32-b compile-max
+#           hetero memory corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
 # which the image lacks) and opsched itself with no dependencies, for the torch.compile entry
 # point. Fetch the wheel here first, and name .whl in the device call's carry:
 #   echo /.whl/ >> .git/info/exclude
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl platformdirs==4.12.2 Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the
-# logs and every results file written since the start are packed into $OUT/results.tar.gz, so
-# a call cut short still brings back what was measured. $OUT/session.log says what ran, its
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl platformdirs==4.12.2
+# Each stage's output goes to /tmp/gpu-session-logs/<stage>.log; after every stage the logs and
+# every results file written since the start are packed into $OUT/results.tar.gz, so a call cut
+# short still brings back what was measured. $OUT/session.log says what ran, its
 # exit status and time.
 #
-# What the first use taught (H200, 2026-11-25): a session's 900 s of device time is one call of
-# about 590 s and, issued at once while the machine is warm (30 s), one of about 250 s; a start
-# cost about 30 s. The CUDA tests took longer than both: 18 of 55 finished in 400 s under
-# `-n 8`/`-n 12`, most of it in the tests that compile every lane segment with Inductor, so
-# those run as a stage of their own, last. torch.compile's max-autotune spent over 150 s on
-# GoogLeNet alone: it is a stage of its own too. The setup stage took 26 s.
+# What the first two uses taught (H200, 2026-11-25 and -26): a session's 900 s of device time
+# is one call of about 590 s and, issued at once while the machine is warm (30 s), one or two more;
+# a start costs about 30 s. Stage times on the H200 (2026-11-26): setup 22 s; tests (everything
+# but Inductor) 93 s under -n 8; tests-inductor 102 s under -n 6; hetero 15 s; corpus (19 models)
+# 141 s; memory about 20 s a row (6 rows: 130 s); compile about 65 s a model in float16 (GoogLeNet's
+# Inductor segments alone 57 s), so its six models take two stages, compile and compile-b; float32
+# is compile32 and compile32-b. torch.compile's max-autotune spent over 150 s on GoogLeNet alone:
+# compile-max is a stage of its own.
 set -u
 deadline=$(( $(date +%s) + $1 )); shift
 OUT=${OUT:-/tmp/gpu-session}
@@ -85,21 +89,38 @@ tests() {
     gpu_pytest tests/test_hetero.py -k measured_once
 }
 
+tests_hetero() {
+    gpu_pytest -n 8 -m gpu tests/test_hetero.py
+}
+
 tests_inductor() {
     gpu_pytest -n 6 -m gpu -k inductor tests
 }
 
-export -f setup gpu_pytest tests tests_inductor
+# compile_gpu STAGE PAGE [--resume] MODEL...: issue 22's contenders on MODELs in PAGE's precision
+# (compile32-gpu: float32), written to docs/results/PAGE; with --resume added to the rows there
+compile_gpu() {
+    local name=$1 page=$2 dtype=float16 resume=()
+    shift 2
+    [[ $page == compile32* ]] && dtype=float32
+    [[ $1 == --resume ]] && { resume=(--resume); shift; }
+    stage "$name" 240 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders graph compile \
+        compile-ro ios opsched-compile --budget 10 --rounds 20 --name "$page" "${resume[@]}" --models "$@"
+}
+
+export -f setup gpu_pytest tests tests_hetero tests_inductor
 for s in "$@"; do
     case $s in
         setup) stage setup 60 setup ;;
         tests) stage tests 240 tests ;;
         tests-inductor) stage tests-inductor 240 tests_inductor ;;
-        # issue 22: Inductor segments on streams against torch.compile's modes and the 1-stream graph
-        compile) stage compile 200 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
-            --models squeezenet1_1 googlenet randwire_small inception_v3 resnet50 nasnet_mobile \
-            --contenders graph compile compile-ro ios opsched-compile --budget 10 --rounds 20 \
-            --name compile-gpu ;;
+        tests-hetero) stage tests-hetero 120 tests_hetero ;;
+        # issue 22: Inductor segments on streams against torch.compile's modes and the 1-stream graph,
+        # three zoo models a stage (about 65 s each), each precision its own results page
+        compile) compile_gpu compile compile-gpu squeezenet1_1 googlenet randwire_small ;;
+        compile-b) compile_gpu compile-b compile-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
+        compile32) compile_gpu compile32 compile32-gpu squeezenet1_1 googlenet randwire_small ;;
+        compile32-b) compile_gpu compile32-b compile32-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
         compile-max) stage compile-max 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
             --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
             --rounds 20 --name compile-max-gpu ;;
@@ -107,7 +128,7 @@ for s in "$@"; do
         hetero) stage hetero 70 python3 benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda \
             --measure-models squeezenet1_1 resnet18 googlenet --rounds 7 ;;
         # issue 20: GraphTurbo's split plans at the batches where activations outgrow the L2
-        memory) stage memory 110 python3 benchmarks/gpu.py --batches 64 128 --dtypes float16 \
+        memory) stage memory 150 python3 benchmarks/gpu.py --batches 64 128 --dtypes float16 \
             --models inception_v3 googlenet resnet50 --contenders graph ios graphturbo --budget 10 --rounds 15 \
             --name memory-gpu ;;
         # issue 18: the real-model corpus against the single-stream CUDA graph
