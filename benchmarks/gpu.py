@@ -17,15 +17,17 @@ Reported per row: median latency and interquartile range, ratios to the single-s
 the critical-path bound (the longest path of isolated unit latencies: no schedule that keeps
 the kernels can beat it), the GPU memory a call of each contender needs (its own weights, its
 graph's memory pool, activations: the peak reserved during a call) against the single-stream
-graph, and search or compile time. Results are
-written after every row, so an interrupted run keeps what it measured (``--resume`` skips
-rows already in the JSON).
+graph, and search or compile time. With ``--profile``, where each contender's time goes:
+torch.profiler's kernels per call, their summed and busy (union) time and the idle rest, beside
+the schedule's own estimate (the single-stream graph at 1.00 overlap; a concurrent plan above
+it; a split plan with more, smaller kernels). Results are written after every row, so an
+interrupted run keeps what it measured (``--resume`` skips rows already in the JSON).
 
     python benchmarks/gpu.py                                           # everything (hours)
     python benchmarks/gpu.py --models inception_v3 --batches 1 --dtypes float32 float16
     python benchmarks/gpu.py --device cpu --models squeezenet1_1 --contenders eager sequential ios
     python benchmarks/gpu.py --batches 1 --contenders graph compile compile-max compile-ro ios opsched-compile
-    python benchmarks/gpu.py --batches 16 64 128 --contenders graph ios graphturbo --name memory-gpu
+    python benchmarks/gpu.py --batches 16 64 128 --contenders graph ios graphturbo --name memory-gpu --profile
     python benchmarks/gpu.py --corpus --batches 1 --contenders eager graph compile sequential optimize \
         --name corpus-gpu                                              # the corpus against the graph
 """
@@ -137,6 +139,45 @@ def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: s
     return critical_path(graph, per_node)[0]
 
 
+#: What a CUDA trace calls the device's work (chrome trace categories of torch.profiler's Kineto).
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def device_time(spans: list[tuple[float, float]], calls: int) -> dict[str, float]:
+    """Where a call's device time goes, from its kernels' ``(start, duration)`` spans in µs over
+    ``calls`` calls: kernels per call, their summed time, the time at least one ran (their union:
+    below the sum where kernels of different streams overlap) and the span from the first start
+    to the last end, each per call in ms."""
+    spans = sorted(spans)
+    union, reach = 0.0, -math.inf
+    for start, dur in spans:
+        end = start + dur
+        if end > reach:
+            union += end - max(start, reach)
+            reach = end
+    first = spans[0][0] if spans else 0.0
+    last = max((start + dur for start, dur in spans), default=0.0)
+    return {"kernels": len(spans) / calls, "kernel_ms": sum(d for _, d in spans) / calls / 1e3,
+            "busy_ms": union / calls / 1e3, "span_ms": (last - first) / calls / 1e3}
+
+
+def kernel_profile(fn: Callable[[], Any], calls: int = 10) -> dict[str, float]:
+    """:func:`device_time` of ``calls`` calls of ``fn`` on the GPU, from torch.profiler's trace
+    (a captured graph's kernels included: the trace has them as the replay ran them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    return device_time([(e["ts"], e.get("dur", 0.0)) for e in events
+                        if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK], calls)
+
+
 def load(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A zoo model, or a corpus one (``corpus:bert``: its batch-1 inputs repeated to ``batch``)."""
     if name.startswith("corpus:"):
@@ -204,9 +245,11 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
     iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
     some = next(iter(modules.values()), None)
     bound = critical_path_bound(some.graph, device, cache_dir) if some is not None else float("nan")
+    profiles = {k: kernel_profile(fn) for k, fn in fns.items()} if args.profile else {}
     record: dict[str, Any] = {
         "model": name, "batch": batch, "dtype": dtype, "median_ms": med, "iqr_ms": iqr, "build_s": build_s,
-        "held_mib": mib, "critical_path_bound_ms": bound,
+        "held_mib": mib, "critical_path_bound_ms": bound, "profile": profiles,
+        "estimated_ms": {k: m.schedule.estimated_ms for k, m in modules.items()},
         "report": {k: str(m.report()) for k, m in modules.items()},
         "captured": {k: getattr(m._executor, "captured", None) for k, m in modules.items()},
         "stages": {k: len(m.schedule.stages or m.schedule.lanes) for k, m in modules.items()},
@@ -269,7 +312,27 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
         against = "" if key.endswith("torch.compile") else f" vs {LABELS[base]}"
         at_1 = "" if math.isnan(v["batch1_geomean"]) else f"batch-1 geomean {v['batch1_geomean']:.3f}x, "
         lines.append(f"- {key}{against}: {at_1}geomean {v['geomean']:.3f}x, worst {v['worst_any_batch']:.3f}x")
+    lines += where_time_goes(records)
     return "\n".join(lines), {"summary": summary}
+
+
+def where_time_goes(records: list[dict[str, Any]]) -> list[str]:
+    """The --profile table: per row and contender, the kernels of a call, their summed and busy
+    (union) time, the call's time the GPU ran none, and the schedule's own estimate."""
+    rows = [[r["model"], r["batch"], r["dtype"], LABELS[k], f"{p['kernels']:.0f}", f"{p['kernel_ms']:.3f}",
+             f"{p['busy_ms']:.3f}", f"{p['kernel_ms'] / p['busy_ms']:.2f}" if p["busy_ms"] else "",
+             f"{max(r['median_ms'][k] - p['busy_ms'], 0.0):.3f}",
+             f"{est:.3f}" if (est := r.get("estimated_ms", {}).get(k)) is not None else ""]
+            for r in records for k, p in r.get("profile", {}).items()]
+    if not rows:
+        return []
+    headers = ["model", "batch", "dtype", "contender", "kernels", "kernel ms", "busy ms", "overlap",
+               "idle ms", "estimate ms"]
+    return ["", "## Where the time goes (--profile)", "",
+            "Per call, from torch.profiler's trace of 10 calls: kernels (and copies) run, their summed time, "
+            "the time at least one ran (busy), overlap = summed / busy (1.00: one at a time), idle = the "
+            "median latency above less busy (launch gaps, waits), and the schedule's own estimate.", "",
+            format_table(headers, rows, markdown=True)]
 
 
 def main() -> None:
@@ -284,6 +347,9 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=60.0, help="seconds of DP search per model")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--block", type=int, default=5, help="timed calls per turn, the turn's sample their median")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each contender's kernels (torch.profiler, 10 calls): count, summed and "
+                        "busy time, beside the schedule's estimate")
     p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one, so search times are honest)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in the results JSON")
     p.add_argument("--name", help="results name (default gpu-<device name>)")
@@ -294,6 +360,8 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no GPU here (torch.cuda.is_available() is False); --device cpu runs the CPU subset")
+    if args.profile and device.type != "cuda":
+        raise SystemExit("--profile profiles a GPU's kernels; on a CPU, benchmarks/memory.py has ORT's profiler")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = args.name or f"gpu-{gpu.replace(' ', '_')}"
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-gpu-")

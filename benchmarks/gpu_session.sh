@@ -105,7 +105,7 @@ compile_gpu() {
     [[ $page == compile32* ]] && dtype=float32
     [[ $1 == --resume ]] && { resume=(--resume); shift; }
     stage "$name" 240 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders graph compile \
-        compile-ro ios opsched-compile --budget 10 --rounds 20 --name "$page" "${resume[@]}" --models "$@"
+        compile-ro ios opsched-compile --budget 10 --rounds 20 --profile --name "$page" "${resume[@]}" --models "$@"
 }
 
 export -f setup gpu_pytest tests tests_hetero tests_inductor
@@ -130,7 +130,7 @@ for s in "$@"; do
         # issue 20: GraphTurbo's split plans at the batches where activations outgrow the L2
         memory) stage memory 150 python3 benchmarks/gpu.py --batches 64 128 --dtypes float16 \
             --models inception_v3 googlenet resnet50 --contenders graph ios graphturbo --budget 10 --rounds 15 \
-            --name memory-gpu ;;
+            --profile --name memory-gpu ;;
         # issue 18: the real-model corpus against the single-stream CUDA graph
         corpus) stage corpus 400 python3 benchmarks/gpu.py --corpus --batches 1 --dtypes float16 \
             --contenders eager graph sequential optimize --budget 10 --rounds 15 --name corpus-gpu ;;

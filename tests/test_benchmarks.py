@@ -28,6 +28,27 @@ def test_gpu_benchmark_cpu_subset_runs_and_resumes(tmp_path: Path) -> None:
     assert len(json.loads((tmp_path / "smoke.json").read_text())["rows"]) == 1
 
 
+def test_device_time_counts_overlapping_kernels_once_in_the_busy_time() -> None:
+    """gpu.py --profile's arithmetic, on spans in µs over two calls: two streams' kernels that
+    overlap by 5 µs, one nested whole inside another, a gap, and one that only touches the last."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from gpu import device_time, where_time_goes
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spans = [(0.0, 10.0), (5.0, 10.0), (6.0, 2.0), (30.0, 10.0), (40.0, 4.0)]
+    assert device_time(spans, calls=2) == {"kernels": 2.5, "kernel_ms": 36.0 / 2 / 1e3, "busy_ms": 29.0 / 2 / 1e3,
+                                           "span_ms": 44.0 / 2 / 1e3}
+    assert device_time([], calls=1) == {"kernels": 0.0, "kernel_ms": 0.0, "busy_ms": 0.0, "span_ms": 0.0}
+    record = {"model": "m", "batch": 64, "dtype": "float16", "median_ms": {"graph": 0.02, "ios": 0.01},
+              "profile": {"graph": device_time(spans, 2), "ios": device_time([], 1)}, "estimated_ms": {"ios": 0.012}}
+    table = where_time_goes([record])
+    assert "| m     |    64 | float16 | CUDA graph (1 stream) |       2 |     0.018 |   0.015 |    1.24 |   0.005 |" \
+           in "\n".join(table)
+    assert table[-1].splitlines()[-1].split("|")[-2].strip() == "0.012"  # IOS's own estimate
+    assert where_time_goes([{**record, "profile": {}}]) == []
+
+
 def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() -> None:
     """``benchmarks/stage_floor.py`` counts the stages no monotone bound can spare; a DP that
     priced fewer would be discarding endings it cannot prove lose (or the floor would be wrong)."""
