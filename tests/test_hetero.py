@@ -19,7 +19,7 @@ import opsched
 from opsched.cost import AnalyticCostModel
 from opsched.cost.unit_costs import PlatformCost, UnitCosts
 from opsched.cost.units import ConvRule, Link, Platform, Unit, platform
-from opsched.errors import CostModelError, InvalidScheduleError, ScheduleError
+from opsched.errors import CostModelError, InvalidScheduleError, OpschedError, ScheduleError
 from opsched.models import example_inputs, get_model
 from opsched.module import ScheduledModule
 from opsched.schedule import Lane, Schedule
@@ -348,6 +348,15 @@ def test_outputs_made_off_the_host_are_copied_back_to_it() -> None:
             out = module(x)
             assert_close(out, model(x), "an output made on the NPU")
             assert out.device == x.device
+
+
+def test_a_placed_plan_is_a_module_on_its_platforms_host() -> None:
+    model = get_model("squeezenet1_1").eval()
+    graph = opsched.from_torch(model, example_inputs("squeezenet1_1"))
+    sched = schedule(graph, "heft", CPU, platform="cpu-pools")
+    with pytest.raises(OpschedError, match=r"default unit 'cpu0' holds the inputs and outputs on cpu; make its module "
+                                           r"with device='cpu' \(got 'cuda:0'\)"):
+        ScheduledModule(graph, sched, device="cuda:0")
 
 
 def test_bad_platforms_and_placements_are_named() -> None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from opsched.backends import Backend, Executor, get_backend, resolve_backend
+from opsched.cost.units import platform
 from opsched.errors import InputMismatchError, OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph
@@ -50,6 +51,7 @@ class ScheduledModule(nn.Module):
         placed = schedule.options.get("platform")
         self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True, platform=placed)
         if placed is not None:  # lanes on the units of a platform
+            _on_the_host(graph, placed, self.run.device)
             backend = get_backend("units")
         elif backend == "auto" and len(named := {lane.backend or "" for lane in schedule.lanes} - {""}) == 1:
             backend = named.pop()  # the backend the schedule was kept on (optimize()'s race)
@@ -164,3 +166,14 @@ class ScheduledModule(nn.Module):
         executor = getattr(self, "_executor", None)
         if executor is not None:
             executor.close()
+
+
+def _on_the_host(graph: Graph, placed: str, device: torch.device) -> None:
+    """A placed plan's inputs and outputs live on its platform's default unit: a module of it is
+    made on that unit's device (it takes and returns tensors there, whatever units it uses)."""
+    p = platform(placed)
+    host = torch.device(p.unit(p.default).device or "cpu")
+    if device != host:
+        raise OpschedError(f"the schedule of {graph.name!r} places its lanes on the units of platform {p.name!r}, "
+                           f"whose default unit {p.default!r} holds the inputs and outputs on {host}; make its module "
+                           f"with device={str(host)!r} (got {str(device)!r}): the lanes still run on every unit")
