@@ -5,6 +5,10 @@ redrawn after any rerun; a figure whose results are not there is skipped with a 
 
 * ``gpu.png``: speedup over the model captured into one single-stream CUDA graph, per zoo model
   at batch 1 (float32 and float16), with the critical-path bound and the 1.5x target;
+* ``corpus-gpu.png``: the Hugging Face corpus on a GPU, batch 1: eager PyTorch, opsched's
+  sequential plan and ``optimize()`` against the model captured into one CUDA graph;
+* ``compile-gpu.png``: torch.compile's modes, IOS and IOS with Inductor segments on streams
+  against the single-stream CUDA graph, per zoo model at batch 1;
 * ``cpu.png``: speedup over ONNX Runtime's sequential session on this repository's CPU, batch 1;
 * ``schedules.png``: the simulated IOS table (each schedule against sequential) beside IOS's
   measured V100 figures;
@@ -58,6 +62,76 @@ def _grouped_bars(ax, labels: Sequence[str], series: dict[str, Sequence[float]],
 GPU_CONTENDERS = {"sequential": "#7f7f7f", "ios": "#1f77b4", "est": "#ff7f0e", "optimize": "#2ca02c"}
 
 
+def _over_graph(rows: Sequence[Results], contenders: Sequence[str]) -> dict[str, list[float]]:
+    """Per contender (of those some row has), each row's speedup over the single-stream CUDA
+    graph (0 where the row lacks the contender)."""
+    return {c: [r["median_ms"]["graph"] / r["median_ms"][c] if c in r["median_ms"] else 0.0 for r in rows]
+            for c in contenders if any(c in r["median_ms"] for r in rows)}
+
+
+def _legend(ax, labels: dict[str, str], **options: Any) -> None:  # type: ignore[no-untyped-def]
+    """The legend of the bars (labelled by contender key in :func:`_grouped_bars`), in words."""
+    handles, keys = ax.get_legend_handles_labels()
+    ax.legend(handles, [labels.get(k, k) for k in keys], **options)
+
+
+CORPUS_GPU = {"eager": "#d62728", "sequential": "#7f7f7f", "optimize": "#2ca02c"}
+
+
+@figure("corpus-gpu", "corpus-gpu")
+def draw_corpus_gpu(plt, corpus: Results) -> None:  # type: ignore[no-untyped-def]
+    rows = [r for r in corpus["rows"] if "graph" in r["median_ms"]]
+    models = [r["model"].removeprefix("corpus:") for r in rows]
+    series = _over_graph(rows, CORPUS_GPU)
+    fig, ax = plt.subplots(figsize=(12, 4.2))
+    _grouped_bars(ax, models, series, CORPUS_GPU)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    # each contender's spread: the graph's median over the contender's quartiles
+    width = 0.8 / len(series)
+    for k, c in enumerate(series):
+        for i, r in enumerate(rows):
+            med, iqr = r["median_ms"].get(c), r["iqr_ms"].get(c, 0.0)
+            if med:
+                x = i + (k - (len(series) - 1) / 2) * width
+                ax.plot([x, x], [r["median_ms"]["graph"] / (med + iqr / 2), r["median_ms"]["graph"] / (med - iqr / 2)],
+                        color="black", linewidth=0.8)
+    ax.set_ylabel("speedup over the model captured\ninto one single-stream CUDA graph")
+    _legend(ax, {"eager": "eager PyTorch", "sequential": "opsched sequential (captured)",
+                 "optimize": "opsched optimize()"}, fontsize=7, ncol=3, loc="lower right")
+    ax.tick_params(axis="x", labelrotation=30)
+    opt = [v for v in series.get("optimize", []) if v > 0]
+    dtype = rows[0]["dtype"] if rows else ""
+    ax.set_title(f"{corpus['environment'].get('gpu', 'GPU').split(' sm_')[0]}, Hugging Face models, batch 1, {dtype}: "
+                 f"optimize() {geomean(opt):.2f}x the captured model (geomean); whiskers: interquartile range",
+                 fontsize=10)
+
+
+COMPILE_GPU = {"compile": "#d62728", "compile-ro": "#ff9896", "ios": "#1f77b4", "opsched-compile": "#2ca02c"}
+COMPILE_LABELS = {"compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead", "ios": "opsched IOS",
+                  "opsched-compile": "opsched IOS, Inductor segments"}
+
+
+@figure("compile-gpu", "compile-gpu", "compile32-gpu?")
+def draw_compile_gpu(plt, *pages: Results | None) -> None:  # type: ignore[no-untyped-def]
+    present = [page for page in pages if page is not None]
+    fig, axes = plt.subplots(len(present), 1, figsize=(9, 3.4 * len(present)), squeeze=False)
+    for ax, page in zip(axes[:, 0], present):
+        rows = [r for r in page["rows"] if "graph" in r["median_ms"]]
+        series = _over_graph(rows, COMPILE_GPU)
+        _grouped_bars(ax, [r["model"] for r in rows], series, COMPILE_GPU)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        if rows and rows[0]["dtype"] == "float16":
+            ax.axhline(1.8, color="red", linestyle="--", linewidth=0.8, label="target 1.8x (geomean)")
+        ax.set_ylabel("speedup over the\nsingle-stream CUDA graph")
+        _legend(ax, COMPILE_LABELS, fontsize=7, ncol=2, loc="upper left")
+        both = [v for v in series.get("opsched-compile", []) if v > 0]
+        ax.set_title(f"{rows[0]['dtype'] if rows else ''}, batch 1: Inductor segments on streams "
+                     f"{geomean(both):.2f}x the single-stream graph (geomean)" if both else "", fontsize=10)
+    fig.suptitle(f"{present[0]['environment'].get('gpu', 'GPU').split(' sm_')[0]}: opsched against torch.compile",
+                 fontsize=11)
+
+
 @figure("gpu", "gpu-NVIDIA_H100_80GB_HBM3")
 def draw_gpu(plt, gpu: Results) -> None:  # type: ignore[no-untyped-def]
     rows = [r for r in gpu["rows"] if r["batch"] == 1 and "graph" in r["median_ms"]]
@@ -66,8 +140,7 @@ def draw_gpu(plt, gpu: Results) -> None:  # type: ignore[no-untyped-def]
     for ax, dtype in zip(axes[:, 0], dtypes):
         mine = [r for r in rows if r["dtype"] == dtype]
         models = [r["model"] for r in mine]
-        series = {c: [r["median_ms"]["graph"] / r["median_ms"][c] if c in r["median_ms"] else 0.0 for r in mine]
-                  for c in GPU_CONTENDERS if any(c in r["median_ms"] for r in mine)}
+        series = _over_graph(mine, GPU_CONTENDERS)
         _grouped_bars(ax, models, series, GPU_CONTENDERS)
         bound = [r["median_ms"]["graph"] / r["critical_path_bound_ms"] for r in mine]
         ax.plot(range(len(models)), bound, "k_", markersize=14, label="critical-path bound")

@@ -122,7 +122,8 @@ def test_figures_are_drawn_from_the_committed_results_and_skip_what_is_missing(t
         sys.path.remove(str(ROOT / "benchmarks"))
     results = tmp_path / "results"
     results.mkdir()
-    for name in ("cpu", "stage-floor"):  # stage-counts can do without the IOS-wiring run
+    # stage-counts can do without the IOS-wiring run, compile-gpu without a float32 page
+    for name in ("cpu", "stage-floor", "corpus-gpu", "compile-gpu"):
         (results / f"{name}.json").write_text((ROOT / "docs" / "results" / f"{name}.json").read_text())
     monkeypatch.setattr(figures, "RESULTS", results)
     monkeypatch.setattr(sys, "argv", ["figures.py", "--out", str(tmp_path / "png")])
@@ -131,7 +132,7 @@ def test_figures_are_drawn_from_the_committed_results_and_skip_what_is_missing(t
     assert "gpu.png: skipped, no docs/results/gpu-NVIDIA_H100_80GB_HBM3.json" in out
     assert "schedules.png: skipped, no docs/results/schedules.json" in out
     drawn = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert drawn == ["cpu.png", "stage-counts.png"]
+    assert drawn == ["compile-gpu.png", "corpus-gpu.png", "cpu.png", "stage-counts.png"]
     for name in drawn:
         data = (tmp_path / "png" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
