@@ -40,7 +40,7 @@ from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import AnalyticCostModel, ProfileStore  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
-from opsched.race import race  # noqa: E402
+from opsched.race import race, turn_for  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
 from opsched.schedulers.simulate import simulate  # noqa: E402
 
@@ -109,7 +109,7 @@ def measured(name: str, device: str, budget: float, rounds: int, cache_dir: str)
     modules = {k: ScheduledModule(graph, s, device=device) for k, (s, _) in made.items()}
     some = next(iter(modules.values()))
     lat = race({k: (lambda m=m: m(*inputs)) for k, m in modules.items()}, clock=some.backend.clock(some.run),
-               rounds=rounds).medians
+               rounds=rounds, turn=turn_for(some.device.type)).medians
     secs = {k: t for k, (_, t) in made.items()}
     record = {"model": name, "median_ms": lat, "schedule_s": secs, "ios_stats": dict(made["ios"][0].stats),
               "est_measurements": est_measurements, "lanes": {k: len(s.lanes) for k, (s, _) in made.items()}}

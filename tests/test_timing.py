@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from opsched.race import Standings, race
+from opsched.race import Standings, Turn, race
 from opsched.timing import interleave, paired_ratio
 
 
@@ -83,8 +83,8 @@ def test_race_returns_every_round_of_every_contender() -> None:
         call()
         return next(times)
 
-    standings = race({"a": lambda: None, "b": lambda: None}, clock=clock, rounds=5, warmup=1, settle_s=0.0,
-                     block=1)
+    standings = race({"a": lambda: None, "b": lambda: None}, clock=clock, rounds=5, warmup=1,
+                     turn=Turn(settle_s=0.0, block=1))
     assert all(len(v) == 5 for v in standings.samples.values())
     assert sorted(standings.samples["a"] + standings.samples["b"]) == [float(t) for t in range(2, 12)]
 

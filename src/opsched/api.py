@@ -27,7 +27,7 @@ from opsched.frontends.pytorch import Model, Tracer, as_module, register_datacla
 from opsched.ir import Graph, random_inputs
 from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
-from opsched.race import race
+from opsched.race import race, turn_for
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
 from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names, scheduler_options
 from opsched.runtime.plan import plan_work
@@ -236,7 +236,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         if len(modules) > 1:
             feeds = tuple(random_inputs(graph, dev))
             standings = race({name: functools.partial(m.executor, feeds) for name, m in modules.items()},
-                             clock=be.clock(run), rounds=rounds, progress=progress("racing plans"))
+                             clock=be.clock(run), rounds=rounds, turn=turn_for(dev.type),
+                             progress=progress("racing plans"))
             kept = standings.fastest
             raced = RaceResult(standings, kept, {name: peaks[name] for name in modules})
         module = modules[kept]

@@ -7,6 +7,10 @@ one. Timing follows :func:`opsched.timing.interleave`: a fresh order each round;
 contender sleeps ``settle_s`` (an ONNX Runtime session's spinning threads kept a core busy for
 about 40 ms after its run here), runs once untimed, then ``block`` timed calls.
 
+A turn depends on the device (:func:`turn_for`): on a CPU it settles and times 3 calls; on a GPU
+nothing spins after a call, so it does not settle, and it times 10 calls, since single calls of a
+captured plan at batch 1 (0.1-1 ms) spread by up to 30% between rounds on an H200.
+
 Contenders are compared round by round (:func:`opsched.timing.paired_ratio`), so that load
 which comes and goes during the race slows both sides of a comparison alike; the fastest is the
 contender whose slowest comparison is the best: the one that beats every other, where one does.
@@ -23,7 +27,7 @@ import torch
 from opsched.progress import Progress
 from opsched.timing import Clock, interleave, median, paired_ratio, wall_ms
 
-__all__ = ["race", "Standings"]
+__all__ = ["race", "Standings", "Turn", "turn_for"]
 
 K = TypeVar("K")
 
@@ -55,13 +59,30 @@ class Standings(Generic[K]):
         return {k: self.ratio(k, to) for k in self.samples}
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A contender's turn in a race: ``settle_s`` of sleep, one untimed call, ``block`` timed ones."""
+
+    settle_s: float = 0.05
+    block: int = 3
+
+
+#: Turns by the device type the contenders run on (others: a CPU's).
+TURNS = {"cpu": Turn(), "cuda": Turn(settle_s=0.0, block=10)}
+
+
+def turn_for(device_type: str) -> Turn:
+    return TURNS.get(device_type, TURNS["cpu"])
+
+
 def race(calls: Mapping[K, Callable[[], object]], *, clock: Clock = wall_ms, rounds: int = 7, warmup: int = 1,
-         settle_s: float = 0.05, block: int = 3, progress: Progress | None = None) -> Standings[K]:
-    """Each call timed by ``clock`` (to completion, on a GPU), interleaved over ``rounds``;
-    ``progress`` follows the rounds."""
+         turn: Turn = Turn(), progress: Progress | None = None) -> Standings[K]:
+    """Each call timed by ``clock`` (to completion, on a GPU), interleaved over ``rounds`` of
+    ``turn``s; ``progress`` follows the rounds."""
     def on_round(done: int, total: int) -> None:
         if progress is not None:
             progress(done, total, f"{len(calls)} contenders")
     with torch.no_grad():
-        times = interleave(calls, rounds, warmup, clock=clock, settle_s=settle_s, block=block, on_round=on_round)
+        times = interleave(calls, rounds, warmup, clock=clock, settle_s=turn.settle_s, block=turn.block,
+                           on_round=on_round)
     return Standings({k: tuple(v) for k, v in times.items()})
