@@ -3,6 +3,8 @@ computes what it did, on the torch and ONNX Runtime backends."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,3 +83,66 @@ def test_a_mask_computed_from_the_inputs_is_kept() -> None:
     graph = opsched.from_torch(model, (x, mask))
     assert simplify_attention_masks(graph) is graph
     assert _attention(graph).inputs[-1] == graph.inputs[1].name
+
+
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``transformers``' ``repeat_kv``: each key/value head repeated for its group of query heads."""
+    b, heads, length, width = x.shape
+    return x[:, :, None, :, :].expand(b, heads, groups, length, width).reshape(b, heads * groups, length, width)
+
+
+class GroupedQueryAttention(nn.Module):
+    """4 query heads over 2 key/value heads, the heads repeated as ``transformers`` does under
+    tracing; ``how`` breaks the pattern in one way or another."""
+
+    def __init__(self, how: str = "repeated") -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        k, v = k * 0.5, v - 1.0
+        key = _repeat_heads(k, 2)
+        value = v.repeat(1, 2, 1, 1) if self.how == "value tiled" else _repeat_heads(v, 2)
+        if self.how == "along the sequence":
+            key = k[:, :, :, None].expand(1, 2, S, 2, E).reshape(1, 2, 2 * S, E)
+            value = v[:, :, :, None].expand(1, 2, S, 2, E).reshape(1, 2, 2 * S, E)
+            q = q[:, :2]
+        out = F.scaled_dot_product_attention(q, key, value, is_causal=True)
+        return (out, key) if self.how == "repeat returned" else out
+
+
+@pytest.mark.parametrize("how, folds", [("repeated", True), ("repeat returned", True), ("value tiled", False),
+                                        ("along the sequence", False)])
+def test_repeated_key_and_value_heads_fold_into_grouped_query_attention(how: str, folds: bool) -> None:
+    model = GroupedQueryAttention(how).eval()
+    q, k, v = torch.randn(1, 4, L, E), torch.randn(1, 2, S, E), torch.randn(1, 2, S, E)
+    graph = opsched.from_torch(model, (q, k, v))
+    node = _attention(graph)
+    assert arguments(node).get("enable_gqa", False) == folds
+    repeats = [n for n in graph.nodes if n.attr("target") == "aten::expand.default"]
+    if folds:
+        key, value = (node.inputs[ref[1]] for ref in node.attrs["args"][1:3])
+        assert graph.types[key].shape == graph.types[value].shape == (1, 2, S, E)  # the heads as they were
+        assert len(repeats) == (1 if how == "repeat returned" else 0)  # the returned repeat stays
+    with torch.no_grad():
+        expected = model(q, k, v)
+        for backend in ("torch", "ort"):
+            module = opsched.optimize_graph(graph, scheduler="sequential", cost="analytic", backend=backend,
+                                            check=False)
+            assert_close(module(q, k, v), expected, f"{how} on {backend}")
+            if backend == "ort":  # every step in the session
+                assert "run with torch" not in module.executor.describe(), module.executor.describe()
+
+
+def test_grouped_query_attention_runs_in_one_onnx_runtime_session() -> None:
+    """``enable_gqa``, which torch.onnx's export refuses, exports with the heads repeated first."""
+    class Direct(nn.Module):
+        def forward(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q * 2.0, kv, kv, enable_gqa=True).sum(dim=-1)
+
+    q, kv = torch.randn(1, 6, L, E), torch.randn(1, 2, S, E)
+    graph = opsched.from_torch(Direct(), (q, kv))
+    module = opsched.optimize_graph(graph, scheduler="sequential", cost="analytic", backend="ort", check=False)
+    assert "run with torch" not in module.executor.describe(), module.executor.describe()
+    with torch.no_grad():
+        assert_close(module(q, kv), Direct()(q, kv), "grouped-query attention in ONNX Runtime")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["export_call"]
+__all__ = ["export_as", "export_call"]
 
 
 class _OneCall(torch.nn.Module):
@@ -289,26 +289,37 @@ def export_call(b: OnnxBuilder, node: Node) -> None:
     Where the ONNX form gives another element type than the ATen op (torch.onnx exports
     ``cumsum`` of int32 as an int32 CumSum, where ATen promotes to int64), a Cast to the op's
     type follows, so the segment's declared types hold."""
-    from onnx import helper, numpy_helper
-
     from opsched.ir.ops.aten_onnx import ONNX_FORMS
-    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 
     if node.attrs["target"] in ONNX_FORMS:
         return ONNX_FORMS[node.attrs["target"]](b, node)
     unfaithful = _unfaithful(node)
     if unfaithful:
         raise NotExportable(f"{node.attrs['target']}: {unfaithful}")
-    g = b.graph
     target, kwargs = _EXPORTED_AS.get(node.attrs["target"], (node.attrs["target"], node.attrs["kwargs"]))
-    inputs, params = tuple(g.types[v] for v in node.inputs), tuple(g.param_types[p] for p in node.params)
-    args, kwargs = _dims_counted_up(target, node.attrs["args"], kwargs, inputs, params)
-    model = _exported(target, args, kwargs, node.attrs.get("index"), inputs, params)
+    g = b.graph
+    export_as(b, node, target, node.attrs["args"], kwargs, list(node.inputs), [g.types[v] for v in node.inputs])
+
+
+def export_as(b: OnnxBuilder, node: Node, target: str, args: Any, kwargs: Any, inputs: list[str],
+              types: list[TensorType]) -> None:
+    """``node`` exported as the call ``target(*args, **kwargs)`` by torch.onnx (checked), reading
+    the segment's values ``inputs`` (of ``types``) where ``args`` name its inputs, and its own
+    parameters: what :func:`export_call` splices in, and what a form of ours can splice in on
+    operands it made (an attention's key and value heads, repeated)."""
+    from onnx import helper, numpy_helper
+
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    g = b.graph
+    params = tuple(g.param_types[p] for p in node.params)
+    args, kwargs = _dims_counted_up(target, args, kwargs, tuple(types), params)
+    model = _exported(target, args, kwargs, node.attrs.get("index"), tuple(types), params)
     # by name: the exporter drops inputs the call does not read (type_as reads only its other's dtype)
     present = {i.name for i in model.graph.input}
-    names = {f"in{k}": v for k, v in enumerate(node.inputs)}
-    names.update({f"in{len(node.inputs) + k}": b.param(node, k) for k in range(len(node.params))
-                  if f"in{len(node.inputs) + k}" in present})
+    names = {f"in{k}": v for k, v in enumerate(inputs)}
+    names.update({f"in{len(inputs) + k}": b.param(node, k) for k in range(len(node.params))
+                  if f"in{len(inputs) + k}" in present})
     names[""] = ""  # an optional input left out
     for init in model.graph.initializer:
         names[init.name] = b.init(numpy_helper.to_array(init), init.name)
