@@ -11,10 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import opsched
-from opsched.ir.ops.aten import arguments
+from opsched.ir.ops.aten import SDPA, arguments
 from opsched.testing import assert_close
 from opsched.transforms import simplify_attention_masks
-from opsched.transforms.simplify_attention_masks import SDPA
 
 L, S, E = 6, 6, 8
 
@@ -146,3 +145,45 @@ def test_grouped_query_attention_runs_in_one_onnx_runtime_session() -> None:
     assert "run with torch" not in module.executor.describe(), module.executor.describe()
     with torch.no_grad():
         assert_close(module(q, kv), Direct()(q, kv), "grouped-query attention in ONNX Runtime")
+
+
+@pytest.mark.parametrize("dtype, width, masked, capability, repeats", [
+    ("float16", 8, False, (9, 0), False),   # flash attention takes the heads as they are
+    ("bfloat16", 256, False, (8, 0), False),
+    ("float32", 8, False, (9, 0), True),    # no fused kernel for float32 grouped heads: the math one
+    ("float16", 8, True, (9, 0), True),     # nor for a masked call
+    ("float16", 512, False, (9, 0), True),  # nor for heads over 256 wide
+    ("float16", 8, False, (7, 5), True),    # nor before sm80
+])
+def test_on_a_gpu_grouped_attention_repeats_its_heads_where_no_fused_kernel_takes_them(
+        monkeypatch: pytest.MonkeyPatch, dtype: str, width: int, masked: bool, capability: tuple[int, int],
+        repeats: bool) -> None:
+    """Which grouped-query calls the kernel runs on repeated heads, decided on a GPU's facts (here
+    stood in for), and that the repeated-heads kernel computes what the call does."""
+    from opsched.ir.ops import aten
+
+    class Grouped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mask = torch.rand(1, 1, L, S) > 0.2 if masked else None
+            if self.mask is not None:
+                self.mask[..., 0] = True
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k + 1.0, v, attn_mask=self.mask, enable_gqa=True)
+
+    model = Grouped()
+    q, k, v = torch.randn(1, 4, L, width), torch.randn(1, 2, S, width), torch.randn(1, 2, S, width)
+    graph = opsched.from_torch(model, (q, k, v))
+    node = _attention(graph)
+    assert not aten._repeats_heads_itself(graph, node)  # on this CPU: the call as it is
+    monkeypatch.setattr(aten, "_placement", lambda g, n: (torch.device("cuda"), getattr(torch, dtype)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert aten._repeats_heads_itself(graph, node) == repeats
+    monkeypatch.setattr(aten, "_placement", lambda g, n: (torch.device("cpu"), torch.float32))
+    add = next(n for n in graph.nodes if n.attr("target") == "aten::add.Tensor")
+    values = {"q": q, "k": k, "v": v, add.name: k + 1.0}
+    call = [values[name] for name in node.inputs]
+    with torch.no_grad():
+        assert_close(aten._heads_repeated(graph, node)(*call), aten._overload_call(graph, node)(*call),
+                     "grouped attention on repeated heads")

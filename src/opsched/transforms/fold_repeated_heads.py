@@ -16,10 +16,9 @@ order), without the copies; a repeat nothing else reads goes.
 from __future__ import annotations
 
 from opsched.ir import Graph, Node
-from opsched.ir.ops.aten import arguments
+from opsched.ir.ops.aten import SDPA, arguments
 from opsched.transforms._rewrite import rename_uses
 from opsched.transforms.eliminate_dead import eliminate_dead
-from opsched.transforms.simplify_attention_masks import SDPA
 
 __all__ = ["fold_repeated_heads"]
 

@@ -22,12 +22,10 @@ from typing import Any
 import torch
 
 from opsched.ir import Graph, Node
-from opsched.ir.ops.aten import overload
+from opsched.ir.ops.aten import SDPA, overload
 from opsched.transforms._rewrite import rename_uses
 
 __all__ = ["simplify_attention_masks"]
-
-SDPA = "aten::scaled_dot_product_attention.default"
 
 
 def simplify_attention_masks(graph: Graph) -> Graph:

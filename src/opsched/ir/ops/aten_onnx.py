@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from opsched.ir.node import Node
-from opsched.ir.ops.aten import arguments, run_on
+from opsched.ir.ops.aten import SDPA, arguments, run_on
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
@@ -250,9 +250,6 @@ def _grid_sample(b: OnnxBuilder, node: Node) -> None:
     b.add("GridSample", [_operand(b, node, 0), _operand(b, node, 1)], node.name,
           mode=_GRID_MODES[how["interpolation_mode"]], padding_mode=_GRID_PADDINGS[how["padding_mode"]],
           align_corners=int(how["align_corners"]))
-
-
-SDPA = "aten::scaled_dot_product_attention.default"
 
 
 def _attention(b: OnnxBuilder, node: Node) -> None:
