@@ -1,10 +1,10 @@
 """GPU benchmark: opsched against eager PyTorch, a single-stream CUDA graph and torch.compile.
 
 For every zoo model, batch size and precision, in one process, interleaved (a fresh order each
-round) after warm-up, each contender's turn one untimed call and ``--block`` calls each timed with
-CUDA events, its sample their median (a batch-1 call takes 0.1-1 ms, and single calls, one a turn,
-spread by up to 30% between rounds on an H200): eager PyTorch; the same model captured into a single-stream CUDA
-graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
+round) after warm-up, each contender's turn one untimed call and ``--block`` calls each timed
+with CUDA events, its sample their median (a batch-1 call takes 0.1-1 ms, and single calls, one
+a turn, spread by up to 30% between rounds on an H200): eager PyTorch; the same model captured
+into a single-stream CUDA graph (the baseline that counts: it removes launch overhead but runs one operator at a time);
 ``torch.compile`` (default, max-autotune and reduce-overhead); opsched's sequential, greedy,
 IOS, ``est`` and ``graphturbo`` schedules, each run by the CUDA executor with the whole plan
 captured into one CUDA graph; ``opsched optimize()``, what :func:`opsched.optimize` returns when
@@ -141,6 +141,8 @@ def critical_path_bound(graph: opsched.Graph, device: torch.device, cache_dir: s
 
 #: What a CUDA trace calls the device's work (chrome trace categories of torch.profiler's Kineto).
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+#: The calls --profile traces per contender.
+PROFILE_CALLS = 10
 
 
 def device_time(spans: list[tuple[float, float]], calls: int) -> dict[str, float]:
@@ -161,7 +163,7 @@ def device_time(spans: list[tuple[float, float]], calls: int) -> dict[str, float
             "busy_ms": union / calls / 1e3, "span_ms": (last - first) / calls / 1e3}
 
 
-def kernel_profile(fn: Callable[[], Any], calls: int = 10) -> dict[str, float]:
+def kernel_profile(fn: Callable[[], Any], calls: int = PROFILE_CALLS) -> dict[str, float]:
     """:func:`device_time` of ``calls`` calls of ``fn`` on the GPU, from torch.profiler's trace
     (a captured graph's kernels included: the trace has them as the replay ran them)."""
     from torch.profiler import ProfilerActivity, profile
@@ -329,8 +331,8 @@ def where_time_goes(records: list[dict[str, Any]]) -> list[str]:
     headers = ["model", "batch", "dtype", "contender", "kernels", "kernel ms", "busy ms", "overlap",
                "idle ms", "estimate ms"]
     return ["", "## Where the time goes (--profile)", "",
-            "Per call, from torch.profiler's trace of 10 calls: kernels (and copies) run, their summed time, "
-            "the time at least one ran (busy), overlap = summed / busy (1.00: one at a time), idle = the "
+            f"Per call, from torch.profiler's trace of {PROFILE_CALLS} calls: kernels (and copies) run, their "
+            "summed time, the time at least one ran (busy), overlap = summed / busy (1.00: one at a time), idle = the "
             "median latency above less busy (launch gaps, waits), and the schedule's own estimate.", "",
             format_table(headers, rows, markdown=True)]
 
@@ -348,8 +350,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--block", type=int, default=5, help="timed calls per turn, the turn's sample their median")
     p.add_argument("--profile", action="store_true",
-                   help="also profile each contender's kernels (torch.profiler, 10 calls): count, summed and "
-                        "busy time, beside the schedule's estimate")
+                   help=f"also profile each contender's kernels (torch.profiler, {PROFILE_CALLS} calls): count, "
+                        "summed and busy time, beside the schedule's estimate")
     p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one, so search times are honest)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in the results JSON")
     p.add_argument("--name", help="results name (default gpu-<device name>)")

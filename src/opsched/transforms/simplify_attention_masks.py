@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from opsched.ir import Graph, Node
-from opsched.ir.ops.aten import SDPA, overload
+from opsched.ir.ops.aten import SDPA, encoded_arguments, overload
 from opsched.transforms._rewrite import rename_uses
 
 __all__ = ["simplify_attention_masks"]
@@ -39,7 +39,7 @@ def simplify_attention_masks(graph: Graph) -> Graph:
 def _simplified(graph: Graph, node: Node) -> Node | None:
     names = [a.name for a in overload(SDPA)._schema.arguments]
     args, kwargs = list(node.attrs["args"]), dict(node.attrs["kwargs"])
-    bound = {**dict(zip(names, args)), **kwargs}
+    bound = encoded_arguments(node)
     mask_enc = bound.get("attn_mask", ("v", None))
     if mask_enc[0] != "p" or bound.get("is_causal", ("v", False)) != ("v", False):
         return None

@@ -32,7 +32,8 @@ from opsched.ir.types import FrozenAttrs, TensorType
 if TYPE_CHECKING:
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["GENERIC_OPS", "SDPA", "arguments", "category_of", "decode_arg", "encode_args", "generic_kind", "overload",
+__all__ = ["GENERIC_OPS", "SDPA", "arguments", "category_of", "decode_arg", "encode_args", "encoded_arguments",
+           "generic_kind", "overload",
            "run_on", "target_of"]
 
 #: Generic op kinds, by the category each is costed and drawn as.
@@ -128,12 +129,17 @@ def _value(enc: Any) -> Any:
     return _NOT_A_VALUE
 
 
+def encoded_arguments(node: Node) -> dict[str, Any]:
+    """A generic node's arguments as encoded (:func:`encode_args`), by their schema names: the
+    positional ones and the keywords given."""
+    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
+    return {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
+
+
 def arguments(node: Node) -> dict[str, Any]:
     """A generic node's arguments that are values (scalars, strings, None, lists of them), by
     their schema names; tensors, dtypes and devices left out."""
-    names = [a.name for a in overload(node.attrs["target"])._schema.arguments]
-    bound = {**dict(zip(names, node.attrs["args"])), **dict(node.attrs["kwargs"])}
-    return {k: v for k, enc in bound.items() if (v := _value(enc)) is not _NOT_A_VALUE}
+    return {k: v for k, enc in encoded_arguments(node).items() if (v := _value(enc)) is not _NOT_A_VALUE}
 
 
 def decode_arg(enc: Any, inputs: Sequence[Any], params: Sequence[Any], device: torch.device,
@@ -201,8 +207,7 @@ def _repeats_heads_itself(graph: Graph, node: Node) -> bool:
     sm80), several times slower than a fused kernel on repeated heads. On a CPU the call as it is
     runs faster (1.11-1.15x on Llama-like models here)."""
     device, floating = _placement(graph, node)
-    bound = {**dict(zip([a.name for a in overload(SDPA)._schema.arguments], node.attrs["args"])),
-             **dict(node.attrs["kwargs"])}
+    bound = encoded_arguments(node)
     if device.type != "cuda" or bound.get("enable_gqa") != ("v", True) or any(
             bound[name][0] != "t" for name in ("query", "key", "value")):
         return False
