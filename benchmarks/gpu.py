@@ -267,21 +267,26 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
     compiles = [k for k in ("compile", "compile-max", "compile-ro") if k in contenders]
     headers = ["model", "batch", "dtype", *(LABELS[k] for k in contenders),
                *(f"{LABELS[k].removeprefix('opsched ')} vs {LABELS[base]}" for k in versus),
-               "bound", "IOS / bound", "IOS memory vs base", "IOS search s"]
+               "bound", *(("IOS / bound", "IOS memory vs base", "IOS search s") if "ios" in contenders else ())]
     rows = []
 
     def ratio(med: dict[str, float], k: str) -> str:
         return f"{med[base] / med[k]:.2f}" if k in med and base in med else ""
 
+    def ios_columns(r: dict[str, Any]) -> tuple[str, str, str]:
+        """The IOS contender's time over the bound, memory over the base's and build seconds
+        (empty where it failed)."""
+        med, mem, built = r["median_ms"], r["held_mib"], r["build_s"]
+        return (f"{med['ios'] / r['critical_path_bound_ms']:.2f}" if "ios" in med else "",
+                f"{mem['ios'] / mem[base]:.2f}" if "ios" in mem and base in mem and mem[base] > 0 else "",
+                f"{built['ios']:.1f}" if "ios" in built else "")
+
     for r in records:
         med, iqr = r["median_ms"], r["iqr_ms"]
-        mem = r["held_mib"]
         rows.append([r["model"], r["batch"], r["dtype"],
                      *(f"{med[k]:.3f} ±{iqr[k]:.3f}" if k in med else "failed" for k in contenders),
                      *(ratio(med, k) for k in versus), f"{r['critical_path_bound_ms']:.3f}",
-                     f"{med['ios'] / r['critical_path_bound_ms']:.2f}" if "ios" in med else "",
-                     f"{mem['ios'] / mem[base]:.2f}" if "ios" in mem and base in mem and mem[base] > 0 else "",
-                     f"{r['build_s'].get('ios', float('nan')):.1f}"])
+                     *(ios_columns(r) if "ios" in contenders else ())])
     summary: dict[str, Any] = {}
     for dtype in sorted({r["dtype"] for r in records}):
         for k in versus:

@@ -49,6 +49,27 @@ def test_device_time_counts_overlapping_kernels_once_in_the_busy_time() -> None:
     assert where_time_goes([{**record, "profile": {}}]) == []
 
 
+def test_gpu_report_has_the_ios_columns_only_where_ios_ran() -> None:
+    """A run without the IOS contender (the corpus's) has no IOS columns to leave empty or nan."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from gpu import report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    record = {"model": "m", "batch": 1, "dtype": "float16", "median_ms": {"graph": 0.2, "optimize": 0.1},
+              "iqr_ms": {"graph": 0.01, "optimize": 0.01}, "build_s": {"graph": 1.0, "optimize": 9.0},
+              "held_mib": {"graph": 10.0, "optimize": 12.0}, "critical_path_bound_ms": 0.05}
+    without, _ = report([record], ["graph", "optimize"], "cuda")
+    header = without.splitlines()[4]
+    assert "IOS" not in header and "nan" not in without
+    assert header.split("|")[-2].strip() == "bound"
+    ios = {**record, "median_ms": {**record["median_ms"], "ios": 0.125}, "iqr_ms": {**record["iqr_ms"], "ios": 0.0},
+           "build_s": {**record["build_s"], "ios": 4.0}, "held_mib": {**record["held_mib"], "ios": 15.0}}
+    with_ios, _ = report([ios], ["graph", "ios", "optimize"], "cuda")
+    cells = [c.strip() for c in with_ios.splitlines()[6].split("|")[1:-1]]
+    assert cells[-4:] == ["0.050", "2.50", "1.50", "4.0"]  # bound, IOS / bound, memory vs base, search s
+
+
 def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() -> None:
     """``benchmarks/stage_floor.py`` counts the stages no monotone bound can spare; a DP that
     priced fewer would be discarding endings it cannot prove lose (or the floor would be wrong)."""
