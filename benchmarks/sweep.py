@@ -1,4 +1,4 @@
-"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 40 Hugging Face
+"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 56 Hugging Face
 architectures beyond the corpus) through every way a user brings a model, on this CPU.
 
 Per model: ``opsched.optimize`` with its defaults (its own check against the model included) and

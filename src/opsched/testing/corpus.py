@@ -26,7 +26,7 @@ from torch import nn
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["CorpusModel", "corpus", "wide_corpus", "corpus_available", "export_onnx"]
+__all__ = ["CorpusModel", "ExportFailed", "corpus", "wide_corpus", "corpus_available", "export_onnx"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,7 @@ def wide_corpus() -> dict[str, CorpusModel]:
     text: dict[str, Any] = {"vocab_size": 100, "hidden_size": 64, **layers}
     decoder: dict[str, Any] = {**text, "num_key_value_heads": 2, "use_cache": False}
     four: dict[str, Any] = {"depths": [1, 1, 1, 1], "hidden_sizes": [16, 32, 64, 128]}
+    stages: dict[str, Any] = {"embedding_size": 16, **four}
     labels: dict[str, Any] = {"num_labels": 3}
     entries = [
         CorpusModel("distilbert", "DistilBertModel", lambda: hf.DistilBertModel(hf.DistilBertConfig(
@@ -183,6 +184,30 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("qwen2", "Qwen2Model", lambda: hf.Qwen2Model(hf.Qwen2Config(**decoder)), tokens),
         CorpusModel("mistral", "MistralModel", lambda: hf.MistralModel(hf.MistralConfig(**decoder)), tokens),
         CorpusModel("gemma", "GemmaModel", lambda: hf.GemmaModel(hf.GemmaConfig(head_dim=16, **decoder)), tokens),
+        # mixtures of experts: each token routed to its top two of four experts (top-k, a one-hot
+        # mask, experts gathered and their outputs scattered back), Qwen2's beside a shared expert
+        CorpusModel("mixtral", "MixtralModel", lambda: hf.MixtralModel(hf.MixtralConfig(
+            num_local_experts=4, num_experts_per_tok=2, **decoder)), tokens),
+        CorpusModel("qwen2_moe", "Qwen2MoeModel", lambda: hf.Qwen2MoeModel(hf.Qwen2MoeConfig(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+            **decoder)), tokens),
+        # logits soft-capped by tanh; local (sliding-window) and global attention layers alternating
+        CorpusModel("gemma2", "Gemma2Model", lambda: hf.Gemma2Model(hf.Gemma2Config(head_dim=16, **decoder)),
+                    tokens),
+        CorpusModel("phi3", "Phi3Model", lambda: hf.Phi3Model(hf.Phi3Config(pad_token_id=0, **decoder)), tokens),
+        CorpusModel("stablelm", "StableLmModel", lambda: hf.StableLmModel(hf.StableLmConfig(**decoder)), tokens),
+        # attention and the MLP in parallel on the same normalised input: a branch per block
+        CorpusModel("falcon", "FalconModel", lambda: hf.FalconModel(hf.FalconConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, use_cache=False)), tokens),
+        CorpusModel("gptj", "GPTJModel", lambda: hf.GPTJModel(hf.GPTJConfig(
+            vocab_size=100, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, use_cache=False)), tokens),
+        # two-stream relative attention over permutations (einsum-heavy)
+        CorpusModel("xlnet", "XLNetModel", lambda: hf.XLNetModel(hf.XLNetConfig(
+            vocab_size=100, d_model=64, n_layer=2, n_head=4, d_inner=128, use_mems_eval=False)), tokens),
+        # bottleneck layers around narrow attention, and an elementwise "NoNorm"
+        CorpusModel("mobilebert", "MobileBertModel", lambda: hf.MobileBertModel(hf.MobileBertConfig(
+            embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32, **{**text, "intermediate_size": 64})),
+                    tokens),
         CorpusModel("mamba", "MambaModel", lambda: hf.MambaModel(hf.MambaConfig(
             vocab_size=100, hidden_size=64, num_hidden_layers=2, state_size=8, use_cache=False)), tokens),
         # its chunked scan permutes and transposes by dimensions counted from the end
@@ -194,6 +219,21 @@ def wide_corpus() -> dict[str, CorpusModel]:
             use_cache=False)), tokens),
         CorpusModel("clip_vision", "CLIPVisionModel", lambda: hf.CLIPVisionModel(hf.CLIPVisionConfig(**vision)),
                     image()),
+        # two towers, text and image, and two inputs of different batch sizes (two captions, one image)
+        CorpusModel("clip", "CLIPModel", lambda: hf.CLIPModel(hf.CLIPConfig(
+            text_config={"vocab_size": 100, "hidden_size": 64, **layers}, vision_config=vision, projection_dim=32)),
+                    lambda: (torch.randint(0, 100, (2, 8)), torch.randn(1, 3, 64, 64))),
+        # a fixed set of latents cross-attending to the input
+        CorpusModel("perceiver", "PerceiverModel", lambda: hf.PerceiverModel(hf.PerceiverConfig(
+            num_latents=16, d_latents=32, d_model=64, num_blocks=1, num_self_attends_per_block=2,
+            num_self_attention_heads=4, num_cross_attention_heads=4)), shaped(1, 16, 64)),
+        # windowed attention with relative positions, and global attention every other block
+        CorpusModel("sam_vision", "SamVisionModel", lambda: hf.SamVisionModel(hf.SamVisionConfig(
+            hidden_size=32, output_channels=32, num_hidden_layers=2, num_attention_heads=4, image_size=64,
+            patch_size=16, window_size=2, global_attn_indexes=[1], mlp_dim=64)), image()),
+        # separable self-attention (linear in the tokens) over unfolded patches
+        CorpusModel("mobilevitv2", "MobileViTV2Model", lambda: hf.MobileViTV2Model(hf.MobileViTV2Config(
+            image_size=64, width_multiplier=0.5)), image()),
         CorpusModel("beit", "BeitModel", lambda: hf.BeitModel(hf.BeitConfig(**vision)), image()),
         CorpusModel("data2vec_vision", "Data2VecVisionModel",
                     lambda: hf.Data2VecVisionModel(hf.Data2VecVisionConfig(**vision)), image()),
@@ -220,6 +260,26 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("hiera", "HieraModel", lambda: hf.HieraModel(hf.HieraConfig(
             image_size=[64, 64], embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 4], query_stride=[2, 2],
             masked_unit_size=[8, 8], patch_stride=[4, 4])), image()),
+        # detection: a convolutional backbone, a transformer encoder-decoder and learned queries
+        CorpusModel("detr", "DetrModel", lambda: hf.DetrModel(hf.DetrConfig(
+            use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=hf.ResNetConfig(
+                out_features=["stage4"], **stages), d_model=32, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            num_queries=10)), image()),
+        # real-time detection: a hybrid encoder over three scales and deformable attention in the decoder
+        CorpusModel("rt_detr", "RTDetrModel", lambda: hf.RTDetrModel(hf.RTDetrConfig(
+            backbone_config=hf.RTDetrResNetConfig(out_features=_STAGES[1:], **stages), encoder_hidden_dim=32,
+            d_model=32, decoder_layers=1, num_queries=10, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            encoder_in_channels=[32, 64, 128], decoder_in_channels=[32, 32, 32], num_feature_levels=3)), image()),
+        # depth from a DINOv2 backbone's four stages through a DPT-style neck and head
+        CorpusModel("depth_anything", "DepthAnythingForDepthEstimation",
+                    lambda: hf.DepthAnythingForDepthEstimation(hf.DepthAnythingConfig(
+                        backbone_config=hf.Dinov2Config(image_size=56, patch_size=14, hidden_size=32,
+                                                        num_hidden_layers=4, num_attention_heads=4,
+                                                        intermediate_size=64, out_features=_STAGES,
+                                                        reshape_hidden_states=False),
+                        neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, head_hidden_size=16,
+                        reassemble_hidden_size=32)), image(56)),
         # a pixel decoder of multi-scale deformable attention: grid sampling at learned offsets
         CorpusModel("mask2former", "Mask2FormerModel", lambda: hf.Mask2FormerModel(hf.Mask2FormerConfig(
             backbone_config=hf.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1],
@@ -256,26 +316,46 @@ def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], opset: int |
     exporter, else the TorchScript one (which some models need: Swin's decompositions fail in
     the first), at the exporter's default opset or ``opset``; with ``torchscript``, the
     TorchScript one alone (the files of older tools: ``input.1`` names, opsets before 14).
-    Returns the model and which exporter made it; raises the last exporter's error."""
+    Returns the model and which exporter made it. Where every exporter tried fails, raises
+    :class:`ExportFailed` with each one's reason (the innermost cause of the dynamo exporter's
+    error, which names the operator it had no ONNX function for)."""
     import onnx
 
+    dynamo_failure = ""
     with _quiet():
+        if not torchscript:
+            try:
+                program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, opset_version=opset)
+                assert program is not None
+                return program.model_proto, "dynamo"
+            except Exception as e:  # noqa: BLE001 (the exporter raises many types; the reasons are reported)
+                dynamo_failure = f"the dynamo exporter: {_innermost_line(e)}; "
+        buf = io.BytesIO()
+        # called with positional inputs only: the TorchScript exporter would fill in every
+        # default argument positionally, which Hugging Face forward wrappers refuse
+        # the wrapper in the model's mode: the exporter leaves the wrapper, and so the model, in the
+        # wrapper's mode, and a new module is in training mode
+        wrapper = _Positional(model).train(model.training)
         try:
-            if torchscript:
-                raise NotImplementedError("the TorchScript exporter was asked for")
-            program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, opset_version=opset)
-            assert program is not None
-            return program.model_proto, "dynamo"
-        except Exception:  # noqa: BLE001 (the exporter raises many types; the fallback reports its own)
-            buf = io.BytesIO()
-            # called with positional inputs only: the TorchScript exporter would fill in every
-            # default argument positionally, which Hugging Face forward wrappers refuse
-            # the wrapper in the model's mode: the exporter leaves the wrapper, and so the model, in the
-            # wrapper's mode, and a new module is in training mode
-            wrapper = _Positional(model).train(model.training)
             torch.onnx.export(wrapper, inputs, buf, dynamo=False,  # type: ignore[arg-type]  # a file
                               opset_version=opset)
-            return onnx.load_model_from_string(buf.getvalue()), "torchscript"
+        except Exception as e:  # noqa: BLE001 (as above)
+            raise ExportFailed(f"torch.onnx cannot export {type(model).__name__}: {dynamo_failure}the TorchScript "
+                               f"exporter: {_innermost_line(e)}") from e
+        return onnx.load_model_from_string(buf.getvalue()), "torchscript"
+
+
+class ExportFailed(RuntimeError):
+    """``torch.onnx`` could not export a model by any exporter :func:`export_onnx` tried."""
+
+
+def _innermost_line(e: BaseException) -> str:
+    """The first line of the innermost cause of ``e`` (the exporters wrap the reason in
+    errors about which step failed)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 class _Positional(nn.Module):
