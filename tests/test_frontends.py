@@ -506,8 +506,14 @@ def test_wrong_input_shape_at_run_time() -> None:
     graph = from_torch(nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8))
     with pytest.raises(InputMismatchError, match=r"expected f32\[1,3,8,8\].*got shape \(2, 3, 8, 8\)"):
         run_graph(graph, [torch.randn(2, 3, 8, 8)])
-    with pytest.raises(InputMismatchError, match="float64"):
+    with pytest.raises(InputMismatchError, match=re.escape(
+            "expected f32[1,3,8,8] (float32), got float64 values of that shape; the graph (and any schedule for it) "
+            "runs in the types it was made for: pass the input as tensor.to(torch.float32), or optimize again with "
+            "dtype='float64' for a graph in that precision")):
         run_graph(graph, [torch.randn(1, 3, 8, 8, dtype=torch.float64)])
+    ids = from_torch(nn.Embedding(10, 4), torch.zeros(1, 3, dtype=torch.int64))
+    with pytest.raises(InputMismatchError, match=r"got int32 values of that shape; .* tensor.to\(torch.int64\)$"):
+        run_graph(ids, [torch.zeros(1, 3, dtype=torch.int32)])
     with pytest.raises(InputMismatchError, match="takes 1 inputs"):
         run_graph(graph, [])
 

@@ -27,6 +27,13 @@ def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
             raise InputMismatchError(f"input {spec.name!r} of graph {graph.name!r} must be a tensor, "
                                      f"got {type(t).__name__}")
         shape, dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+        if shape == spec.type.shape and dtype != spec.type.dtype:
+            again = (f", or optimize again with dtype={dtype!r} for a graph in that precision"
+                     if t.is_floating_point() and getattr(torch, spec.type.dtype).is_floating_point else "")
+            raise InputMismatchError(
+                f"input {spec.name!r} of graph {graph.name!r}: expected {spec.type} ({spec.type.dtype}), got "
+                f"{dtype} values of that shape; the graph (and any schedule for it) runs in the types it was "
+                f"made for: pass the input as tensor.to(torch.{spec.type.dtype}){again}")
         if shape != spec.type.shape or dtype != spec.type.dtype:
             raise InputMismatchError(
                 f"input {spec.name!r} of graph {graph.name!r}: expected {spec.type} "
