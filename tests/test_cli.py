@@ -211,6 +211,10 @@ def conv():
 
 def number():
     return 3
+
+
+def embedding():
+    return nn.Embedding(10, 4)
 """
 
 
@@ -242,9 +246,25 @@ def test_a_factory_gives_a_model_and_example_inputs(tmp_path, monkeypatch, capsy
             ("cli_factories:conv", {"batch": 4}, r"--batch is for zoo models and \.onnx files"),
             ("cli_factories:conv", {"input_shapes": ["x=1,3,8,8"]}, r"return \(module, example inputs\) from the"),
             ("cli_factories:number", {}, r"number\(\) returned int: a factory returns an nn.Module, or a pair"),
-            ("cli_factories:nothing", {}, r"cannot load 'cli_factories:nothing'")]:
+            ("cli_factories:nothing", {}, r"cannot load 'cli_factories:nothing'"),
+            # a model of token ids, given a random float input: the import's error says so
+            ("cli_factories:embedding", {"input_shapes": ["1,5"]},
+             r"\(Its example input was a random float32 tensor of shape 1,5; a model whose input is an integer one, "
+             r"such as token ids, or several tensors, needs its factory to return \(module, example inputs\).\)$")]:
         with pytest.raises(OpschedError, match=why):
             load_model(spec, **kwargs)
+
+
+def test_a_factory_module_in_the_current_directory_loads(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`opsched optimize mymodels:make` in the directory of mymodels.py finds it, as `python -m`
+    would, though the console script's sys.path holds neither the directory nor ''."""
+    from opsched.cli.models import load_model
+
+    (tmp_path / "cli_here.py").write_text("import torch.nn as nn\n\ndef make():\n    return nn.ReLU()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    loaded = load_model("cli_here:make", input_shapes=["2,3"])
+    assert loaded.graph.name == "make" and [t.shape for t in loaded.inputs] == [(2, 3)]
 
 
 def test_bad_model_spec_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from opsched.errors import OpschedError
+from opsched.errors import FrontendError, OpschedError
 from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example
 
@@ -58,9 +59,18 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
         return _from_script_file(spec, batch, unnamed, named)
     if ":" in spec:
         name = spec.partition(":")[2]
-        module, example = _from_factory(spec, batch, unnamed, named)
+        module, example, drawn = _from_factory(spec, batch, unnamed, named)
         call, inputs = bind_example(module.forward, example)
-        return LoadedModel(name, from_torch(module, example, name=name), inputs, module, call)
+        try:
+            graph = from_torch(module, example, name=name)
+        except FrontendError as e:
+            if not drawn:
+                raise
+            shape = ",".join(map(str, inputs[0].shape))
+            raise type(e)(f"{e}. (Its example input was a random float32 tensor of shape {shape}; a model whose "
+                          f"input is an integer one, such as token ids, or several tensors, needs its factory to "
+                          f"return (module, example inputs).)") from e
+        return LoadedModel(name, graph, inputs, module, call)
     raise OpschedError(f"{spec!r} is not a zoo model ({', '.join(MODELS)}), an .onnx file, a .pt2 file, a TorchScript "
                        f"file ({', '.join(TORCHSCRIPT)}) or package.module:factory")
 
@@ -127,16 +137,20 @@ def _from_program(path: str, batch: int, input_shapes: Sequence[str]) -> LoadedM
 
 
 def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
-                  named: dict[str, tuple[int, ...]]) -> tuple[nn.Module, ExampleInputs]:
+                  named: dict[str, tuple[int, ...]]) -> tuple[nn.Module, ExampleInputs, bool]:
     """What ``package.module:factory()`` returns: a module, or ``(module, example inputs)`` with
     the inputs as :func:`opsched.optimize` takes them (a tensor, positional arguments, or keyword
     arguments such as a tokenizer's output); a module alone is called on one random float tensor
-    of the ``--input-shape`` given, else of its ``example_input_shape``."""
+    of the ``--input-shape`` given, else of its ``example_input_shape``. The flag: whether the
+    example was drawn so."""
     mod_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` finds a module of this directory
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
-        raise OpschedError(f"cannot load {spec!r}: {e}") from None
+        raise OpschedError(f"cannot load {spec!r}: {type(e).__name__}: {e} (a factory's module is imported from "
+                           f"the current directory or the installed packages)") from None
     made = factory()
     module, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(module, nn.Module):
@@ -151,7 +165,7 @@ def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
         if unnamed or named:
             raise OpschedError(f"{spec}() returns example inputs, which fix the shapes: --input-shape is for a "
                                f"factory that returns a module alone")
-        return module, example
+        return module, example, False
     if named:
         raise OpschedError(f"{spec}: a module alone takes one unnamed --input-shape (e.g. 1,3,224,224); for "
                            f"several inputs, or integer ones such as token ids, return (module, example inputs) "
@@ -161,7 +175,7 @@ def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
         raise OpschedError(f"{spec}: give the input shape with --input-shape (e.g. 1,3,224,224), an "
                            f"example_input_shape attribute on the module, or return (module, example inputs) from "
                            f"the factory")
-    return module, torch.randn(*shape)
+    return module, torch.randn(*shape), True
 
 
 def _parse_shapes(values: Sequence[str]) -> tuple[tuple[int, ...] | None, dict[str, tuple[int, ...]]]:
