@@ -4,6 +4,8 @@ cycle (imports inside functions and under TYPE_CHECKING count: a lazy import doe
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,43 @@ def test_the_package_and_its_ir_import_without_heavy_libraries() -> None:
              "'conv2d' in ir.registered_ops())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "[]", "True"]
+
+
+_REFERENCE = re.compile(r":(?:mod|func|class|meth|attr|data|exc):`~?(\.*[\w.]+)`")
+
+
+def _resolves(name: str) -> bool:
+    """Whether the dotted ``name`` is a module of the package, or an attribute of one."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_every_cross_reference_in_the_docstrings_names_something_that_exists() -> None:
+    """A docstring's ``:mod:``, ``:func:``, ``:class:``... reference to the package (absolute, or
+    relative to the module's package) resolves: modules move, and a reference left behind sends
+    a reader to nothing."""
+    stale = []
+    for module, path in _modules().items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for target in _REFERENCE.findall(path.read_text()):
+            if target.startswith("."):
+                dots = len(target) - len(target.lstrip("."))
+                target = ".".join(package.split(".")[:len(package.split(".")) - dots + 1] + [target.lstrip(".")])
+            if target.startswith("opsched") and not _resolves(target):
+                stale.append(f"{module}: {target}")
+    assert stale == []
+
+
+def test_the_reference_check_tells_a_stale_name_from_a_live_one() -> None:
+    assert _resolves("opsched.schedulers.units.UnitGraph.build") and _resolves("opsched.ir")
+    assert not _resolves("opsched.schedule.units") and not _resolves("opsched.ir.NoSuchThing")

@@ -2,7 +2,7 @@
 
 An executor runs a :class:`Program`: the plan's phases and lanes, whose items are either single
 steps (torch kernels) or, with the ONNX Runtime backend, whole segments of a lane run as one
-session (:mod:`opsched.runtime.ort`). torch's intra-op thread count is process-wide
+session (:mod:`opsched.backends.ort`). torch's intra-op thread count is process-wide
 (``torch.set_num_threads`` from any thread changes it for all), so the coordinating thread sets
 it at each phase boundary: a phase of k lanes gives each lane ``cores // k`` threads, a phase
 of one lane gets every core. The caller's thread runs the first lane itself; the others go to a

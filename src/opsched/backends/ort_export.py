@@ -3,7 +3,7 @@
 Used by the ONNX Runtime backend: each lane segment of a plan becomes one ONNX model whose
 inputs are the values it reads from elsewhere and whose outputs are the values read elsewhere.
 Every op exports through its family's exporter (:attr:`opsched.ir.ops.OpDef.onnx`); an op without
-one, or a configuration its exporter refuses (:class:`~opsched.ops.NotExportable`), is not
+one, or a configuration its exporter refuses (:class:`~opsched.ir.ops.NotExportable`), is not
 exportable and the backend runs that step with torch. So is a node for whose types ONNX Runtime's
 CPU provider lacks a kernel: it has one of every op for float32, and for float64, float16 and the
 integers only of some (no float64 ``Conv``, say).

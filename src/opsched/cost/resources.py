@@ -23,8 +23,8 @@ any schedule that keeps one operator running is never slower than running them o
 
 The analytic cost model provides one (:meth:`AnalyticCostModel.resources`); other cost models
 price single-operator stages for the durations and borrow the demands of an analytic device
-model (:func:`opsched.cost.demands.resources_for`). The simulator (:mod:`opsched.schedule.simulate`) and the
-``est`` list scheduler (:mod:`opsched.schedule.est`) both run on this model.
+model (:func:`opsched.cost.demands.resources_for`). The simulator (:mod:`opsched.schedulers.simulate`) and the
+``est`` list scheduler (:mod:`opsched.schedulers.est`) both run on this model.
 """
 
 from __future__ import annotations

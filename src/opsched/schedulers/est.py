@@ -138,7 +138,7 @@ def bottom_levels(succs: Sequence[Sequence[int]], duration: Sequence[float]) -> 
 
 
 def choose_merges(graph: Graph, coster: StageCoster) -> list[tuple[str, ...]]:
-    """Sibling convolutions that may merge (:func:`opsched.schedule.merge.merge_class`) and cost
+    """Sibling convolutions that may merge (:func:`opsched.ir.ops.conv.merge_class`) and cost
     less merged than both alternatives, as the cost model prices them: side by side (plus the
     resume of the segment that cuts, where the backend charges cuts) and one after another.
     (On ONNX Runtime a merge's split forces layout conversions: SqueezeNet's fire modules merged

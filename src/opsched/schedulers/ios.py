@@ -1,21 +1,21 @@
 """The IOS dynamic program (Ding et al., MLSys 2021), with correct endings and shared pricing.
 
 For a set S of units still to schedule, ``cost(S) = min over endings S' of cost(S - S') +
-L(S')``, ``cost({}) = 0``, where S' is a valid last stage (:mod:`opsched.schedule.endings`)
+L(S')``, ``cost({}) = 0``, where S' is a valid last stage (:mod:`opsched.schedulers.endings`)
 and ``L`` prices it with the better of two strategies: *parallel* (its weakly connected
 components run at once, one lane each) and *merge* (two or more sink convolutions that read
-one tensor, as one wider convolution; :mod:`opsched.schedule.merge`). States are down-sets of
+one tensor, as one wider convolution; :mod:`opsched.ir.ops.conv`). States are down-sets of
 a part; the number of states is at most (n/d + 1)^d for n units of width d, and the pruning
 P(r, s) (``max_group_size``, ``max_lanes``: units per group, groups per stage) bounds the
 endings per state.
 
 What makes it cheap:
 
-* the graph is cut into parts automatically (:mod:`opsched.schedule.partition`) and units
-  (:mod:`opsched.schedule.units`) absorb light operators into their neighbours;
+* the graph is cut into parts automatically (:mod:`opsched.schedulers.partition`) and units
+  (:mod:`opsched.schedulers.units`) absorb light operators into their neighbours;
 * structurally identical parts (repeated NASNet cells) are solved once and the solution is
   mapped onto the others (same structure, same prices, so the same optimum);
-* every stage is priced once per *structure* (:mod:`opsched.schedule.coster`);
+* every stage is priced once per *structure* (:mod:`opsched.cost.coster`);
 * branch and bound, for cost models that declare themselves ``monotone``: a stage is never
   faster than any part of it, ``L(S') >= L(S'')`` for every subset S'' of its groups (true of
   the analytic model by construction, and physically of any device: adding work to a stage
@@ -30,7 +30,7 @@ What makes it cheap:
 
 Where the cost model charges for cutting one-lane segments (:class:`opsched.cost.SegmentCut`:
 ONNX Runtime's session calls and layout conversions), an ending of several groups also pays
-``resume + leave(values live before it) + enter(values live after it)`` (:mod:`.cuts`); those
+``resume + leave(values live before it) + enter(values live after it)`` (:mod:`opsched.cost.cuts`); those
 sums depend only on the states on either side, so they are kept per state, and they join the
 bound above as the exact terms they are.
 
