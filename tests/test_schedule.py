@@ -516,6 +516,46 @@ def test_units_contract_light_chains_only(inception: Graph) -> None:
     assert ["relu", "conv2d", "conv2d", "conv2d", "conv2d"] in nas_ops
 
 
+def test_a_constant_read_once_joins_its_readers_unit() -> None:
+    """A constant with one reader is in that reader's unit (in node order) and is no producer to
+    the chain rule; one with two readers, or one that is an output, stays a unit of its own; units
+    stay in topological order, by their chain's head, though an absorbed constant may come before
+    an earlier unit's head."""
+    b = GraphBuilder("consts")
+    x = b.input("x", (1, 4))
+    early = b.add("constant", [], name="early", params=[b.param("early", torch.ones(1, 4))])  # read late
+    left = b.add("relu", [x], name="left")
+    right = b.add("sigmoid", [x], name="right")
+    shared = b.add("constant", [], name="shared", params=[b.param("shared", torch.ones(1, 4))])
+    a = b.add("mul", [left, shared], name="a")
+    c = b.add("add", [right, shared], name="c")
+    d = b.add("add", [a, early], name="d")
+    e = b.add("add", [d, c], name="e")
+    kept = b.add("constant", [], name="kept", params=[b.param("kept", torch.ones(1, 4))])
+    graph = b.build([e, kept]).verify()
+    ug = UnitGraph.build(graph)
+    # d's other producer, a, now heads its chain: the constant does not count as a producer
+    assert ug.units == (("left",), ("right",), ("shared",), ("early", "a", "d"), ("c",), ("e",), ("kept",))
+    assert all(p < u for u, ps in enumerate(ug.preds) for p in ps)  # topological
+    assert UnitGraph.build(graph, contract=False).units == tuple((n.name,) for n in graph.nodes)
+    for name in ("ios", "greedy", "est", "sequential"):
+        schedule(graph, name, V100).validate(graph)
+
+
+def test_constants_no_longer_multiply_the_states_of_a_part() -> None:
+    """An ONNX import's initializer operands are constants; each one a free unit doubled the DP's
+    states. Twenty biases on a chain of adds: one unit each, absorbed, and the DP sees a chain."""
+    b = GraphBuilder("biases")
+    v = b.input("x", (1, 8))
+    for k in range(20):
+        v = b.add("add", [v, b.add("constant", [], name=f"b{k}", params=[b.param(f"b{k}", torch.ones(1, 8))])])
+    graph = b.build([v]).verify()
+    ug = UnitGraph.build(graph)
+    assert len(ug) == 1 and all(not ps for ps in ug.preds)
+    sched = schedule(graph, "ios", V100)
+    assert sched.stats["states"] <= 2 and not sched.stats["budget_exhausted"]
+
+
 def test_inception_blocks_are_cut_at_module_outputs(inception: Graph) -> None:
     ug = UnitGraph.build(inception)
     cuts = cut_units(ug)
