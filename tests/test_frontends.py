@@ -1146,6 +1146,13 @@ def test_a_quantized_weight_stays_quantized_so_ort_runs_its_integer_kernels() ->
     graph = from_onnx(model)
     weight = next(n for n in graph.nodes if n.attrs.get("op_type") == "DequantizeLinear" and not n.inputs)
     assert graph.param_types[weight.params[0]].dtype == "int8"
+    # it reads nothing: it joins its reader's schedule unit (not a free unit that doubles the DP's
+    # states), and so its reader's segment
+    from opsched.schedulers import UnitGraph
+
+    (unit,) = [u for u in UnitGraph.build(graph).units if weight.name in u]
+    reader = graph.node(unit[unit.index(weight.name) + 1])
+    assert reader.attrs.get("op_type") == "Conv"  # a generic ONNX Conv: its weight is computed
     module = opsched.optimize_graph(graph, backend="ort", scheduler="sequential", cost="analytic", check=False)
     np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=0, atol=1e-6)
 

@@ -8,16 +8,18 @@ convolutions (an Inception branch) stays a chain of units that can be split acro
 whose head can be merged with its siblings. Contracting such edges never creates a cycle, and
 units in the order of their chains' first nodes are in topological order.
 
-A constant (a node that reads nothing and costs nothing: an ONNX initializer operand of an add
-or a mul, a quantized model's scales) with one reader joins its reader's unit, and is no
-producer to the chain rule (so a matrix product, its bias add and the activation after it are
-one unit, as they are when imported from PyTorch). On its own it would be a unit of no work and
-no predecessors that any stage could take, doubling the states of its part: an ONNX BERT's
-layer has a dozen, and a dynamically quantized one (``onnxruntime.quantization``) more, whose
-DP priced 2 of its 7 parts in the 60 s budget; with them absorbed, all 7 in 0.02 s (analytic
-cost model, this machine). A unit is then its chain and the constants it reads, in node order;
-units are ordered by their chain's head, which is still topological (a constant has no
-predecessors, so every edge into a unit enters its chain).
+A node that reads nothing (a constant: an ONNX initializer operand of an add or a mul, a
+quantized model's scales; a quantized weight's DequantizeLinear; an ``arange``) with one reader
+joins its reader's unit, and is no producer to the chain rule (so a matrix product, its bias add
+and the activation after it are one unit, as they are when imported from PyTorch). On its own
+it would be a unit with no predecessors that any stage could take, doubling the states of its
+part: an ONNX BERT's layer has a dozen, a dynamically quantized one (``onnxruntime.quantization``)
+more, whose DP priced 2 of its 7 parts in its 60 s budget; with them absorbed, all 7 in 0.02 s
+(analytic cost model, this machine); a statically quantized (QDQ) SqueezeNet has 53, one per
+weight. With its reader, a weight's DequantizeLinear also stays in its reader's ONNX Runtime
+segment, where ORT fuses the pair into an integer kernel. A unit is then its chain and the
+nodes it absorbed, in node order; units are ordered by their chain's head, which is still
+topological (an absorbed node has no predecessors, so every edge into a unit enters its chain).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from opsched.cost.units import costs_nothing
 from opsched.ir import Graph, Node
 
 __all__ = ["UnitGraph", "is_heavy"]
@@ -51,7 +52,7 @@ class UnitGraph:
         outputs = set(graph.outputs)
         # a constant read once goes with its reader, and does not count as the reader's producer
         # in the chain rule (module docstring)
-        absorbed = {i for i, node in enumerate(graph.nodes) if contract and not node.inputs and costs_nothing(node)
+        absorbed = {i for i, node in enumerate(graph.nodes) if contract and not node.inputs
                     and len(graph.succs[i]) == 1 and node.name not in outputs}
         nxt = [-1] * n  # node index -> the next node of its chain
         has_prev = [False] * n
