@@ -54,14 +54,15 @@ def write(name: str, markdown: str, data: dict[str, Any], out: Path = RESULTS) -
 
 
 def write_table(name: str, intro: list[str], headers: list[str], rows: list[list[object]],
-                geo: dict[str, float], data: dict[str, Any]) -> None:
+                geo: dict[str, float], data: dict[str, Any], out: Path = RESULTS) -> None:
     """A results page of one table and its geometric means (``intro`` its title and text lines),
-    written by :func:`write` with ``data`` and the means beside it, and echoed to the terminal."""
+    written by :func:`write` into ``out`` with ``data`` and the means beside it, and echoed to
+    the terminal."""
     from opsched.cli.table import format_table
 
     md = "\n".join([*intro, "", format_table(headers, rows, markdown=True), "",
                     "Geometric means: " + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items()) + "."])
-    md_path, js_path = write(name, md, {**data, "geomean": geo})
+    md_path, js_path = write(name, md, {**data, "geomean": geo}, out)
     print(format_table(headers, rows))
     print("geomean:", geo)
     print(f"wrote {md_path} and {js_path}")

@@ -70,6 +70,20 @@ def test_gpu_report_has_the_ios_columns_only_where_ios_ran() -> None:
     assert cells[-4:] == ["0.050", "2.50", "1.50", "4.0"]  # bound, IOS / bound, memory vs base, search s
 
 
+def test_quantized_benchmark_runs_a_qdq_file_equal_to_onnx_runtime(tmp_path: Path) -> None:
+    """benchmarks/quantized.py on one statically quantized (QDQ) model: its weights' DequantizeLinear
+    nodes joined their readers' units, the search solved every part, and the module's outputs are
+    ONNX Runtime's own session's exactly."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "quantized.py"), "--models", "squeezenet1_1", "--rounds", "1",
+           "--budget", "30", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (row,) = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert row["quantized"] == "QDQ" and row["max_diff"] == 0.0
+    assert row["joined"] >= 26 and row["units"] < row["nodes"] - row["joined"]  # a weight each, at least
+    stats = row["ios_stats"]
+    assert not stats["budget_exhausted"] and stats["parts_solved"] + stats["parts_reused"] == stats["parts"]
+
+
 def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() -> None:
     """``benchmarks/stage_floor.py`` counts the stages no monotone bound can spare; a DP that
     priced fewer would be discarding endings it cannot prove lose (or the floor would be wrong)."""
