@@ -50,8 +50,8 @@ class UnitGraph:
         joins: PartitionTuner's branches)."""
         n = len(graph.nodes)
         outputs = set(graph.outputs)
-        # a constant read once goes with its reader, and does not count as the reader's producer
-        # in the chain rule (module docstring)
+        # a node that reads nothing (a constant, a weight's DequantizeLinear), read once, goes with
+        # its reader and does not count as the reader's producer in the chain rule (module docstring)
         absorbed = {i for i, node in enumerate(graph.nodes) if contract and not node.inputs
                     and len(graph.succs[i]) == 1 and node.name not in outputs}
         nxt = [-1] * n  # node index -> the next node of its chain
