@@ -15,7 +15,8 @@ so a schedule the DP accepts lowers to a plan within the budget:
 * a stage of one group is one lane, walked unit by unit: a unit's first node runs beside what
   is live before it (what it reads included); the rest of its chain, once what nothing still to
   run reads is freed, beside the output of the node before each; then its value (what its last
-  node writes) stays while anything still to run reads it.
+  node writes) stays while anything still to run reads it. A node the unit absorbed because it
+  reads nothing (a constant) runs right before its reader and counts with it.
 """
 
 from __future__ import annotations
@@ -24,9 +25,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opsched._toposort import bits
+from opsched.ir import Graph
 from opsched.schedulers.units import UnitGraph
 
-__all__ = ["PartMemory"]
+__all__ = ["PartMemory", "chain_bytes"]
+
+
+def chain_bytes(graph: Graph, unit: Sequence[str]) -> list[int]:
+    """The bytes each node of ``unit``'s chain writes, each with those of the nodes that read
+    nothing and that the unit runs right before it (:mod:`.units`): they are live together."""
+    sizes, pending = [], 0
+    for k, v in enumerate(unit):
+        node = graph.node(v)
+        if not node.inputs and k < len(unit) - 1:  # absorbed: held until its reader, next, has run
+            pending += node.out.nbytes
+        else:
+            sizes.append(pending + node.out.nbytes)
+            pending = 0
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -69,12 +85,12 @@ class PartMemory:
                 outside.append((sum(1 << local[u] for u in us), nbytes))
         inside, firsts, tails, writes = [], [], [], []
         for u in part:
-            sizes = [g.node(v).out.nbytes for v in ug.units[u]]
+            sizes = chain_bytes(g, ug.units[u])
             later = ug.units[u][-1] in outputs or any(s > last for s in ug.succs[u])
-            inside.append((later, sizes[-1]))
+            inside.append((later, g.node(ug.units[u][-1]).out.nbytes))
             firsts.append(sizes[0])
             tails.append(max((a + b for a, b in zip(sizes, sizes[1:])), default=0))
-            writes.append(sum(sizes))
+            writes.append(sum(g.node(v).out.nbytes for v in ug.units[u]))
         succ = tuple(sum(1 << local[s] for s in ug.succs[u] if s in local) for u in part)
         return cls(budget, always, tuple(sorted(outside)), tuple(inside), tuple(firsts), tuple(tails),
                    tuple(writes), succ)

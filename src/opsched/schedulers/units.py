@@ -17,9 +17,11 @@ part: an ONNX BERT's layer has a dozen, a dynamically quantized one (``onnxrunti
 more, whose DP priced 2 of its 7 parts in its 60 s budget; with them absorbed, all 7 in 0.02 s
 (analytic cost model, this machine); a statically quantized (QDQ) SqueezeNet has 53, one per
 weight. With its reader, a weight's DequantizeLinear also stays in its reader's ONNX Runtime
-segment, where ORT fuses the pair into an integer kernel. A unit is then its chain and the
-nodes it absorbed, in node order; units are ordered by their chain's head, which is still
-topological (an absorbed node has no predecessors, so every edge into a unit enters its chain).
+segment, where ORT fuses the pair into an integer kernel. A unit is then its chain with each
+absorbed node right before its reader (where a lane runs it, and what the memory bound of
+:mod:`opsched.schedulers.ios_memory` counts); units are ordered by their chain's head, which is
+still topological (an absorbed node has no predecessors, so every edge into a unit enters its
+chain).
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ class UnitGraph:
             chain = [i]
             while nxt[chain[-1]] >= 0:
                 chain.append(nxt[chain[-1]])
-            members = sorted(chain + [c for k in chain for c in reads.get(k, ())])
-            units.append(tuple(graph.nodes[k].name for k in members))
+            # each absorbed node right before its reader, as a lane will run them (:mod:`.ios_memory`)
+            units.append(tuple(graph.nodes[m].name for k in chain for m in (*reads.get(k, ()), k)))
         return cls(graph, tuple(units))
 
     @cached_property
