@@ -89,8 +89,9 @@ def run(name: str, rounds: int, budget: float, folder: Path) -> tuple[list[objec
     path, how, inputs = quantized_file(name, folder)
     graph = opsched.from_onnx(str(path))
     ug = UnitGraph.build(graph)
-    joined = sum(1 for i, n in enumerate(graph.nodes) if not n.inputs and len(graph.succs[i]) == 1
-                 and n.name not in graph.outputs)
+    # what the units absorbed: the nodes that read nothing in a unit of several (read off the
+    # units, not the rule that made them again)
+    joined = sum(1 for unit in ug.units if len(unit) > 1 for v in unit if not graph.node(v).inputs)
     t = time.perf_counter()
     module = opsched.optimize_graph(graph, cache_dir=str(folder / "store"), budget_s=budget, progress=False)
     optimize_s = time.perf_counter() - t
