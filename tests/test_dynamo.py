@@ -230,3 +230,23 @@ def test_third_party_models_compile_equal_to_eager(name: str) -> None:
     with torch.no_grad():
         assert_close(_leaves(compiled(*inputs)), _leaves(model(*inputs)), name)
     assert all(b.schedule is not None for g in od.compiled_graphs() for b in g.buckets), od.report()
+
+
+@pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+def test_a_model_torch_export_cannot_trace_compiles_through_its_graph_breaks() -> None:
+    """Longformer: ``optimize()`` cannot import it (its global attention asks ``.item()`` of the
+    mask), Dynamo breaks the graph there. Its encoder chunks the sequence by ``as_strided`` over
+    a transposed tensor, which ran 1e-3 off on ONNX Runtime and so ran eagerly."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    model = hf.LongformerModel(hf.LongformerConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        attention_window=[8, 8], max_position_embeddings=80)).eval()
+    ids = torch.randint(0, 100, (1, 32))
+    compiled = _compiled(model, scheduler="greedy", backend="ort")
+    with torch.no_grad():
+        assert_close(_leaves(compiled(ids)), _leaves(model(ids)), "longformer")
+    graphs = od.compiled_graphs()
+    assert len(graphs) >= 2, od.report()
+    assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()

@@ -249,6 +249,39 @@ def test_an_empty_slice_is_a_value_of_no_element(tracer: str, backend: str) -> N
     assert_close(list(module(x)), list(model(x)))
 
 
+class _OverlappingWindows(nn.Module):
+    """Longformer's chunking: overlapping windows of rows, an ``as_strided`` view of a transposed
+    tensor, whose strides are not its shape's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x * 2).transpose(0, 1)
+        s = y.stride()
+        return y.as_strided((y.shape[0] - 1, y.shape[1], 2, y.shape[2]), (s[0], s[1], s[0], s[2])).relu() + 1
+
+
+class _BeyondASlice(nn.Module):
+    """An ``as_strided`` view of a slice that reads its base's memory before the slice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 1)[:, 1:].as_strided((2, 4), (1, 1), 0).exp()
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+@pytest.mark.parametrize("model_type", [_OverlappingWindows, _BeyondASlice])
+def test_a_strided_view_reads_what_eager_reads_whatever_layout_its_input_has(backend: str,
+                                                                              model_type: type[nn.Module]) -> None:
+    """An ONNX Runtime segment makes every value contiguous, and the export of ``as_strided``
+    flattened its input as if it were: the windows came out 5.1 off. The view is a gather of
+    positions fixed at import, from the layout traced."""
+    model = model_type()
+    x = torch.randn(3, 6, 5) if model_type is _OverlappingWindows else torch.randn(3, 4)
+    graph = from_torch(model, x)
+    assert [n.attrs["target"] for n in graph.nodes if n.op.startswith("aten.")].count("aten::take.default") == 1
+    assert "aten::as_strided.default" not in {n.attrs.get("target") for n in graph.nodes}
+    module = opsched.optimize(model, x, backend=backend, scheduler="sequential", cost="analytic", verify=False)
+    assert_close(module(x), model(x))
+
+
 class _AutocastRegion(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -21,7 +22,7 @@ from opsched.frontends import torch_emit as emit
 from opsched.frontends._common import Unsupported
 from opsched.frontends.torch_emit import arg, tensor_arg
 from opsched.ir.ops.activation import ACTIVATIONS
-from opsched.ir.ops.aten import overload
+from opsched.ir.ops.aten import generic_kind, overload, target_of
 
 if TYPE_CHECKING:
     from opsched.frontends.torch_export import ExportConverter
@@ -237,3 +238,56 @@ def _dropout(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict
     if arg(args, kwargs, 2, "train", False):
         raise Unsupported
     return c.ctx.add("identity", [tensor_arg(args[0])], name=c.name(n))
+
+
+def _strided_elements(x: torch.Tensor, size: Any, stride: Any, offset: int) -> np.ndarray:
+    """For each element of the view of ``x``'s memory by ``size``, ``stride`` and ``offset`` (an
+    ``as_strided`` view), the flat (row-major) index of the element of ``x`` it reads, told from
+    ``x``'s own layout (its strides and storage offset, as traced). :class:`Unsupported` where the
+    view reads memory that is not one of ``x``'s elements (storage beyond a slice)."""
+    x_offset = int(x.storage_offset())
+    x_positions = np.full((), x_offset, dtype=np.int64)
+    for extent, step in zip(x.shape, x.stride()):
+        x_positions = np.add.outer(x_positions, np.arange(int(extent), dtype=np.int64) * int(step))
+    read = np.full((), offset, dtype=np.int64)
+    for extent, step in zip(size, stride):
+        read = np.add.outer(read, np.arange(int(extent), dtype=np.int64) * int(step))
+    span = int(x_positions.max()) + 1 if x_positions.size else 0
+    if read.size and (read.min() < 0 or read.max() >= span):
+        raise Unsupported
+    element = np.full(span, -1, dtype=np.int64)
+    element[x_positions.reshape(-1)] = np.arange(x_positions.size, dtype=np.int64)  # aliased positions: any one
+    taken = element[read]
+    if (taken < 0).any():
+        raise Unsupported
+    return taken
+
+
+@_on(aten.as_strided.default)
+def _as_strided(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """A view by explicit strides (Longformer's overlapping chunks) reads memory, not values: what
+    it gives depends on its input's layout, which the graph's types do not hold, and which a
+    kernel that made the input (ONNX Runtime's, or a copy) need not reproduce. So it becomes a
+    gather (``torch.take`` over a constant) of the elements of its input, or of the tensor its
+    input is a view of where it reads beyond the view (a slice's base), by positions computed
+    here from that tensor's layout as traced: the same on any backend and any layout."""
+    source = n.args[0]
+    assert isinstance(source, torch.fx.Node)
+    offset = arg(args, kwargs, 3, "storage_offset")
+    view = (arg(args, kwargs, 1, "size"), arg(args, kwargs, 2, "stride"),
+            int(source.meta["val"].storage_offset()) if offset is None else int(offset))
+    while True:
+        assert isinstance(source, torch.fx.Node)
+        try:
+            taken = _strided_elements(source.meta["val"], *view)
+            break
+        except Unsupported:
+            op = source.target
+            if not (isinstance(op, torch._ops.OpOverload) and op.is_view and source.args):
+                raise
+            source = source.args[0]  # the same memory, seen whole
+    name = c.name(n)
+    positions = c.ctx.param(f"{name}.positions", torch.from_numpy(taken))
+    return c.ctx.add(generic_kind(aten.take.default), [c.value(c.env[source])], name=name, params=[positions],
+                     out=c.out_type(n), target=target_of(aten.take.default), args=(("t", 0), ("p", 0)), kwargs=(),
+                     flops=0)

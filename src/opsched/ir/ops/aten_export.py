@@ -238,6 +238,8 @@ def _unfaithful(node: Node) -> str | None:
         return "ONNX Runtime orders tied values by index, PyTorch's kernel otherwise: the indices would differ"
     if target == "aten::index_put.default" and arguments(node).get("accumulate"):
         return "its export writes each repeated index once, where PyTorch accumulates every write"
+    if target == "aten::as_strided.default":  # the import made a gather of every one that reads its input's elements
+        return "it reads memory beyond its input's elements, by a layout that ONNX values do not have"
     return None
 
 
