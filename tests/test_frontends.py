@@ -47,14 +47,20 @@ class WithDataDependent(nn.Module):
         return torch.relu(self.odd(self.conv(x)))
 
 
-def test_untraceable_module_names_the_construct_and_the_fix() -> None:
+def test_untraceable_module_names_the_construct_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(UntraceableModuleError) as info:
         from_torch(WithDataDependent(), torch.randn(1, 3, 8, 8))
     msg = str(info.value)
     assert "'odd' (DataDependent)" in msg and "leaf_modules=[DataDependent]" in msg and "from_onnx" in msg
+    assert "torch.compile(model, backend='opsched')" in msg
     # both tracers tried, both reasons given
     assert "torch.export cannot trace WithDataDependent: GuardOnDataDependentSymNode" in msg
     assert "torch.fx cannot trace WithDataDependent" in msg
+    # and not the graph torch.export traced before it failed, which it prints whole
+    assert "def forward" not in capsys.readouterr().err
+    with pytest.raises(UntraceableModuleError) as info:  # the whole model: keeping it whole is no fix
+        from_torch(DataDependent(), torch.randn(1, 3, 8, 8))
+    assert "leaf_modules" not in str(info.value) and "torch.compile" in str(info.value)
 
 
 class _Keypoints(nn.Module):

@@ -26,9 +26,12 @@ graph runs. Nodes inside a ``torch.nn`` module are named after it
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +80,11 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     """``module`` called with ``args`` and ``kwargs``, traced by torch.export and converted (module
     docstring): the graph's inputs are the tensors among them, in pytree order, and every other
     argument is fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace."""
+    said = io.StringIO()
     try:
         # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
         # embedding) is then not wrapped in a higher-order set_grad_enabled call
-        with warnings.catch_warnings(), torch.no_grad():
+        with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad():
             # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
             # their _flat_weights list in forward (no user of the model can act on either)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -92,6 +96,24 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
     return ExportConverter(program, name).run()
+
+
+@contextlib.contextmanager
+def _without_partial_graph(said: io.StringIO) -> Iterator[None]:
+    """What torch.export writes to ``sys.stderr`` (its warnings), passed on when it is done, less
+    the graph it traced up to a failure: it prints that whole (hundreds of lines for a
+    transformer) before raising, and opsched says why in one line, and may go on with torch.fx."""
+    error: BaseException | None = None
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        text = said.getvalue()
+        graph = str(getattr(error, "partial_fx_graph", "") or "")
+        sys.stderr.write(text.replace(f"{graph}\n", "") if graph else text)
 
 
 def _hint(reason: str) -> str:

@@ -137,13 +137,14 @@ def _trace(module: nn.Module, leaves: tuple[type[nn.Module], ...]) -> torch.fx.G
     except Exception as e:  # fx raises TraceError, TypeError, RuntimeError... for the same root causes
         where = tracer.failed_in or "the top-level forward"
         sub = module.get_submodule(where) if tracer.failed_in else module
+        leaf = f"pass leaf_modules=[{type(sub).__name__}] to run that module opaquely, " if tracer.failed_in else ""
         raise UntraceableModuleError(
             f"torch.fx cannot trace {type(module).__name__}: in {where!r} ({type(sub).__name__}): "
             f"{type(e).__name__}: {e}. This usually means Python control flow or a Python call on "
-            f"a tensor value (if/for on tensor data, len(), .item(), .tolist(), numpy). Fix: pass "
-            f"leaf_modules=[{type(sub).__name__}] to run that module opaquely, rewrite the forward "
-            f"without data-dependent control flow, or export the model to ONNX and use "
-            f"opsched.from_onnx()") from e
+            f"a tensor value (if/for on tensor data, len(), .item(), .tolist(), numpy). Fix: {leaf}use "
+            f"torch.compile(model, backend='opsched'), which schedules the graphs between the places "
+            f"where Python needs a tensor's value, rewrite the forward without data-dependent control "
+            f"flow, or export the model to ONNX and use opsched.from_onnx()") from e
     return torch.fx.GraphModule(tracer.root, fx_graph, type(module).__name__)
 
 
