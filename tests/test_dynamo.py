@@ -250,3 +250,25 @@ def test_a_model_torch_export_cannot_trace_compiles_through_its_graph_breaks() -
     graphs = od.compiled_graphs()
     assert len(graphs) >= 2, od.report()
     assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()
+
+
+class _Vmapped(nn.Module):
+    """A region under ``torch.vmap`` (Mamba's scan vmaps its combine step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.vmap(lambda row: self.lin(row).relu() * row.sum())(x) + 1
+
+
+def test_a_vmapped_region_is_scheduled_as_the_aten_calls_it_batches() -> None:
+    """Dynamo's graph of it calls vmap's pre-dispatch functions, which torch.export keeps until
+    its decompositions run; they were skipped for a program that writes nothing in place, and
+    the graph ran eagerly ("not an ATen operator")."""
+    model, x = _Vmapped().eval(), torch.randn(3, 4)
+    with torch.no_grad():
+        assert_close(_compiled(model, scheduler="greedy")(x), model(x))
+    (graph,) = od.compiled_graphs()
+    assert [b.schedule is not None for b in graph.buckets] == [True], od.report()
