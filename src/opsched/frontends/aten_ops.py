@@ -10,6 +10,7 @@ does not model, and the call stays a generic ATen node. The attribute convention
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -240,18 +241,22 @@ def _dropout(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: dict
     return c.ctx.add("identity", [tensor_arg(args[0])], name=c.name(n))
 
 
-def _strided_elements(x: torch.Tensor, size: Any, stride: Any, offset: int) -> np.ndarray:
-    """For each element of the view of ``x``'s memory by ``size``, ``stride`` and ``offset`` (an
-    ``as_strided`` view), the flat (row-major) index of the element of ``x`` it reads, told from
-    ``x``'s own layout (its strides and storage offset, as traced). :class:`Unsupported` where the
-    view reads memory that is not one of ``x``'s elements (storage beyond a slice)."""
-    x_offset = int(x.storage_offset())
+@functools.lru_cache(maxsize=64)
+def _strided_elements(layout: tuple[tuple[int, ...], tuple[int, ...], int], size: tuple[int, ...],
+                      stride: tuple[int, ...], offset: int) -> torch.Tensor:
+    """For each element of the view of a tensor's memory by ``size``, ``stride`` and ``offset``
+    (an ``as_strided`` view), the flat (row-major) index of the tensor's element it reads, told
+    from the tensor's ``layout`` (its shape, strides and storage offset, as traced).
+    :class:`Unsupported` where the view reads memory that is not one of its elements (storage
+    beyond a slice). One tensor per view, however many calls make it (a Longformer's layers all
+    chunk alike), so that they share one parameter of the graph."""
+    shape, strides, x_offset = layout
     x_positions = np.full((), x_offset, dtype=np.int64)
-    for extent, step in zip(x.shape, x.stride()):
-        x_positions = np.add.outer(x_positions, np.arange(int(extent), dtype=np.int64) * int(step))
+    for extent, step in zip(shape, strides):
+        x_positions = np.add.outer(x_positions, np.arange(extent, dtype=np.int64) * step)
     read = np.full((), offset, dtype=np.int64)
     for extent, step in zip(size, stride):
-        read = np.add.outer(read, np.arange(int(extent), dtype=np.int64) * int(step))
+        read = np.add.outer(read, np.arange(extent, dtype=np.int64) * step)
     span = int(x_positions.max()) + 1 if x_positions.size else 0
     if read.size and (read.min() < 0 or read.max() >= span):
         raise Unsupported
@@ -260,7 +265,7 @@ def _strided_elements(x: torch.Tensor, size: Any, stride: Any, offset: int) -> n
     taken = element[read]
     if (taken < 0).any():
         raise Unsupported
-    return taken
+    return torch.from_numpy(taken)
 
 
 @_on(aten.as_strided.default)
@@ -274,12 +279,14 @@ def _as_strided(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: d
     source = n.args[0]
     assert isinstance(source, torch.fx.Node)
     offset = arg(args, kwargs, 3, "storage_offset")
-    view = (arg(args, kwargs, 1, "size"), arg(args, kwargs, 2, "stride"),
+    view = (tuple(map(int, arg(args, kwargs, 1, "size"))), tuple(map(int, arg(args, kwargs, 2, "stride"))),
             int(source.meta["val"].storage_offset()) if offset is None else int(offset))
     while True:
         assert isinstance(source, torch.fx.Node)
+        x = source.meta["val"]
         try:
-            taken = _strided_elements(source.meta["val"], *view)
+            taken = _strided_elements((tuple(map(int, x.shape)), tuple(map(int, x.stride())),
+                                       int(x.storage_offset())), *view)
             break
         except Unsupported:
             op = source.target
@@ -287,7 +294,7 @@ def _as_strided(c: ExportConverter, n: torch.fx.Node, args: list[Any], kwargs: d
                 raise
             source = source.args[0]  # the same memory, seen whole
     name = c.name(n)
-    positions = c.ctx.param(f"{name}.positions", torch.from_numpy(taken))
+    positions = c.ctx.param(f"{name}.positions", taken)
     return c.ctx.add(generic_kind(aten.take.default), [c.value(c.env[source])], name=name, params=[positions],
                      out=c.out_type(n), target=target_of(aten.take.default), args=(("t", 0), ("p", 0)), kwargs=(),
                      flops=0)
