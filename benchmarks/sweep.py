@@ -2,7 +2,8 @@
 architectures beyond the corpus) through every way a user brings a model, on this CPU.
 
 Per model: ``opsched.optimize`` with its defaults (its own check against the model included) and
-the largest difference of its outputs from eager PyTorch's; the model's ``torch.onnx`` export
+the largest difference of its outputs from eager PyTorch's; ``torch.compile(model,
+backend="opsched")``, the graphs Dynamo captured and how many of them run eagerly; the model's ``torch.onnx`` export
 (the dynamo exporter) imported with ``opsched.from_onnx``, its sequential plan on ONNX Runtime
 and the largest difference from ONNX Runtime's own session of the file; and the same for the
 TorchScript exporter at an older opset (``--torchscript-opset``), the files older tools wrote.
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 from _report import write  # noqa: E402
 
 import opsched  # noqa: E402
+import opsched.dynamo  # noqa: E402
 from opsched.api import host_cpu_model  # noqa: E402
 from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
@@ -53,6 +55,22 @@ def torch_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_
     graph = module.graph
     return {"operators": len(graph.nodes), "opaque": sum(n.op == "opaque" for n in graph.nodes),
             "max_diff": diff, "optimize_s": seconds, "scheduler": module.schedule.scheduler}
+
+
+def compile_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_s: float) -> dict[str, Any]:
+    torch._dynamo.reset()
+    opsched.dynamo.reset()
+    compiled = torch.compile(model, backend="opsched", options={"budget_s": budget_s, "progress": False})
+    start = time.perf_counter()
+    with torch.no_grad():
+        got = compiled(*inputs)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        diff = max(largest_difference(a, e) for a, e in zip(tensors(got), tensors(model(*inputs)), strict=True))
+    graphs = opsched.dynamo.compiled_graphs()
+    eager = [b.fallback for g in graphs for b in g.buckets if b.schedule is None]
+    return {"graphs": len(graphs), "eager": len(eager), "why": first_line(eager[0]) if eager else None,
+            "max_diff": diff, "compile_s": seconds}
 
 
 def onnx_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], opset: int | None,
@@ -103,27 +121,33 @@ def main() -> None:
         model, inputs = entries[name].build()
         record = {"model": name, "architecture": entries[name].architecture,
                   "torch": attempt(functools.partial(torch_path, model, inputs, args.budget)),
+                  "compile": attempt(functools.partial(compile_path, model, inputs, args.budget)),
                   "dynamo": attempt(functools.partial(onnx_path, model, inputs, None, torchscript=False)),
                   "torchscript": attempt(functools.partial(onnx_path, model, inputs, args.torchscript_opset,
                                                            torchscript=True))}
         records.append(record)
-        t, d, s = record["torch"], record["dynamo"], record["torchscript"]
+        t, c, d, s = record["torch"], record["compile"], record["dynamo"], record["torchscript"]
         rows.append([name, record["architecture"],
                      cell(t, lambda r: f"{r['operators']} / {r['opaque']}"),
                      cell(t, lambda r: f"{r['max_diff']:.1e}", False),
                      cell(t, lambda r: f"{r['optimize_s']:.1f}", False),
+                     cell(c, lambda r: f"{r['graphs']} / {r['eager']}" + (f" ({r['why'][:120]})" if r["why"] else "")),
+                     cell(c, lambda r: f"{r['max_diff']:.1e}", False),
                      cell(d, lambda r: f"{r['exporter']} {r['opset']}: {r['operators']} / {r['sessions']}"),
                      cell(d, lambda r: f"{r['max_diff']:.1e}", False),
                      cell(s, lambda r: f"{r['operators']} / {r['sessions']}, inputs {', '.join(r['inputs'])}"),
                      cell(s, lambda r: f"{r['max_diff']:.1e}", False)])
         print(" | ".join(map(str, rows[-1])), flush=True)
-    ok = {path: sum("failed" not in r[path] for r in records) for path in ("torch", "dynamo", "torchscript")}
+    ok = {path: sum("failed" not in r[path] for r in records) for path in ("torch", "compile", "dynamo", "torchscript")}
+    whole = sum(r["compile"].get("eager") == 0 for r in records)
     exporter = sum(r["torchscript"].get("failed") in ("exporter", "file") for r in records)
     headers = ["model", "architecture", "torch: ops / opaque", "optimize() vs eager, max diff", "optimize s",
+               "torch.compile: graphs / run eagerly", "vs eager, max diff",
                "dynamo ONNX: ops / sessions", "vs ORT, max diff", f"TorchScript opset {args.torchscript_opset}: "
                "ops / sessions", "vs ORT, max diff"]
-    summary = (f"Of {len(records)} models: `optimize()` ran {ok['torch']}; the dynamo export imported and ran "
-               f"{ok['dynamo']}; the TorchScript export at opset {args.torchscript_opset} {ok['torchscript']} "
+    summary = (f"Of {len(records)} models: `optimize()` ran {ok['torch']}; `torch.compile(backend='opsched')` ran "
+               f"{ok['compile']}, scheduling every graph Dynamo captured of {whole}; the dynamo export imported "
+               f"and ran {ok['dynamo']}; the TorchScript export at opset {args.torchscript_opset} {ok['torchscript']} "
                f"({exporter} that torch.onnx could not write or wrote so that ONNX Runtime refuses the file, "
                f"{len(records) - ok['torchscript'] - exporter} that opsched failed).")
     md = "\n".join([
@@ -131,10 +155,12 @@ def main() -> None:
         "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
         "random weights, shrunk configs, batch 1). *torch*: `opsched.optimize` with its defaults (an IOS budget "
         f"of {args.budget:g} s; its own check against the model passed) and the largest output difference from "
-        "eager; *dynamo ONNX*: `torch.onnx.export`'s default exporter, its opset, then `opsched.from_onnx` and "
-        "the sequential plan on ONNX Runtime against ONNX Runtime's own session of the file; *TorchScript*: "
-        "the same for the TorchScript exporter at an older opset. A failure shows whose it is and the first "
-        "line of its error.", "", format_table(headers, rows, markdown=True), "", summary])
+        "eager; *torch.compile*: `torch.compile(model, backend=\"opsched\")` with the same budget, the graphs "
+        "Dynamo captured and how many of them run eagerly (with the first one's reason), and the largest "
+        "difference from eager; *dynamo ONNX*: `torch.onnx.export`'s default exporter, its opset, then "
+        "`opsched.from_onnx` and the sequential plan on ONNX Runtime against ONNX Runtime's own session of the "
+        "file; *TorchScript*: the same for the TorchScript exporter at an older opset. A failure shows whose it "
+        "is and the first line of its error.", "", format_table(headers, rows, markdown=True), "", summary])
     md_path, js_path = write(args.name, md, {"rows": records, "torchscript_opset": args.torchscript_opset})
     print(summary)
     print(f"wrote {md_path} and {js_path}")

@@ -16,7 +16,7 @@ import opsched.dynamo as od
 from opsched.errors import OpschedError
 from opsched.models import example_inputs, get_model, list_models
 from opsched.testing import assert_close
-from opsched.testing.corpus import corpus, corpus_available
+from opsched.testing.corpus import corpus, corpus_available, wide_corpus
 
 FAST = {"cost": "analytic", "verify": False}
 
@@ -220,6 +220,7 @@ def test_max_autotune_races_two_schedulers() -> None:
 
 
 CORPUS = ["bert", "convnext", "resnet"]
+WIDE = wide_corpus() if corpus_available() else {}
 
 
 @pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
@@ -229,6 +230,18 @@ def test_third_party_models_compile_equal_to_eager(name: str) -> None:
     compiled = _compiled(model, scheduler="greedy")
     with torch.no_grad():
         assert_close(_leaves(compiled(*inputs)), _leaves(model(*inputs)), name)
+    assert all(b.schedule is not None for g in od.compiled_graphs() for b in g.buckets), od.report()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WIDE))
+def test_the_wide_corpus_compiles_equal_to_eager_with_every_graph_scheduled(name: str) -> None:
+    """``benchmarks/sweep.py``'s torch.compile column. The eager call comes first, as a user's
+    would: RWKV rescales its weights in place on its first call in eval mode."""
+    model, inputs = WIDE[name].build()
+    with torch.no_grad():
+        expected = _leaves(model(*inputs))
+        assert_close(_leaves(_compiled(model, scheduler="greedy")(*inputs)), expected, name)
     assert all(b.schedule is not None for g in od.compiled_graphs() for b in g.buckets), od.report()
 
 
