@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+import opsched
 from opsched.backends import get_backend
 from opsched.backends.ort import OrtBackend, OrtExecutor, ort_available
 from opsched.backends.ort_profile import KernelEvent, KernelTimes, kernel_events, kernel_times
 from opsched.cost import AnalyticCostModel, MeasuredCostModel, ProfileStore, SegmentCut, StageTiming, TimingPolicy
 from opsched.cost.measured import Calibrations
+from opsched.errors import ExecutionError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
 from opsched.runtime.plan import cut_segments, lower
@@ -206,3 +209,38 @@ def test_ort_measurement_separates_kernels_from_the_call() -> None:
     assert min(k.layout_out_ms for k in kernels) > 0                          # at the session's edges
     (t,) = get_backend("torch").time_stages(graph, [Stage((("d",),))], RUN, policy, Known(call_ms=0.01))
     assert t.segment_ms == tuple(w - 0.01 for w in t.wall_ms)  # torch: the call less an empty one
+
+
+class _InversePermutation(nn.Module):
+    """A mixture of experts' routing, in small: rows sorted by a score, and the inverse of that
+    order written through it (``inv[perm] = arange``) over a tensor of out-of-range indices, then
+    read as gather indices. Every entry is written only where ``perm`` is a permutation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        perm = torch.sort(x[:, 0]).indices
+        inverse = torch.full_like(perm, x.shape[0])
+        inverse[perm] = torch.arange(x.shape[0])
+        return (x[perm] * 2).relu()[inverse] + x
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("ort", marks=needs_ort)])
+def test_stages_are_timed_on_the_indices_their_graph_computes(backend: str, tmp_path: Path) -> None:
+    """A stage is timed on drawn inputs, and the indices the graph computes were drawn as zeros:
+    the inverse order, written through zeros, keeps its out-of-range entries, and the stage's
+    gather fails (Qwen2-MoE's routing has this shape, over an ``empty_like``). The integer values
+    a graph computes are now its own, computed from its drawn inputs; and the model optimizes,
+    measured, equal to eager."""
+    from opsched.runtime import lower_stage, run_graph, stage_inputs
+
+    model, x = _InversePermutation(), torch.randn(8, 4)
+    graph = opsched.from_torch(model, x)
+    written = next(n for n in graph.nodes if n.attrs.get("target") == "aten::index_put.default")
+    gather = next(n for n in graph.nodes if written.name in n.inputs)
+    stage = Stage(((written.inputs[0], written.name, gather.name),))  # the sentinels, the writes, the gather
+    sub, _ = lower_stage(graph, stage)
+    assert [i.type.dtype for i in sub.inputs] == ["int64", "float32"]  # the order, and the rows
+    with pytest.raises(ExecutionError, match="out of"):
+        run_graph(sub, random_inputs(sub))
+    run_graph(sub, stage_inputs(graph, sub))  # indices in range
+    module = opsched.optimize(model, x, backend=backend, scheduler="ios", cache_dir=tmp_path, verify=True)
+    assert_close(module(x), model(x))

@@ -24,9 +24,9 @@ from opsched.cost import DeviceSpec, SegmentCut, StageTiming, TimingPolicy, host
 from opsched.cost.measured import Calibrations
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
-from opsched.ir import Graph, GraphBuilder, random_inputs
+from opsched.ir import Graph, GraphBuilder
 from opsched.ir.ops import op_def
-from opsched.runtime import Plan, lower_stage
+from opsched.runtime import Plan, lower_stage, stage_inputs
 from opsched.schedule import Stage
 from opsched.timeline import TraceEvent
 from opsched.timing import Clock, interleave, wall_ms
@@ -239,7 +239,7 @@ class CpuBackend:
         try:
             for k, stage in enumerate(stages):
                 sub, plan = lower_stage(graph, stage)
-                runs.append((make(sub, plan, k), random_inputs(sub)))
+                runs.append((make(sub, plan, k), stage_inputs(graph, sub)))
             threads = torch.get_num_threads()
             if run.cores:
                 torch.set_num_threads(run.cores)

@@ -27,9 +27,9 @@ from opsched.cost.devices import gpu_spec_named_in
 from opsched.cost.measured import Calibrations
 from opsched.errors import CostModelError
 from opsched.execution import RunOptions
-from opsched.ir import Graph, GraphBuilder, random_inputs
+from opsched.ir import Graph, GraphBuilder
 from opsched.ir.ops import op_def
-from opsched.runtime import Plan, lower_stage
+from opsched.runtime import Plan, lower_stage, stage_inputs
 from opsched.schedule import Stage
 from opsched.timing import Clock, cuda_events_ms, synchronized
 
@@ -147,7 +147,7 @@ class CudaBackend:
         executor = self.executor(sub, plan, device, copy_outputs=False, channels_last=run.channels_last,
                                  warmup=policy.warmup)
         try:
-            executor(random_inputs(sub, device))  # warm-up and capture
+            executor(stage_inputs(graph, sub, device))  # warm-up and capture
             if not executor.captured:
                 raise CostModelError(f"stage {stage} of graph {graph.name!r} could not be captured into a CUDA "
                                      f"graph ({executor.capture_error}); the CUDA backend times captured stages only")

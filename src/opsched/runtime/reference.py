@@ -6,15 +6,17 @@ values are freed after their last use, and every failure names the node and op.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Collection, Sequence
 
 import torch
 
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError
-from opsched.ir import Graph
+from opsched.ir import Graph, random_inputs
 from opsched.ir.ops import Kernel, torch_kernel
 
-__all__ = ["Interpreter", "run_graph", "check_inputs"]
+__all__ = ["Interpreter", "run_graph", "check_inputs", "stage_inputs"]
 
 
 def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
@@ -61,11 +63,17 @@ class Interpreter:
             if i < len(graph.nodes):
                 self._free_after[i].append(v)
 
-    @torch.no_grad()
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self.run(inputs)[0]
+
+    @torch.no_grad()
+    def run(self, inputs: Sequence[torch.Tensor], keep: Collection[str] = ()
+            ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """The outputs, and the values named in ``keep`` (kept past their last use)."""
         graph = self.graph
         check_inputs(graph, inputs)
         env: dict[str, torch.Tensor] = {i.name: t for i, t in zip(graph.inputs, inputs)}
+        kept = {v: env[v] for v in keep if v in env}
         for i, (node, kernel) in enumerate(zip(graph.nodes, self.kernels)):
             try:
                 env[node.name] = kernel(*(env[v] for v in node.inputs))
@@ -74,12 +82,46 @@ class Interpreter:
             except Exception as e:
                 raise ExecutionError(f"graph {graph.name!r}: node {node.name!r} ({node.op}) failed: "
                                      f"{type(e).__name__}: {e}") from e
+            if node.name in keep:
+                kept[node.name] = env[node.name]
             for v in self._free_after[i]:
                 del env[v]
-        return [env[v] for v in graph.outputs]
+        return [env[v] for v in graph.outputs], kept
 
 
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``graph``'s outputs on ``inputs``, node by node: what the model returns, then the new
     values of the inputs it changes in place (:attr:`Graph.writes`); ``inputs`` are not changed."""
     return Interpreter(graph)(inputs)
+
+
+#: Per graph, the integer and boolean values it computes from :func:`random_inputs` (see
+#: :func:`stage_inputs`); made on first need, dropped with the graph.
+_COMPUTED: weakref.WeakKeyDictionary[Graph, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+_COMPUTED_LOCK = threading.Lock()
+
+
+def stage_inputs(graph: Graph, sub: Graph, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """Inputs to time ``sub``, a stage cut out of ``graph``, with: :func:`random_inputs`'s draws,
+    except for the integer and boolean values that ``graph`` computes (indices, offsets, masks),
+    which are what it computes from its own drawn inputs. Drawn, they are zeros, which do not
+    agree with one another: Qwen2-MoE writes the inverse of its experts' sort order through the
+    order (``inv = empty_like(perm); inv[perm] = arange``); through zeros, all but one entry of
+    ``inv`` keep what its memory held, which the next gather reads as indices, out of range."""
+    drawn = random_inputs(sub, device)
+    computed = {i.name for i in sub.inputs if not _drawn_well(i.type.dtype)} - {i.name for i in graph.inputs}
+    if not computed:
+        return drawn
+    with _COMPUTED_LOCK:
+        values = _COMPUTED.get(graph)
+        if values is None:
+            keep = [n.name for n in graph.nodes if not _drawn_well(n.out.dtype)]
+            _, values = Interpreter(graph).run(random_inputs(graph, device), keep)
+            _COMPUTED[graph] = values
+    return [values[i.name].to(device) if i.name in computed else t for i, t in zip(sub.inputs, drawn)]
+
+
+def _drawn_well(dtype: str) -> bool:
+    """Whether a drawn value of ``dtype`` stands for a computed one: floats and complex numbers."""
+    kind: torch.dtype = getattr(torch, dtype)
+    return kind.is_floating_point or kind.is_complex
