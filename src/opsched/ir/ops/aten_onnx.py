@@ -9,7 +9,8 @@ over constant positions, ConstantOfShape and Cast+Expand; ``F.unfold`` and ``F.f
 ``col2im``), as a Gather over the pixel positions of their blocks, and ONNX's ``Col2Im`` (a
 summing ScatterElements over those positions for the dtypes ONNX Runtime's ``Col2Im`` lacks);
 ``index_add``, whose own export wrote a repeated index once, as an adding ScatterElements;
-``grid_sampler`` (``F.grid_sample``) as ONNX's GridSample;
+``grid_sampler`` (``F.grid_sample``) as ONNX's GridSample; tensors made uninitialised to be
+written over (``empty_like``, ``new_empty``), as zeros, where torch.onnx bakes in its trace's memory;
 nearest-neighbour upsampling, which torch.onnx exports as a Resize that reads other pixels, as
 Gathers; and the Fourier transforms and views of complex values, on pairs of parts
 (:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
@@ -103,18 +104,36 @@ def _index_add(b: OnnxBuilder, node: Node) -> None:
 
 def _fill(b: OnnxBuilder, node: Node) -> None:
     """A tensor of the input's shape holding one value (``x.fill_(0)`` once functionalised)."""
+    _tensor_types(b, node, 1)
+    if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
+        b.add("Expand", [_operand(b, node, 1), b.init(np.array(node.out.shape, dtype=np.int64),
+                                                       f"{node.name}_shape")], node.name)
+        return
+    _constant_of_shape(b, node, arguments(node)["value"])
+
+
+def _uninitialized(b: OnnxBuilder, node: Node) -> None:
+    """A tensor whose values are whatever its memory held (``torch.empty_like``, made to be
+    written over) as zeros, which are such values: torch.onnx exports it as a constant of what
+    its trace's memory held, which the export's check then accepts or refuses by what the check's
+    memory holds, so that a model's segments were cut by the process's heap (Qwen2-MoE's)."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    if node.out.dtype not in ONNX_DTYPES:
+        raise NotExportable(f"{node.attrs['target']}: ONNX has no {node.out.dtype}")
+    _constant_of_shape(b, node, 0)
+
+
+def _constant_of_shape(b: OnnxBuilder, node: Node, value: float) -> None:
+    """The node's output as ``value`` everywhere."""
     from onnx import helper
 
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 
-    _tensor_types(b, node, 1)
     shape = b.init(np.array(node.out.shape, dtype=np.int64), f"{node.name}_shape")
-    if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
-        b.add("Expand", [_operand(b, node, 1), shape], node.name)
-        return
-    value = np.array([arguments(node)["value"]], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: float
+    held = np.array([value], dtype=getattr(np, node.out.dtype, np.float32))  # bfloat16: as a float
     b.add("ConstantOfShape", [shape], node.name, value=helper.make_tensor("value", ONNX_DTYPES[node.out.dtype], [1],
-                                                                          value))
+                                                                          held))
 
 
 def _copy(b: OnnxBuilder, node: Node) -> None:
@@ -321,6 +340,8 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
     "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
     "aten::index_add.default": _index_add, SDPA: _attention,
+    **{f"aten::{name}": _uninitialized for name in ("empty_like.default", "empty.memory_format", "new_empty.default",
+                                                     "empty_strided.default", "new_empty_strided.default")},
     **{f"aten::{name}.default": _grid_sample for name in ("grid_sampler", "grid_sampler_2d", "grid_sampler_3d")},
     **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                                      "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
