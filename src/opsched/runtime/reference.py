@@ -96,9 +96,11 @@ def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor
 
 
 #: Per graph, the integer and boolean values it computes from :func:`random_inputs` (see
-#: :func:`stage_inputs`); made on first need, dropped with the graph.
+#: :func:`stage_inputs`); made on first need, dropped with the graph (which a scheduled module
+#: keeps: so values over :data:`_KEPT_ELEMENTS` elements, a large mask, are drawn instead).
 _COMPUTED: weakref.WeakKeyDictionary[Graph, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 _COMPUTED_LOCK = threading.Lock()
+_KEPT_ELEMENTS = 1 << 20
 
 
 def stage_inputs(graph: Graph, sub: Graph, device: str | torch.device = "cpu") -> list[torch.Tensor]:
@@ -115,10 +117,10 @@ def stage_inputs(graph: Graph, sub: Graph, device: str | torch.device = "cpu") -
     with _COMPUTED_LOCK:
         values = _COMPUTED.get(graph)
         if values is None:
-            keep = [n.name for n in graph.nodes if not _drawn_well(n.out.dtype)]
+            keep = [n.name for n in graph.nodes if not _drawn_well(n.out.dtype) and n.out.numel <= _KEPT_ELEMENTS]
             _, values = Interpreter(graph).run(random_inputs(graph, device), keep)
             _COMPUTED[graph] = values
-    return [values[i.name].to(device) if i.name in computed else t for i, t in zip(sub.inputs, drawn)]
+    return [values[i.name].to(device) if i.name in values else t for i, t in zip(sub.inputs, drawn)]
 
 
 def _drawn_well(dtype: str) -> bool:
