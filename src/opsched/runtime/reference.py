@@ -70,7 +70,7 @@ class Interpreter:
     def run(self, inputs: Sequence[torch.Tensor], keep: Collection[str] = ()
             ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """The outputs, and the values named in ``keep`` (kept past their last use)."""
-        graph = self.graph
+        graph, keep = self.graph, frozenset(keep)
         check_inputs(graph, inputs)
         env: dict[str, torch.Tensor] = {i.name: t for i, t in zip(graph.inputs, inputs)}
         kept = {v: env[v] for v in keep if v in env}
