@@ -19,6 +19,7 @@ from opsched.cost.measured import Calibrations
 from opsched.errors import ExecutionError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, random_inputs
+from opsched.runtime import lower_stage, run_graph, stage_inputs
 from opsched.runtime.plan import cut_segments, lower
 from opsched.schedule import Stage
 from opsched.schedulers import schedule
@@ -230,8 +231,6 @@ def test_stages_are_timed_on_the_indices_their_graph_computes(backend: str, tmp_
     gather fails (Qwen2-MoE's routing has this shape, over an ``empty_like``). The integer values
     a graph computes are now its own, computed from its drawn inputs; and the model optimizes,
     measured, equal to eager."""
-    from opsched.runtime import lower_stage, run_graph, stage_inputs
-
     model, x = _InversePermutation(), torch.randn(8, 4)
     graph = opsched.from_torch(model, x)
     written = next(n for n in graph.nodes if n.attrs.get("target") == "aten::index_put.default")

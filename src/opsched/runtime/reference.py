@@ -111,9 +111,8 @@ def stage_inputs(graph: Graph, sub: Graph, device: str | torch.device = "cpu") -
     order (``inv = empty_like(perm); inv[perm] = arange``); through zeros, all but one entry of
     ``inv`` keep what its memory held, which the next gather reads as indices, out of range."""
     drawn = random_inputs(sub, device)
-    computed = {i.name for i in sub.inputs if not _drawn_well(i.type.dtype)} - {i.name for i in graph.inputs}
-    if not computed:
-        return drawn
+    if not any(i.name in graph.index and not _drawn_well(i.type.dtype) for i in sub.inputs):
+        return drawn  # no integer value the graph computes: nothing to run it for
     with _COMPUTED_LOCK:
         values = _COMPUTED.get(graph)
         if values is None:
