@@ -237,3 +237,65 @@ def test_a_decoder_returning_its_key_value_cache_returns_it_rebuilt(name: str) -
     leaves = torch.utils._pytree.tree_leaves
     assert len(leaves(got.past_key_values)) == len(leaves(want.past_key_values)) >= 4
     assert_close(leaves(got), leaves(want))
+
+
+def _decode_step(model: torch.nn.Module, cache: object, position: int, token: int) -> dict[str, object]:
+    """The keyword inputs of one decoding step: a token, the cache, and (for a static cache) where it goes."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {"input_ids": torch.tensor([[token]]), name: cache, "cache_position": torch.tensor([position])}
+
+
+def test_a_decoding_loop_that_passes_one_cache_on_sees_it_change_as_in_eager() -> None:
+    """A decoder appends each step's keys and values to the cache it is passed, and a loop keeps
+    passing that one object. The module returned a rebuilt cache and left the caller's as it was,
+    so a static cache's loop ran every step on stale state, silently; now the caller's cache is
+    the one returned, changed. A static cache is traced once the model has filled it (it holds
+    no tensors before), and one passed unfilled is refused, saying so."""
+    import copy
+
+    from transformers.cache_utils import DynamicCache, StaticCache
+
+    model, example = _decoders()["llama"]
+    model = model.model  # the decoder, without its head
+    with torch.no_grad():
+        prefill = model(**example).past_key_values
+    assert isinstance(prefill, DynamicCache)
+    step = _decode_step(model, copy.deepcopy(prefill), 8, 5)
+    module = opsched.optimize(model, step, cost=CPU)
+    ours, theirs = copy.deepcopy(prefill), copy.deepcopy(prefill)
+    with torch.no_grad():
+        got, want = module(**_decode_step(model, ours, 8, 5)), model(**_decode_step(model, theirs, 8, 5))
+    assert got.past_key_values is ours and want.past_key_values is theirs
+    leaves = torch.utils._pytree.tree_leaves
+    assert [t.shape[2] for t in leaves(ours)] == [t.shape[2] for t in leaves(theirs)] == [9] * 4
+    assert_close(leaves(got), leaves(want))
+
+    def static() -> StaticCache:
+        return StaticCache(config=model.config, max_cache_len=16)
+
+    def filled() -> StaticCache:
+        cache = static()
+        with torch.no_grad():
+            model(**_decode_step(model, cache, 0, 1))
+        cache.reset()
+        return cache
+
+    module = opsched.optimize(model, _decode_step(model, filled(), 0, 5), cost=CPU)
+    ours, theirs = filled(), filled()
+    for position, token in enumerate([5, 17, 3, 42]):
+        with torch.no_grad():
+            got = module(**_decode_step(model, ours, position, token))
+            want = model(**_decode_step(model, theirs, position, token))
+        assert got.past_key_values is ours
+        assert_close(leaves(got), leaves(want))
+
+    module = opsched.optimize(model, _decode_step(model, static(), 0, 5), cost=CPU)
+    cache = static()
+    with torch.no_grad():
+        module(**_decode_step(model, cache, 0, 5))  # fills the cache: the next call is not the one traced
+        with pytest.raises(opsched.errors.InputMismatchError,
+                           match=r"holds 6 values, 2 when traced: a StaticCache holds its tensors once a call of the "
+                                 r"model has filled it; trace with one as it will be passed"):
+            module(**_decode_step(model, cache, 1, 7))

@@ -788,6 +788,54 @@ def test_a_module_whose_opaque_callable_does_not_pickle_says_how_to_save_it(tmp_
     equal_on_fresh_inputs(model, copy.deepcopy(module), (x,))  # a copy shares the callable
 
 
+@dataclasses.dataclass
+class Running:
+    """What a model keeps for its caller between calls, as a Hugging Face cache is: it rebinds
+    the fields (new tensors; the caller's are left as they were) and returns the object itself."""
+
+    total: torch.Tensor
+    peak: torch.Tensor
+
+
+torch.export.register_dataclass(Running)
+
+
+class Accumulate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, state: Running) -> tuple[torch.Tensor, Running]:
+        y = self.proj(x).relu()
+        state.total = state.total + y
+        state.peak = torch.maximum(state.peak, y)
+        return y, state
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_an_argument_the_model_returns_changed_is_the_callers_own_object_changed(backend: str, tmp_path: Path
+                                                                                ) -> None:
+    """A decoder appends to the cache it is passed and returns it: a loop that passes one cache
+    object on got a rebuilt copy back and its own cache left as it was, so the next step ran on
+    stale state, silently. Now the caller's object takes the new contents and is returned, saved
+    modules included."""
+    def fresh() -> Running:
+        return Running(torch.zeros(2, 8), torch.full((2, 8), -1.0))
+
+    model = Accumulate().eval()
+    module = opsched.optimize(model, (torch.randn(2, 8), fresh()), backend=backend, cost="analytic")
+    torch.save(module, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    for scheduled in (module, loaded):
+        ours, theirs = fresh(), fresh()
+        for step in range(3):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(step))
+            with torch.no_grad():
+                got, want = scheduled(x, ours), model(x, theirs)
+            assert got[1] is ours and want[1] is theirs
+            assert_close([got[0], ours.total, ours.peak], [want[0], theirs.total, theirs.peak])
+
+
 # --- precision ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["dtype=", "model.bfloat16()"])
 def test_bfloat16_runs_on_torch_kernels_where_onnx_runtime_cannot_hold_it(how: str) -> None:

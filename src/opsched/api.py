@@ -66,7 +66,7 @@ def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch
     with torch.no_grad():
         out = model(*args, **kwargs)
     register_dataclasses(out)
-    return OutputStructure.of(out)
+    return OutputStructure.of(out, (args, kwargs))
 
 
 @contextlib.contextmanager

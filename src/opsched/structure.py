@@ -181,6 +181,11 @@ class InputStructure(_Pickled):
                 raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}{hint}")
         return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
 
+    def canonical(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _Call:
+        """A call as :meth:`call` makes it (bound to the signature, defaults left out), where
+        :meth:`tensors` has accepted it."""
+        return _canonical(self.signature, tuple(args), dict(self._respelled(kwargs)))
+
     def _respelled(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         """``kwargs`` with each name the signature lacks but takes as a graph value's name
         (:func:`~opsched._text.value_name`) renamed: a module made from an ONNX file is called
@@ -202,7 +207,24 @@ class InputStructure(_Pickled):
         parts = [f"{name} is left at its default, traced as {_short(mine[name])}" if name in mine else
                  f"{name} is given, left at its default when traced" for name in self.signature.parameters
                  if (name in mine) != (name in theirs)]
+        parts += self._reshaped(spec)
         return f" ({'; '.join(parts)})" if parts else ""
+
+    def _reshaped(self, spec: pytree.TreeSpec) -> list[str]:
+        """The arguments both calls pass that nest otherwise in ``spec``, for messages (a Hugging
+        Face cache holds no tensors until a call of the model fills it)."""
+        assert self.signature is not None
+        (mine_args, mine_kwargs), (their_args, their_kwargs) = self.spec.children(), spec.children()
+        params = self.signature.parameters.values()
+        named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        pairs = [(named[k] if k < len(named) else f"args[{k}]", a, b)
+                 for k, (a, b) in enumerate(zip(mine_args.children(), their_args.children()))]
+        theirs = dict(zip(their_kwargs.context, their_kwargs.children()))
+        pairs += [(name, a, theirs[name]) for name, a in zip(mine_kwargs.context, mine_kwargs.children())
+                  if name in theirs]
+        return [f"{name} holds {b.num_leaves} values, {a.num_leaves} when traced{_filled(b)}"
+                if a.num_leaves != b.num_leaves else f"{name} nests otherwise than when traced"
+                for name, a, b in pairs if a != b]
 
     def call(self, tensors: Sequence[Any]) -> _Call:
         """The positional and keyword arguments of the call whose graph inputs are ``tensors``."""
@@ -215,6 +237,14 @@ class InputStructure(_Pickled):
 
     def _leaves(self, tensors: Sequence[Any]) -> list[Any]:
         return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
+
+
+def _filled(spec: pytree.TreeSpec) -> str:
+    """A hint where an argument is a Hugging Face cache, which the model fills on its first call."""
+    if not (isinstance(spec.type, type) and spec.type.__name__.endswith("Cache")):
+        return ""
+    return (f": a {spec.type.__name__} holds its tensors once a call of the model has filled it; trace with one "
+            f"as it will be passed (call the model with it once, then cache.reset())")
 
 
 def _slots(leaves: Sequence[Any]) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
@@ -344,17 +374,25 @@ def _short(value: Any) -> str:
 @dataclass(frozen=True)
 class OutputStructure(_Pickled):
     """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
-    its leaves are the graph's outputs, in order, and what the others are (constants such as None)."""
+    its leaves are the graph's outputs, in order, and what the others are (constants such as None).
+
+    ``returned`` lists the arguments the model returns as themselves, changed: a Hugging Face
+    decoder called with ``past_key_values=cache`` appends to that cache and returns it. The graph
+    computes the changed contents; :meth:`build` puts them into the caller's object and returns
+    that object, so that a loop which keeps passing one cache sees it grow as it does in eager."""
 
     spec: pytree.TreeSpec
     slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
     constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
+    returned: tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...] = ()  # (where in the output, where in the call)
 
     @classmethod
-    def of(cls, example: Any) -> OutputStructure:
-        """The structure of a model's output ``example`` (its tensors are the graph's outputs)."""
+    def of(cls, example: Any, call: _Call | None = None) -> OutputStructure:
+        """The structure of a model's output ``example`` (its tensors are the graph's outputs),
+        where it came from ``call`` (canonical, as :meth:`InputStructure.call` makes it), noting
+        the arguments it returns as themselves."""
         leaves, spec = pytree.tree_flatten(example)
-        return cls(spec, *_slots(leaves))
+        return cls(spec, *_slots(leaves), _returned(example, call) if call is not None else ())
 
     @classmethod
     def flat(cls, n: int) -> OutputStructure:
@@ -366,19 +404,83 @@ class OutputStructure(_Pickled):
     def tensors(self) -> int:
         return sum(s is not None for s in self.slots)
 
-    def build(self, outputs: Sequence[torch.Tensor]) -> Any:
+    def build(self, outputs: Sequence[torch.Tensor], call: _Call | None = None) -> Any:
+        """What the model returns, from the graph's ``outputs``; the arguments it returns as
+        themselves are taken from ``call`` (canonical), their contents replaced by the rebuilt ones."""
         if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
             return outputs[0] if self._plain else tuple(outputs)
         leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
-        return pytree.tree_unflatten(leaves, self.spec)
+        built = pytree.tree_unflatten(leaves, self.spec)
+        if not self.returned or call is None:
+            return built
+        theirs = {}
+        for where, argument in self.returned:
+            rebuilt, original = _at(built, where), _at(call, argument)
+            _adopt(original, rebuilt)
+            theirs[id(rebuilt)] = original
+        leaves, spec = pytree.tree_flatten(built, is_leaf=lambda x: id(x) in theirs)
+        return pytree.tree_unflatten([theirs.get(id(x), x) for x in leaves], spec)
 
     @functools.cached_property
     def _plain(self) -> bool | None:
         """True where the output is the one graph output, False where it is a tuple of every graph
         output in order, None where the tree must be rebuilt (a call costs microseconds less)."""
-        in_order = self.slots == tuple(range(len(self.slots)))
+        in_order = self.slots == tuple(range(len(self.slots))) and not self.returned
         if in_order and self.spec.is_leaf():
             return True
         if in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children()):
             return False
         return None
+
+
+def _returned(output: Any, call: _Call) -> tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...]:
+    """Where ``output`` holds an argument of ``call`` itself (the outermost such node, where its
+    contents can be replaced), and where in the call that argument is."""
+    arguments: dict[int, Any] = {}
+
+    def note(node: Any) -> bool:  # visits every node of the call; leaves are tensors and fixed values
+        if not pytree.tree_is_leaf(node) and _adoptable(node):
+            arguments[id(node)] = node
+        return False
+
+    pytree.tree_flatten(call, is_leaf=note)
+    arguments.pop(id(call), None)
+    for part in call:
+        arguments.pop(id(part), None)  # the call's own args tuple and kwargs dict
+    if not arguments:
+        return ()
+    paths = pytree.tree_flatten_with_path(call, is_leaf=lambda x: id(x) in arguments)[0]
+    places = {id(node): path for path, node in paths if id(node) in arguments}
+    try:
+        found = pytree.tree_flatten_with_path(output, is_leaf=lambda x: id(x) in places)[0]
+    except ValueError as e:  # a pytree node type registered without key paths
+        log.warning("cannot tell whether the model returns any of its arguments as itself (%s): a container it "
+                    "returns is rebuilt, not the caller's own", e)
+        return ()
+    returned = tuple((where, places[id(node)]) for where, node in found if id(node) in places)
+    for _, argument in returned:
+        log.info("the model returns its argument %s as itself, changed: the module does too", pytree.keystr(argument))
+    return returned
+
+
+def _adoptable(node: Any) -> bool:
+    """Whether a container's contents can be replaced in place: lists, dicts, objects with attributes."""
+    return isinstance(node, (list, dict)) or hasattr(node, "__dict__")
+
+
+def _adopt(original: Any, rebuilt: Any) -> None:
+    """Give ``original`` the contents of ``rebuilt``, a new object of its type."""
+    if isinstance(original, list):
+        original[:] = rebuilt
+    if isinstance(original, dict):
+        dict.clear(original)  # past a subclass's guards (a ModelOutput refuses deletion)
+        dict.update(original, rebuilt)
+    if hasattr(original, "__dict__"):
+        vars(original).clear()
+        vars(original).update(vars(rebuilt))
+
+
+def _at(tree: Any, path: pytree.KeyPath) -> Any:
+    for key in path:
+        tree = key.get(tree)
+    return tree
