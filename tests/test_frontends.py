@@ -875,6 +875,36 @@ def test_an_opset_10_resize_means_what_it_meant_after_the_upgrade(op: str, opset
         np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_an_ir_3_file_is_upgraded_though_the_upgrade_adds_initializers_it_does_not_list_as_inputs() -> None:
+    """Before IR version 4 every initializer is a graph input too, as PyTorch writes a file at opset
+    7 or 8. Upgrading its Pad makes the pads an initializer the converter does not list, and at
+    IR 3 the converter refused its own result ("in initializer but not in graph input"): such a
+    file of Inception V3 or NASNet could not be imported."""
+    import onnxruntime
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 6])
+    nodes = [helper.make_node("Pad", ["x"], ["p"], pads=[0, 0, 2, 0, 0, 0, 0, 0], value=0.5),
+             helper.make_node("Conv", ["p", "w"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "padded", [x, w], [y], [weight]),
+                              opset_imports=[helper.make_opsetid("", 7)])
+    model.ir_version = 3
+    onnx.checker.check_model(model)
+    feed = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed})[0]
+    graph = from_onnx(model)
+    assert [n.op for n in graph.nodes] == ["pad", "conv2d"] and [i.name for i in graph.inputs] == ["x"]
+    assert model.ir_version == 3  # the caller's model is left as it was
+    for backend in ("torch", "ort"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_dynamic_onnx_dimension_needs_input_shapes() -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], dims=["batch", 4])
     with pytest.raises(FrontendError, match=r"dynamic dimension\(s\) 'batch' \(dimensions \[batch, 4\]\).*input_sh"):

@@ -177,7 +177,7 @@ def at_our_opset(file: OnnxFile) -> OnnxFile:
         return file
     try:
         model, training = _batch_norms_in_training(model, source) if opset < 14 else (model, [])
-        converted = version_converter.convert_version(model, OPSET)
+        converted = version_converter.convert_version(_at_ir_4(model), OPSET)
         _mark_training(converted, training)
         if opset < 11:
             _resize_10_semantics(model, converted, source)
@@ -191,6 +191,19 @@ def at_our_opset(file: OnnxFile) -> OnnxFile:
         raise FrontendError(f"{source}: opset {opset} cannot be upgraded to {OPSET} by onnx.version_converter: "
                             f"{first_line(e)}") from e
     return dataclasses.replace(file, model=converted, opset=OPSET)
+
+
+def _at_ir_4(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` at IR version 4 at least (a copy where it was older). Before 4 every initializer
+    had to be a graph input too, and the converter's adapters add initializers that are not
+    (Pad's opset-11 form takes its pads as an input): at IR 3 it refused its own result, so that
+    a file PyTorch exports at opset 7 with a padding could not be upgraded."""
+    if model.ir_version >= 4:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = 4
+    return copy
 
 
 def _batch_norms_in_training(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, list[str]]:
