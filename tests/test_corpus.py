@@ -250,9 +250,10 @@ def _decode_step(model: torch.nn.Module, cache: object, position: int, token: in
 def test_a_decoding_loop_that_passes_one_cache_on_sees_it_change_as_in_eager() -> None:
     """A decoder appends each step's keys and values to the cache it is passed, and a loop keeps
     passing that one object. The module returned a rebuilt cache and left the caller's as it was,
-    so a static cache's loop ran every step on stale state, silently; now the caller's cache is
-    the one returned, changed. A static cache is traced once the model has filled it (it holds
-    no tensors before), and one passed unfilled is refused, saying so."""
+    so a loop ran every step after the first on stale state, silently; now the caller's cache is
+    the one returned, changed, a static one in its own tensors. A static cache is traced once
+    the model has filled it (it holds no tensors before), and one passed unfilled is refused,
+    saying so."""
     import copy
 
     from transformers.cache_utils import DynamicCache, StaticCache
@@ -284,12 +285,14 @@ def test_a_decoding_loop_that_passes_one_cache_on_sees_it_change_as_in_eager() -
 
     module = opsched.optimize(model, _decode_step(model, filled(), 0, 5), cost=CPU)
     ours, theirs = filled(), filled()
+    storage = leaves(ours)
     for position, token in enumerate([5, 17, 3, 42]):
         with torch.no_grad():
             got = module(**_decode_step(model, ours, position, token))
             want = model(**_decode_step(model, theirs, position, token))
         assert got.past_key_values is ours
         assert_close(leaves(got), leaves(want))
+    assert all(a is b for a, b in zip(leaves(ours), storage, strict=True))  # written in place, as eager writes it
 
     module = opsched.optimize(model, _decode_step(model, static(), 0, 5), cost=CPU)
     cache = static()

@@ -62,11 +62,12 @@ def _example_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[In
 
 def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch.Tensor]) -> OutputStructure:
     """The structure of what ``model`` returns when called as ``structure`` with ``inputs``."""
-    args, kwargs = structure.call([t.clone() for t in inputs])  # a model may change its inputs
+    copies = [t.clone() for t in inputs]  # a model may change its inputs
+    args, kwargs = structure.call(copies)
     with torch.no_grad():
         out = model(*args, **kwargs)
     register_dataclasses(out)
-    return OutputStructure.of(out, (args, kwargs))
+    return OutputStructure.of(out, (args, kwargs), copies)
 
 
 @contextlib.contextmanager

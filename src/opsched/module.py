@@ -92,7 +92,8 @@ class ScheduledModule(nn.Module):
         results = self._executor(inputs)
         if self.graph.writes:
             results = self._write(inputs, results)
-        return self.outputs.build(results, self.inputs.canonical(args, kwargs) if self.outputs.returned else None)
+        call = self.inputs.canonical(args, kwargs) if self.outputs.returned else None
+        return self.outputs.build(results, inputs, call)
 
     def _write(self, inputs: Sequence[torch.Tensor], results: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copy the new values of the inputs the model changes in place into the caller's

@@ -376,23 +376,30 @@ class OutputStructure(_Pickled):
     """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
     its leaves are the graph's outputs, in order, and what the others are (constants such as None).
 
-    ``returned`` lists the arguments the model returns as themselves, changed: a Hugging Face
-    decoder called with ``past_key_values=cache`` appends to that cache and returns it. The graph
-    computes the changed contents; :meth:`build` puts them into the caller's object and returns
-    that object, so that a loop which keeps passing one cache sees it grow as it does in eager."""
+    What the model hands back of what it was given is the caller's own: ``passed`` lists the
+    graph outputs that are input tensors themselves (``x.mul_(2); return x``), and ``returned`` the
+    arguments the model returns as themselves, changed (a Hugging Face decoder called with
+    ``past_key_values=cache`` appends to that cache and returns it). The graph computes the new
+    contents; :meth:`build` returns the caller's tensor (its new value already written into it)
+    and the caller's object, its contents replaced by the rebuilt one's, so that a loop which
+    keeps passing one cache sees it grow or fill as it does in eager."""
 
     spec: pytree.TreeSpec
     slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
     constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
+    passed: tuple[tuple[int, int], ...] = ()  # (graph output, graph input it is)
     returned: tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...] = ()  # (where in the output, where in the call)
 
     @classmethod
-    def of(cls, example: Any, call: _Call | None = None) -> OutputStructure:
-        """The structure of a model's output ``example`` (its tensors are the graph's outputs),
-        where it came from ``call`` (canonical, as :meth:`InputStructure.call` makes it), noting
-        the arguments it returns as themselves."""
+    def of(cls, example: Any, call: _Call | None = None, inputs: Sequence[torch.Tensor] = ()) -> OutputStructure:
+        """The structure of a model's output ``example`` (its tensors are the graph's outputs).
+        Where it came from ``call`` (canonical, as :meth:`InputStructure.call` makes it) whose
+        tensors are ``inputs``, what it hands back of them is noted."""
         leaves, spec = pytree.tree_flatten(example)
-        return cls(spec, *_slots(leaves), _returned(example, call) if call is not None else ())
+        slots, constants = _slots(leaves)
+        given = {id(t): k for k, t in enumerate(inputs)}
+        passed = tuple((s, given[id(leaf)]) for leaf, s in zip(leaves, slots) if s is not None and id(leaf) in given)
+        return cls(spec, slots, constants, passed, _returned(example, call) if call is not None else ())
 
     @classmethod
     def flat(cls, n: int) -> OutputStructure:
@@ -404,9 +411,14 @@ class OutputStructure(_Pickled):
     def tensors(self) -> int:
         return sum(s is not None for s in self.slots)
 
-    def build(self, outputs: Sequence[torch.Tensor], call: _Call | None = None) -> Any:
-        """What the model returns, from the graph's ``outputs``; the arguments it returns as
-        themselves are taken from ``call`` (canonical), their contents replaced by the rebuilt ones."""
+    def build(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = (),
+              call: _Call | None = None) -> Any:
+        """What the model returns, from the graph's ``outputs``, handing back the caller's own
+        ``inputs`` and arguments (from ``call``, canonical) where the model does."""
+        if self.passed and inputs:
+            outputs = list(outputs)
+            for out, given in self.passed:
+                outputs[out] = inputs[given]
         if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
             return outputs[0] if self._plain else tuple(outputs)
         leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
