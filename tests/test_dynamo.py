@@ -285,3 +285,25 @@ def test_a_vmapped_region_is_scheduled_as_the_aten_calls_it_batches() -> None:
         assert_close(_compiled(model, scheduler="greedy")(x), model(x))
     (graph,) = od.compiled_graphs()
     assert [b.schedule is not None for b in graph.buckets] == [True], od.report()
+
+
+@pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+def test_generation_with_a_static_cache_is_two_schedules_made_once() -> None:
+    """Hugging Face ``generate()`` through the backend: the prompt and a decoding step are the two
+    graphs, each scheduled on its first call; the static cache keeps every step at one shape,
+    so a second generation makes nothing new, and the tokens are eager's."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    model = hf.LlamaForCausalLM(hf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, num_key_value_heads=1,
+                                               intermediate_size=64)).eval()
+    prompt = torch.randint(0, 100, (1, 5))
+    settings = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
+    want = model.generate(prompt, **settings)
+    model.forward = torch.compile(model.forward, backend="opsched", options=FAST)
+    for _ in range(2):
+        assert torch.equal(model.generate(prompt, **settings), want)
+    graphs = od.compiled_graphs()
+    assert len(graphs) == 2 and all(g.recompiles == 0 for g in graphs), od.report()
+    assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()
