@@ -9,14 +9,16 @@ a named error is ``refused``, not a failure. ``benchmarks/fuzz.py`` tallies many
 
 from __future__ import annotations
 
-import contextlib
+import multiprocessing
 import re
+import resource
 import signal
 import tempfile
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from torch import nn
 from opsched.testing import mismatch
 from opsched.testing.fuzz import FuzzNet
 
-__all__ = ["Outcome", "check_model", "SCHEDULERS", "BACKENDS", "cause_of"]
+__all__ = ["Outcome", "check_model", "in_worker", "WorkerError", "SCHEDULERS", "BACKENDS", "cause_of"]
 
 SCHEDULERS = ("sequential", "greedy", "ios", "est", "nimble", "opara")
 BACKENDS = ("torch", "ort")
@@ -49,11 +51,12 @@ class Outcome:
 
 
 def cause_of(error: BaseException) -> str:
-    """An exception as a cause to tally: its type and message, with names and numbers blanked."""
+    """An exception as a cause to tally: its type (in the worker, where it was raised in one) and
+    message, with names and numbers blanked."""
     text = str(error).split("\n")[0]
     text = re.sub(r"'[^']*'", "'…'", text)
     text = re.sub(r"\d+(\.\d+)?", "N", text)
-    return f"{type(error).__name__}: {text[:120]}"
+    return f"{getattr(error, 'kind', type(error).__name__)}: {text[:120]}"
 
 
 def _leaves(out: Any) -> list[torch.Tensor]:
@@ -77,7 +80,7 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
     out: list[Outcome] = []
     for frontend in frontends:
         try:  # a clone: the model may change its input, and torch.onnx runs it
-            source: Any = model if frontend == "torch" else _onnx_export(model, x.clone())
+            source: Any = model if frontend == "torch" else _onnx_export(seed, model, x.clone())
         except Exception as e:  # noqa: BLE001 (torch.onnx's own refusal: not the importer's to pass)
             out += [Outcome(seed, frontend, s, b, "unexportable", cause_of(e)) for s in schedulers for b in backends]
             continue
@@ -97,44 +100,85 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
     return out
 
 
-#: How long torch.onnx may take to export one fuzz model (they take well under a second): its
-#: TorchScript exporter can run away on a random graph (seed 73069: minutes, and all of a 24 GiB
-#: machine's memory), which then counts as the exporter's refusal.
+#: What torch.onnx may spend exporting one fuzz model (they take well under a second and a few
+#: hundred MB). Its TorchScript exporter can run away on a random graph (seed 73069: minutes,
+#: and all of a 24 GiB machine's memory) or kill its process (seed 10267: a division by zero in
+#: its shape inference, SIGFPE, which took a 1000-model run down with it), so it runs in a
+#: process of its own, within these bounds, and its failure is the model's, counted.
 EXPORT_SECONDS = 60.0
+EXPORT_MEMORY = 8 * 2**30
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise TimeoutError in the block once ``seconds`` have passed (at the next Python line it
-    runs: the exporter calls back into Python for every node). Only where a timer signal can
-    be had: on Unix, in the main thread; elsewhere the block runs unbounded."""
-    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class WorkerError(Exception):
+    """What a worker process raised (``kind``: its type's name there), or how the process ended."""
 
-    def expired(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"{what} ran past {seconds:.0f} s")
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+def _export(seed: int, x: torch.Tensor, path: str) -> None:
+    """In a worker: the model of ``seed`` exported by torch.onnx to ``path``."""
+    torch.onnx.export(FuzzNet(seed).eval(), (x,), path, dynamo=False, opset_version=17, input_names=["x"])
+
+
+def _work(conn: Connection, memory: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A worker's body: ``fn(*args)`` within ``memory`` bytes of address space; sends None, or the
+    kind and first lines of what it raised."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory, resource.getrlimit(resource.RLIMIT_AS)[1]))
     try:
-        yield
+        fn(*args)
+        conn.send(None)
+    except BaseException as e:  # noqa: BLE001 (everything it raises is the caller's to see)
+        conn.send((type(e).__name__, str(e)[:2000]))
+
+
+def in_worker(fn: Callable[..., None], *args: Any, seconds: float = EXPORT_SECONDS, memory: int = EXPORT_MEMORY,
+              what: str = "the worker") -> None:
+    """``fn(*args)`` in a process of its own, forked from a server that has imported the fuzzer
+    (milliseconds a call), within ``seconds`` and ``memory`` bytes. Raises :class:`WorkerError`
+    with what it raised, where it ran past its time, or where its process died (by signal)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context: SpawnContext | ForkServerContext = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["opsched.testing.fuzz_check"])
+    else:
+        context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_work, args=(send, memory, fn, args), daemon=True)
+    process.start()
+    send.close()
+    try:
+        answered = receive.poll(seconds)
+        answer = receive.recv() if answered else None
+    except EOFError:  # the process ended without a word
+        answered, answer = False, None
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        receive.close()
+    process.join(None if answered else 1.0)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        raise WorkerError("TimeoutError", f"{what} ran past {seconds:.0f} s")
+    if not answered:
+        code = process.exitcode or 0
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        raise WorkerError("Crash", f"{what} killed its process ({how})")
+    if answer is not None:
+        raise WorkerError(*answer)
 
 
-def _onnx_export(model: nn.Module, x: torch.Tensor) -> Any:
-    """The model's torch.onnx export; raises where ONNX Runtime cannot run the file either (the
-    exporter bakes sizes from ONNX's shape inference into Reshape targets, and ONNX's rule for a
-    pool with ceil_mode and padding is not the one PyTorch and ONNX Runtime follow), or where
-    what it computes is not what eager PyTorch does: the importer answers for the file alone."""
+def _onnx_export(seed: int, model: nn.Module, x: torch.Tensor) -> Any:
+    """The torch.onnx export of the model of ``seed`` (in a worker: :data:`EXPORT_SECONDS`);
+    raises where ONNX Runtime cannot run the file either (the exporter bakes sizes from ONNX's
+    shape inference into Reshape targets, and ONNX's rule for a pool with ceil_mode and padding
+    is not the one PyTorch and ONNX Runtime follow), or where what it computes is not what eager
+    PyTorch does: the importer answers for the file alone."""
     import onnx
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory() as tmp, _deadline(EXPORT_SECONDS, "torch.onnx.export"):
+    with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
-        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"])
+        in_worker(_export, seed, x, str(path), what="torch.onnx.export")
         proto = onnx.load(path)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     theirs = [torch.from_numpy(v) for v in session.run(None, {"x": x.numpy()})]
