@@ -28,7 +28,14 @@ def _check(seed: int) -> None:
     assert all(o.cause.startswith("UnsupportedOpError") for o in outcomes if o.status == "refused")
 
 
-@pytest.mark.parametrize("seed", range(24))
+#: Seeds a long run found: 10267, whose torch.onnx export kills its process now and then (SIGFPE);
+#: 10556, whose model changes its input in place (a ReLU), which torch.onnx's export does not
+#: keep apart from the reads before it. The export was checked against eager on the input its
+#: own run had changed, so the exporter's error was laid at the importer's door ("wrong").
+FOUND = (10267, 10556)
+
+
+@pytest.mark.parametrize("seed", [*range(24), *FOUND])
 def test_random_models_equal_eager_everywhere(seed: int, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
     _check(seed)

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.context import ForkContext, SpawnContext
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,11 @@ def _export(seed: int, x: torch.Tensor, path: str) -> None:
 
 
 def _work(conn: Connection, memory: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    """A worker's body: ``fn(*args)`` within ``memory`` bytes of address space; sends None, or the
+    """A worker's body: ``fn(*args)`` within ``memory`` bytes of address space, on one thread (a
+    forked OpenMP pool is not one: the process has none of its threads); sends None, or the
     kind and first lines of what it raised."""
     resource.setrlimit(resource.RLIMIT_AS, (memory, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    torch.set_num_threads(1)
     try:
         fn(*args)
         conn.send(None)
@@ -135,12 +137,13 @@ def _work(conn: Connection, memory: int, fn: Callable[..., None], args: tuple[An
 
 def in_worker(fn: Callable[..., None], *args: Any, seconds: float = EXPORT_SECONDS, memory: int = EXPORT_MEMORY,
               what: str = "the worker") -> None:
-    """``fn(*args)`` in a process of its own, forked from a server that has imported the fuzzer
-    (milliseconds a call), within ``seconds`` and ``memory`` bytes. Raises :class:`WorkerError`
-    with what it raised, where it ran past its time, or where its process died (by signal)."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context: SpawnContext | ForkServerContext = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["opsched.testing.fuzz_check"])
+    """``fn(*args)`` in a process of its own, within ``seconds`` and ``memory`` bytes. Raises
+    :class:`WorkerError` with what it raised, where it ran past its time, or where its process
+    died (by signal). The process is a fork of this one where the platform forks (milliseconds,
+    nothing imported again, and no main module run again, which a fork server or a spawned
+    process does to a script without a ``__main__`` guard), else spawned."""
+    if "fork" in multiprocessing.get_all_start_methods():
+        context: ForkContext | SpawnContext = multiprocessing.get_context("fork")
     else:
         context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
@@ -178,7 +181,9 @@ def _onnx_export(seed: int, model: nn.Module, x: torch.Tensor) -> Any:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
-        in_worker(_export, seed, x, str(path), what="torch.onnx.export")
+        # a copy: the export runs the model, which may change its input, and a worker not forked
+        # shares a tensor argument's memory; ORT and eager are compared on the input as given
+        in_worker(_export, seed, x.clone(), str(path), what="torch.onnx.export")
         proto = onnx.load(path)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     theirs = [torch.from_numpy(v) for v in session.run(None, {"x": x.numpy()})]
