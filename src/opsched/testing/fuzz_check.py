@@ -124,8 +124,8 @@ def _export(seed: int, x: torch.Tensor, path: str) -> None:
 
 def _work(conn: Connection, memory: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
     """A worker's body: ``fn(*args)`` within ``memory`` bytes of address space, on one thread (a
-    forked OpenMP pool is not one: the process has none of its threads); sends None, or the
-    kind and first lines of what it raised."""
+    forked process has none of its parent's OpenMP threads, which a parallel region would wait
+    for); sends None, or the kind and first lines of what it raised."""
     resource.setrlimit(resource.RLIMIT_AS, (memory, resource.getrlimit(resource.RLIMIT_AS)[1]))
     torch.set_num_threads(1)
     try:
