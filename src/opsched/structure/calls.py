@@ -1,18 +1,14 @@
-"""How a model is called and what it returns: the structures around a graph's flat inputs and outputs.
+"""How a model is called: the structure around a graph's flat inputs.
 
-A graph takes and returns flat lists of tensors. A model is called with positional and keyword
-arguments (``model(**tokenizer(text, return_tensors="pt"))``), some of them containers of
-tensors, some fixed values (``None``, a flag), and returns tuples, dicts or dataclass outputs.
-:class:`InputStructure` maps a call onto the graph's inputs and :class:`OutputStructure` the
-graph's outputs back onto what the model returns, so that a scheduled module is called and
-answers exactly as the model is and does.
+A graph takes a flat list of tensors. A model is called with positional and keyword arguments
+(``model(**tokenizer(text, return_tensors="pt"))``), some of them containers of tensors, some
+fixed values (``None``, a flag). :class:`InputStructure` maps a call onto the graph's inputs.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import keyword
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -24,8 +20,9 @@ import torch.utils._pytree as pytree
 
 from opsched._text import value_name
 from opsched.errors import FrontendError, InputMismatchError
+from opsched.structure.trees import Call, Pickled, leaf_slots
 
-__all__ = ["InputStructure", "OutputStructure", "ExampleInputs", "bind_example", "split_example"]
+__all__ = ["InputStructure", "ExampleInputs", "bind_example", "split_example"]
 
 log = logging.getLogger("opsched")
 
@@ -33,35 +30,9 @@ log = logging.getLogger("opsched")
 #: arguments (a tokenizer's output, say).
 ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
 
-_Call = tuple[tuple[Any, ...], dict[str, Any]]
-
-
-class _Pickled:
-    """Pickles a structure's ``spec`` as plain data: torch 2.13 warns on every leaf of a pickled
-    tree spec when it is loaded (its ``LeafSpec`` is deprecated)."""
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["spec"] = _spec_state(state["spec"])
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, spec=_spec_from_state(state["spec"]))
-
-
-def _spec_state(spec: pytree.TreeSpec) -> Any:
-    return None if spec.is_leaf() else (spec.type, spec.context, [_spec_state(c) for c in spec.children()])
-
-
-def _spec_from_state(state: Any) -> pytree.TreeSpec:
-    if state is None:
-        return pytree.tree_structure(0)  # the leaf
-    kind, context, children = state
-    return pytree.TreeSpec(kind, context, [_spec_from_state(c) for c in children])
-
 
 @dataclass(frozen=True)
-class InputStructure(_Pickled):
+class InputStructure(Pickled):
     """How a model is called: its arguments bound to the parameters of its ``forward`` (so that a
     tensor given by position or by name is the same input), the tensors among their leaves being
     the graph's inputs, in order, and every other leaf a value the graph was specialised to.
@@ -108,7 +79,7 @@ class InputStructure(_Pickled):
     def _of(cls, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> InputStructure:
         paths, spec = pytree.tree_flatten_with_path((args, kwargs))
-        slots, constants = _slots([leaf for _, leaf in paths])
+        slots, constants = leaf_slots([leaf for _, leaf in paths])
         return cls(signature, spec, slots, constants, tuple(_place(path, signature) for path, _ in paths))
 
     @functools.cached_property
@@ -181,7 +152,7 @@ class InputStructure(_Pickled):
                 raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}{hint}")
         return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
 
-    def canonical(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _Call:
+    def canonical(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
         """A call as :meth:`call` makes it (bound to the signature, defaults left out), where
         :meth:`tensors` has accepted it."""
         return _canonical(self.signature, tuple(args), dict(self._respelled(kwargs)))
@@ -226,7 +197,7 @@ class InputStructure(_Pickled):
                 if a.num_leaves != b.num_leaves else f"{name} nests otherwise than when traced"
                 for name, a, b in pairs if a != b]
 
-    def call(self, tensors: Sequence[Any]) -> _Call:
+    def call(self, tensors: Sequence[Any]) -> Call:
         """The positional and keyword arguments of the call whose graph inputs are ``tensors``."""
         args, kwargs = pytree.tree_unflatten(self._leaves(tensors), self.spec)
         return tuple(args), dict(kwargs)
@@ -245,14 +216,6 @@ def _filled(spec: pytree.TreeSpec) -> str:
         return ""
     return (f": a {spec.type.__name__} holds its tensors once a call of the model has filled it; trace with one "
             f"as it will be passed (call the model with it once, then cache.reset())")
-
-
-def _slots(leaves: Sequence[Any]) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
-    """Per leaf, the graph value it is (tensors, numbered in order) or None, and the leaf itself
-    where it is not a tensor (None where it is)."""
-    numbers = itertools.count()
-    slots = tuple(next(numbers) if isinstance(x, torch.Tensor) else None for x in leaves)
-    return slots, tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
 
 
 def bind_example(forward: Callable[..., Any], example: ExampleInputs
@@ -287,7 +250,7 @@ def _unaliased(tensors: tuple[torch.Tensor, ...], names: Sequence[str]) -> tuple
     return tuple(out)
 
 
-def split_example(example: ExampleInputs) -> _Call:
+def split_example(example: ExampleInputs) -> Call:
     """Example inputs as positional and keyword arguments."""
     if isinstance(example, torch.Tensor):
         return (example,), {}
@@ -302,7 +265,7 @@ def split_example(example: ExampleInputs) -> _Call:
     return tuple(example), {}
 
 
-def _canonical(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+def _canonical(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     """``args`` and ``kwargs`` bound to ``signature``: positional where they can be, in the
     parameters' order, non-tensor values equal to their defaults left out (raises TypeError
     where the signature refuses them)."""
@@ -369,130 +332,3 @@ def _short(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
     return repr(value)
-
-
-@dataclass(frozen=True)
-class OutputStructure(_Pickled):
-    """How a model's outputs nest (tuples, lists, dicts, dataclass outputs: its pytree), which of
-    its leaves are the graph's outputs, in order, and what the others are (constants such as None).
-
-    What the model hands back of what it was given is the caller's own: ``passed`` lists the
-    graph outputs that are input tensors themselves (``x.mul_(2); return x``), and ``returned`` the
-    arguments the model returns as themselves, changed (a Hugging Face decoder called with
-    ``past_key_values=cache`` appends to that cache and returns it). The graph computes the new
-    contents; :meth:`build` returns the caller's tensor (its new value already written into it)
-    and the caller's object, its contents replaced by the rebuilt one's, so that a loop which
-    keeps passing one cache sees it grow or fill as it does in eager."""
-
-    spec: pytree.TreeSpec
-    slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
-    constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
-    passed: tuple[tuple[int, int], ...] = ()  # (graph output, graph input it is)
-    returned: tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...] = ()  # (where in the output, where in the call)
-
-    @classmethod
-    def of(cls, example: Any, call: _Call | None = None, inputs: Sequence[torch.Tensor] = ()) -> OutputStructure:
-        """The structure of a model's output ``example`` (its tensors are the graph's outputs).
-        Where it came from ``call`` (canonical, as :meth:`InputStructure.call` makes it) whose
-        tensors are ``inputs``, what it hands back of them is noted."""
-        leaves, spec = pytree.tree_flatten(example)
-        slots, constants = _slots(leaves)
-        given = {id(t): k for k, t in enumerate(inputs)}
-        passed = tuple((s, given[id(leaf)]) for leaf, s in zip(leaves, slots) if s is not None and id(leaf) in given)
-        return cls(spec, slots, constants, passed, _returned(example, call) if call is not None else ())
-
-    @classmethod
-    def flat(cls, n: int) -> OutputStructure:
-        """One tensor, or (for ``n`` other than 1) a tuple of ``n``: a graph's outputs as they are."""
-        dummy = torch.empty(0)
-        return cls.of(dummy if n == 1 else tuple(dummy for _ in range(n)))
-
-    @property
-    def tensors(self) -> int:
-        return sum(s is not None for s in self.slots)
-
-    def build(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = (),
-              call: _Call | None = None) -> Any:
-        """What the model returns, from the graph's ``outputs``, handing back the caller's own
-        ``inputs`` and arguments (from ``call``, canonical) where the model does."""
-        if self.passed and inputs:
-            outputs = list(outputs)
-            for out, given in self.passed:
-                outputs[out] = inputs[given]
-        if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
-            return outputs[0] if self._plain else tuple(outputs)
-        leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
-        built = pytree.tree_unflatten(leaves, self.spec)
-        if not self.returned or call is None:
-            return built
-        theirs = {}
-        for where, argument in self.returned:
-            rebuilt, original = _at(built, where), _at(call, argument)
-            _adopt(original, rebuilt)
-            theirs[id(rebuilt)] = original
-        leaves, spec = pytree.tree_flatten(built, is_leaf=lambda x: id(x) in theirs)
-        return pytree.tree_unflatten([theirs.get(id(x), x) for x in leaves], spec)
-
-    @functools.cached_property
-    def _plain(self) -> bool | None:
-        """True where the output is the one graph output, False where it is a tuple of every graph
-        output in order, None where the tree must be rebuilt (a call costs microseconds less)."""
-        in_order = self.slots == tuple(range(len(self.slots))) and not self.returned
-        if in_order and self.spec.is_leaf():
-            return True
-        if in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children()):
-            return False
-        return None
-
-
-def _returned(output: Any, call: _Call) -> tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...]:
-    """Where ``output`` holds an argument of ``call`` itself (the outermost such node, where its
-    contents can be replaced), and where in the call that argument is."""
-    arguments: dict[int, Any] = {}
-
-    def note(node: Any) -> bool:  # visits every node of the call; leaves are tensors and fixed values
-        if not pytree.tree_is_leaf(node) and _adoptable(node):
-            arguments[id(node)] = node
-        return False
-
-    pytree.tree_flatten(call, is_leaf=note)
-    arguments.pop(id(call), None)
-    for part in call:
-        arguments.pop(id(part), None)  # the call's own args tuple and kwargs dict
-    if not arguments:
-        return ()
-    paths = pytree.tree_flatten_with_path(call, is_leaf=lambda x: id(x) in arguments)[0]
-    places = {id(node): path for path, node in paths if id(node) in arguments}
-    try:
-        found = pytree.tree_flatten_with_path(output, is_leaf=lambda x: id(x) in places)[0]
-    except ValueError as e:  # a pytree node type registered without key paths
-        log.warning("cannot tell whether the model returns any of its arguments as itself (%s): a container it "
-                    "returns is rebuilt, not the caller's own", e)
-        return ()
-    returned = tuple((where, places[id(node)]) for where, node in found if id(node) in places)
-    for _, argument in returned:
-        log.info("the model returns its argument %s as itself, changed: the module does too", pytree.keystr(argument))
-    return returned
-
-
-def _adoptable(node: Any) -> bool:
-    """Whether a container's contents can be replaced in place: lists, dicts, objects with attributes."""
-    return isinstance(node, (list, dict)) or hasattr(node, "__dict__")
-
-
-def _adopt(original: Any, rebuilt: Any) -> None:
-    """Give ``original`` the contents of ``rebuilt``, a new object of its type."""
-    if isinstance(original, list):
-        original[:] = rebuilt
-    if isinstance(original, dict):
-        dict.clear(original)  # past a subclass's guards (a ModelOutput refuses deletion)
-        dict.update(original, rebuilt)
-    if hasattr(original, "__dict__"):
-        vars(original).clear()
-        vars(original).update(vars(rebuilt))
-
-
-def _at(tree: Any, path: pytree.KeyPath) -> Any:
-    for key in path:
-        tree = key.get(tree)
-    return tree
