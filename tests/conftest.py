@@ -33,3 +33,36 @@ def strict_float32() -> Iterator[None]:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
+def mode_switch_onnx(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An .onnx file whose int64 input ``mode`` selects a branch, as Silero VAD's sample rate does:
+    ``y = (-x if mode == 1 else unsqueeze(squeeze(x, 0), 0)) * x``, ``x`` of declared dimensions
+    ``[n, 4]``. At n=2 only the first branch runs, and ONNX Runtime's shape inference of the
+    second fails at a fixed ``n`` (a squeezed axis of size 2): ONNX Runtime loads the file only
+    with ``n`` open."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name: str, nodes: list[onnx.NodeProto], shape: list[int | str]) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(nodes[-1].output[0],
+                                                                                 TensorProto.FLOAT, shape)])
+
+    then = branch("then", [helper.make_node("Neg", ["x"], ["t"])], ["n", 4])
+    axis = helper.make_node("Constant", [], ["axis"], value=numpy_helper.from_array(np.array([0], np.int64)))
+    else_ = branch("else", [axis, helper.make_node("Squeeze", ["x", "axis"], ["s"]),
+                            helper.make_node("Unsqueeze", ["s", "axis"], ["e"])], [1, 4])
+    nodes = [helper.make_node("Equal", ["mode", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["r"], then_branch=then, else_branch=else_),
+             helper.make_node("Mul", ["r", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mode_switch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    path = tmp_path_factory.mktemp("onnx") / "mode_switch.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)

@@ -183,6 +183,28 @@ def test_an_onnx_files_open_sizes_come_from_batch_and_input_shape(tmp_path, caps
     assert "--input-shape mask=..." in capsys.readouterr().err
 
 
+def test_an_onnx_files_input_fixed_at_a_value_on_the_command_line(mode_switch_onnx: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--input-value mode=1`` fixes the input the drawn inputs would set to 0; the plan is then
+    timed against ONNX Runtime's own session of the file, fed the value given."""
+    from opsched.cli.models import load_model
+    from opsched.errors import OpschedError
+
+    args = ["optimize", mode_switch_onnx, "--input-shape", "x=2,4", "--rounds", "1", "--cache-dir", str(tmp_path),
+            "--out", str(tmp_path / "o")]
+    assert main(args) == 1
+    assert "--input-value mode=..." in capsys.readouterr().err
+    assert main([*args, "--input-value", "mode=1"]) == 0
+    assert re.search(r"the kept plan runs [\d.]+x as fast as ONNX Runtime's own session", capsys.readouterr().out)
+    loaded = load_model(mode_switch_onnx, input_shapes=["x=2,4"], input_values=["mode=1"])
+    assert [i.name for i in loaded.graph.inputs] == ["x"]
+    for spec, values, why in [(mode_switch_onnx, ["mode"], "expected NAME=VALUE, as sr=16000"),
+                              (mode_switch_onnx, ["mode=fast"], "expected NAME=VALUE"),
+                              ("squeezenet", ["mode=1"], "--input-value is for .onnx files")]:
+        with pytest.raises(OpschedError, match=why):
+            load_model(spec, input_shapes=["x=2,4"] if spec.endswith(".onnx") else (), input_values=values)
+
+
 FACTORIES = """
 import torch
 from torch import nn

@@ -1064,7 +1064,7 @@ def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, o
     """Their sub-graphs read ``x`` by name from outside: a session that runs them must define it,
     renamed to its own value names. In a file at or upgraded to the segments' opset they join the
     segment; in a file the converter cannot bring down their sub-graphs keep the file's opset, in a
-    session of their own."""
+    session of their own. An ``If`` on a constant condition is the branch it takes."""
 
     from opsched.backends.lanes import LaneExecutor
 
@@ -1080,7 +1080,133 @@ def test_if_and_loop_reading_outer_values_run_equal_to_onnx_runtime(case: str, o
             np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-6, atol=1e-6)
     executor = module.executor
     assert isinstance(executor, LaneExecutor)
-    assert executor.sessions == 1 if opset <= OPSET else "r (onnx.data)" in executor.describe(), executor.describe()
+    if case == "if on a constant condition":  # the branch it takes, in its place
+        assert not any(n.attrs.get("op_type") == "If" for n in graph.nodes) and "r (onnx" not in executor.describe()
+    else:
+        assert executor.sessions == 1 if opset <= OPSET else "r (onnx.data)" in executor.describe(), \
+            executor.describe()
+
+
+def test_an_if_onnx_runtime_cannot_infer_at_fixed_sizes_runs_alone_with_its_sizes_open(
+        mode_switch_onnx: str) -> None:
+    """Silero VAD's case: ONNX Runtime's shape inference fails in a branch at the sizes given
+    (ONNX Runtime refuses the file itself once they are fixed), though that branch never runs at
+    them. The ``If`` is typed by running the branch that does (the condition is computed, so both
+    are tried) and runs in a session of its own that leaves its inputs' sizes open, as the file did."""
+    import onnxruntime
+
+    file = onnx.load(mode_switch_onnx)
+    file.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    with pytest.raises(Exception, match="Dimension of input 0 must be 1 instead of 2"):
+        onnxruntime.InferenceSession(file.SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = from_onnx(mode_switch_onnx, input_shapes={"x": (2, 4)})
+    (branching,) = [n for n in graph.nodes if n.attrs.get("op_type") == "If"]
+    assert branching.attrs["open_shapes"] and branching.out.shape == (2, 4)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    mode = np.array(1, np.int64)
+    want = onnxruntime.InferenceSession(mode_switch_onnx, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "mode": mode})[0]
+    np.testing.assert_allclose(run_graph(graph, {"x": torch.from_numpy(x), "mode": torch.from_numpy(mode)})[0],
+                               want, rtol=0, atol=0)
+    for backend in ("ort", "torch"):
+        module = opsched.optimize_graph(graph, backend=backend, scheduler="sequential", cost="analytic", check=False)
+        np.testing.assert_allclose(module(x=torch.from_numpy(x), mode=torch.from_numpy(mode)).numpy(), want,
+                                   rtol=0, atol=0)
+    with pytest.raises(InputMismatchError, match="takes the inputs 'x', 'mode', got 'x'"):
+        run_graph(graph, {"x": torch.from_numpy(x)})
+
+
+def test_an_input_fixed_at_a_value_is_a_constant_and_the_branch_it_decides_is_inlined(
+        mode_switch_onnx: str, tmp_path: Any) -> None:
+    """Plans are timed on drawn inputs, where an integer is 0: here the branch that fails at the
+    sizes given. The error says so and names the input to fix; ``input_values`` fixes it, the
+    ``If`` it decides becomes the branch it takes, and the graph no longer takes it."""
+    import onnxruntime
+
+    from opsched.errors import ExecutionError
+
+    graph = from_onnx(mode_switch_onnx, input_shapes={"x": (2, 4)})
+    with pytest.raises(ExecutionError, match=r"drawn inputs, integers zero .* here 'mode'; .* "
+                                             r"input_values=\{'mode': \.\.\.\}"):
+        opsched.optimize_graph(graph, cache_dir=str(tmp_path))
+    fixed = from_onnx(mode_switch_onnx, input_shapes={"x": (2, 4)}, input_values={"mode": 1})
+    assert [i.name for i in fixed.inputs] == ["x"]
+    assert [n.attrs.get("op_type", n.op) for n in fixed.nodes] == ["Neg", "mul"]  # Equal folded, If inlined
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    want = onnxruntime.InferenceSession(mode_switch_onnx, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "mode": np.array(1, np.int64)})[0]
+    module = opsched.optimize_graph(fixed, cache_dir=str(tmp_path))
+    np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=0, atol=0)
+    for values, shapes, why in [
+            ({"mode": [1, 1]}, {"x": (2, 4)}, r"gives input 'mode' a value of shape \(2,\), but the file declares "
+                                              r"dimensions \[\]"),
+            ({"mode": "one"}, {"x": (2, 4)}, "gives input 'mode' a value that is not of its type, int64"),
+            ({"mod": 1}, {"x": (2, 4)}, "input_values names 'mod', but the model's inputs are 'x', 'mode'"),
+            ({"mode": 1, "x": np.zeros((2, 4))}, {"x": (2, 4)}, "'x' given both a shape and a value")]:
+        with pytest.raises(FrontendError, match=why):
+            from_onnx(mode_switch_onnx, input_shapes=shapes, input_values=values)
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs"), [
+    ("Range", [np.float32(0), np.float32(5), np.float32(1)], {}),  # YOLOv8's anchor grid: float32, not float64
+    ("Range", [np.int32(7), np.int32(-2), np.int32(-3)], {}),
+    ("Range", [np.int64(3), np.int64(3), np.int64(1)], {}),
+    ("Div", [np.array([7, -7, -6, 6], np.int64), np.array([2, 2, -4, -4], np.int64)], {}),  # toward zero
+    ("Div", [np.array([1.0, -3.0], np.float32), np.array([4.0, 2.0], np.float32)], {}),
+    ("Reshape", [np.zeros((2, 3, 4), np.float32), np.array([0, -1], np.int64)], {}),  # 0: the input's size
+    ("Reshape", [np.zeros((0, 3), np.float32), np.array([0, 3], np.int64)], {"allowzero": 1}),
+])
+def test_every_folding_rule_computes_what_onnx_defines(op: str, inputs: list[np.ndarray],
+                                                       attrs: dict[str, Any]) -> None:
+    """The NumPy rules that fold shape arithmetic give ONNX's reference values in ONNX's types."""
+    import onnx.reference
+
+    from opsched.frontends.onnx_ops import FOLDABLE
+
+    names = [f"i{k}" for k in range(len(inputs))]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node(op, names, ["o"], **attrs)], "fold",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), np.shape(v))
+         for n, v in zip(names, inputs)], [onnx.ValueInfoProto(name="o")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    (want,) = onnx.reference.ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))
+    got = FOLDABLE[op](None, [np.asarray(v) for v in inputs], attrs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_file_that_writes_open_sizes_as_minus_one_and_computes_its_anchors_from_them(tmp_path: Any) -> None:
+    """Two exporters' habits: Paddle2ONNX declares open sizes as -1 (inputs and annotations
+    alike); YOLOv8's head builds its anchor grid with Range from the input's size, which folds
+    once the size is fixed and must stay float32 (ONNX Runtime refused the Sub that reads it)."""
+    import onnxruntime
+    from onnx import numpy_helper
+
+    def const(name: str, value: Any, dtype: Any) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(value, dtype), name)
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "three"], ["w"]),
+             helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Range", ["zero", "wf", "one"], ["grid"]),
+             helper.make_node("Add", ["grid", "half"], ["centres"]),
+             helper.make_node("Conv", ["x", "k"], ["c"]), helper.make_node("Sub", ["c", "centres"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 2, -1, -1])
+    graph = helper.make_graph(
+        nodes, "anchors", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, -1, -1])],
+        [const("three", 3, np.int64), const("zero", 0, np.float32), const("one", 1, np.float32),
+         const("half", 0.5, np.float32),
+         numpy_helper.from_array(np.random.default_rng(0).standard_normal((3, 2, 1, 1)).astype(np.float32), "k")],
+        value_info=[helper.make_tensor_value_info("c", TensorProto.FLOAT, [-1, 3, -1, -1])])
+    path = tmp_path / "anchors.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)]), str(path))
+    imported = from_onnx(str(path), input_shapes={"x": (1, 2, 5, 6)})
+    assert all(imported.types[v].dtype == "float32" for v in imported.types)
+    feed = np.random.default_rng(1).standard_normal((1, 2, 5, 6)).astype(np.float32)
+    want = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": feed})[0]
+    for backend in ("ort", "torch"):
+        module = opsched.optimize_graph(imported, backend=backend, scheduler="sequential", cost="analytic",
+                                        check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(feed)).numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_ops_the_segments_lack_are_expanded_into_their_onnx_functions() -> None:

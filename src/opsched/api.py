@@ -20,7 +20,7 @@ from opsched.backends import Backend, resolve_backend
 from opsched.check import verify_against
 from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
 from opsched.cost.unit_costs import PlatformCost, resolve_platform
-from opsched.errors import FrontendError, InputMismatchError, OpschedError, ScheduleError
+from opsched.errors import ExecutionError, FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
 from opsched.frontends.pytorch import Model, Tracer, as_module, register_dataclasses
@@ -195,6 +195,7 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     be = resolve_backend(request.backend, dev, graph.dtypes)  # a bfloat16 model, say
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_on_drawn_inputs(graph))
         cost_model = _cost_model(cost, be, run, cache_dir, stack)
         made = {name: schedule(graph, name, _on_units(cost_model, request.options[name]),
                                _within(request.options[name], memory_budget), progress=progress(f"searching {name}"))
@@ -248,6 +249,22 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
         module.outcome = OptimizeOutcome(raced, searched, counts, time.perf_counter() - start, memory_budget, over,
                                          same)
     return module
+
+
+@contextlib.contextmanager
+def _on_drawn_inputs(graph: Graph) -> Iterator[None]:
+    """A plan that fails while it is timed or raced, said to have run on drawn inputs where the
+    graph takes integer or boolean ones, whose drawn values (zeros, trues) the model may refuse."""
+    try:
+        yield
+    except ExecutionError as e:
+        chosen = [i.name for i in graph.inputs if i.type.dtype.startswith(("int", "uint", "bool"))]
+        if not chosen or isinstance(e, InputMismatchError):
+            raise
+        raise type(e)(f"{e}\n(plans are timed and raced on drawn inputs, integers zero and booleans true: here "
+                      f"{', '.join(map(repr, chosen))}; where an input's value selects what the model computes (a "
+                      f"sample rate, a mode), fix it where the graph is made: from_onnx(path, input_values="
+                      f"{{{chosen[0]!r}: ...}}), or opsched optimize FILE --input-value {chosen[0]}=...)") from e
 
 
 def _distinct(modules: Mapping[str, ScheduledModule]) -> tuple[dict[str, ScheduledModule], dict[str, str]]:

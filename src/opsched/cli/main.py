@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from opsched.errors import OpschedError
 
-__all__ = ["INPUT_SHAPE_HELP", "main", "subcommand", "positive_int", "subcommand_parser"]
+__all__ = ["INPUT_SHAPE_HELP", "add_input_arguments", "main", "subcommand", "positive_int", "subcommand_parser"]
 
 Handler = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Handler]
@@ -33,6 +33,14 @@ def subcommand(name: str, help: str) -> Callable[[Setup], Setup]:  # noqa: A002 
 INPUT_SHAPE_HELP = ("an input's shape, e.g. 1,3,224,224 (a package.module:factory model, or an .onnx file of one "
                     "input); NAME=1,128 for an .onnx file's named input, once per input whose sizes the file leaves "
                     "open (a dynamic first dimension is --batch)")
+
+
+def add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """``--input-shape`` and ``--input-value``: how a model's inputs are fixed (:func:`load_model`)."""
+    p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
+    p.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix an .onnx file's input at a value, e.g. sr=16000 (a list: NAME=1,2,3): the model "
+                        "computes with it as a constant (a sample rate, a mode the drawn inputs would not select)")
 
 
 def positive_int(text: str) -> int:

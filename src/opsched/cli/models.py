@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -27,20 +27,26 @@ class LoadedModel:
     module: nn.Module | None  # None for ONNX files
     call: InputStructure | None = None  # how ``module`` is called with ``inputs``
     onnx_path: str | None = None  # the file, for an ONNX file
+    onnx_values: Mapping[str, float | list[float]] = field(default_factory=dict)  # its inputs fixed
 
 
-def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> LoadedModel:
+def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), input_values: Sequence[str] = ()
+               ) -> LoadedModel:
     """The model ``spec`` names, imported, with example inputs: for a zoo model at ``batch``; for
     a factory (see :func:`_from_factory`) at the example inputs it returns, else at its one
     ``input_shapes`` entry (``"1,3,224,224"``) or its ``example_input_shape``; for an ONNX file at
     its declared shapes, a dynamic first dimension set to ``batch`` and other dynamic ones from
     ``input_shapes`` (``"NAME=1,128"``, or unnamed for a file of one input). ONNX inputs are
     random: normal floats, integers and booleans of 0 and 1 (valid token ids, masks and segment
-    ids alike)."""
+    ids alike). ``input_values`` (``"NAME=16000"``) fix an ONNX file's inputs at values
+    (:func:`opsched.from_onnx`'s ``input_values``)."""
     from opsched.frontends import from_onnx, from_torch
     from opsched.models import MODELS, example_inputs, get_model
 
     unnamed, named = _parse_shapes(input_shapes)
+    values = _parse_values(input_values)
+    if values and not spec.endswith(".onnx"):
+        raise OpschedError(f"--input-value is for .onnx files; {spec} is called with tensors of its own")
     if spec in MODELS:
         if input_shapes:
             raise OpschedError(f"{spec} is a zoo model: its shape is fixed but for --batch; --input-shape is for "
@@ -49,10 +55,11 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = ()) -> L
         call = bind_example(module.forward, inputs)[0]
         return LoadedModel(spec, from_torch(module, inputs, name=spec), inputs, module, call)
     if spec.endswith(".onnx"):
-        graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named))
+        graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named, set(values)),
+                          input_values=values)
         gen = torch.Generator().manual_seed(0)
         inputs = tuple(_random(i.type.shape, getattr(torch, i.type.dtype), gen) for i in graph.inputs)
-        return LoadedModel(graph.name, graph, inputs, None, onnx_path=spec)
+        return LoadedModel(graph.name, graph, inputs, None, onnx_path=spec, onnx_values=values)
     if spec.endswith(".pt2"):
         return _from_program(spec, batch, input_shapes)
     if spec.endswith(TORCHSCRIPT):
@@ -200,13 +207,29 @@ def _parse_shapes(values: Sequence[str]) -> tuple[tuple[int, ...] | None, dict[s
     return unnamed, named
 
 
+def _parse_values(entries: Sequence[str]) -> dict[str, float | list[float]]:
+    """``--input-value`` entries: per input named, its value (one number, or several separated by commas)."""
+    values: dict[str, float | list[float]] = {}
+    for entry in entries:
+        name, _, text = entry.partition("=")
+        try:
+            numbers = [float(v) for v in text.split(",")]
+        except ValueError:
+            numbers = []
+        if not name or not numbers:
+            raise OpschedError(f"--input-value {entry!r}: expected NAME=VALUE, as sr=16000, or NAME=1,2,3")
+        values[name] = numbers if len(numbers) > 1 else numbers[0]
+    return values
+
+
 def _onnx_shapes(path: str, batch: int, unnamed: tuple[int, ...] | None,
-                 named: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+                 named: dict[str, tuple[int, ...]], valued: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
     """The shapes to fix the file's inputs at (see :func:`load_model`), or an error naming every
-    input whose dynamic dimensions are still open and how to give them."""
+    input whose dynamic dimensions are still open and how to give them (inputs ``valued``, fixed
+    at a value, have its shape)."""
     from opsched.frontends.onnx_file import onnx_input_dims
 
-    declared = onnx_input_dims(path)
+    declared = {name: dims for name, dims in onnx_input_dims(path).items() if name not in valued}
     if unnamed is not None:
         if len(declared) != 1:
             raise OpschedError(f"{path} has {len(declared)} inputs ({', '.join(declared)}): give each shape as "

@@ -17,8 +17,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from opsched._text import size
-from opsched.cli.main import INPUT_SHAPE_HELP, Handler, positive_int, subcommand
+from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
@@ -36,7 +38,7 @@ BASELINES = ("sequential", "greedy")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, .pt2 file (torch.export.save), or package.module:factory")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
+    add_input_arguments(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (lanes on CUDA streams, one CUDA graph)")
     p.add_argument("--dtype", help="float32 (default), float16 or bfloat16: the precision the model runs in")
     p.add_argument("--channels-last", action="store_true", help="4-D weights and inputs in channels-last layout")
@@ -70,7 +72,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         request = check_request(device=args.device, scheduler=names, backend=args.backend, dtype=args.dtype,
                                 **options)
         progress = phases(True)
-        loaded = load_model(args.model, args.batch, args.input_shape)
+        loaded = load_model(args.model, args.batch, args.input_shape, args.input_value)
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
                                 channels_last=args.channels_last, scheduler=names, cost=args.cost,
                                 backend=args.backend, cache_dir=args.cache_dir, rounds=args.rounds,
@@ -122,9 +124,15 @@ def _baseline(loaded: LoadedModel, module: ScheduledModule, inputs: tuple[torch.
             print(f"not timed against ONNX Runtime's own session: it cannot run this file "
                   f"({type(e).__name__}: {str(e).strip()})")
             return None
-        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), loaded.inputs)}  # the file's names
+        given = iter(loaded.inputs)  # the graph's inputs, in the file's order, but for those fixed at a value
+        feeds = {i.name: np.asarray(loaded.onnx_values[i.name], _NUMPY.get(i.type, i.type[7:-1]))
+                 if i.name in loaded.onnx_values else next(given).numpy() for i in session.get_inputs()}
         return "ONNX Runtime's own session", lambda: session.run(None, feeds)
     return None
+
+
+#: ONNX Runtime's names of element types (``tensor(float)``) that NumPy names otherwise.
+_NUMPY = {"tensor(float)": "float32", "tensor(double)": "float64"}
 
 
 def _write(args: argparse.Namespace, name: str, module: ScheduledModule, inputs: tuple[torch.Tensor, ...]) -> None:

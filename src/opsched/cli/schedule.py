@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from opsched.cli.main import INPUT_SHAPE_HELP, Handler, positive_int, subcommand
+from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
@@ -13,7 +13,7 @@ from opsched.cli.table import format_table
 def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", help="zoo name, .onnx file, .pt2 file (torch.export.save), or package.module:factory")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
+    add_input_arguments(p)
     p.add_argument("--device", default="V100",
                    help="analytic device preset (V100, A100, H100, H200, RTX3090, K80, CPU2, CPU16)")
     p.add_argument("--scheduler", default="ios", help="ios, est, greedy, sequential, nimble or opara")
@@ -37,7 +37,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         if args.memory_budget is not None:
             values["memory_budget"] = int(args.memory_budget * 2**20)
         options = scheduler_options([args.scheduler], kind, values, cores=cost.spec.slots)
-        graph = load_model(args.model, args.batch, args.input_shape).graph
+        graph = load_model(args.model, args.batch, args.input_shape, args.input_value).graph
         results = {name: schedule(graph, name, cost) for name in ("sequential", "greedy") if name != args.scheduler}
         chosen = results[args.scheduler] = schedule(graph, args.scheduler, cost, options[args.scheduler],
                                                     progress=ProgressBar("searching", enabled=not args.quiet).update)

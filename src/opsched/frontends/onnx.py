@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnx.reference
 import torch
+from numpy.typing import ArrayLike
 from onnx import helper, numpy_helper
 
 from opsched._text import value_name
@@ -30,7 +31,7 @@ from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line,
 from opsched.frontends.onnx_functions import expand_functions
 from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph, tensor_type
-from opsched.ir.ops.onnx_builder import OPSET
+from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OPSET
 from opsched.ir.ops.onnx_node import (
     ONNX_GENERIC_OPS,
     captured,
@@ -48,10 +49,15 @@ log = logging.getLogger("opsched.frontends")
 
 
 def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | None = None,
-              input_shapes: Mapping[str, Sequence[int]] | None = None, canonical: bool = True) -> Graph:
+              input_shapes: Mapping[str, Sequence[int]] | None = None,
+              input_values: Mapping[str, ArrayLike] | None = None, canonical: bool = True) -> Graph:
     """Import an ONNX model (a path or a loaded ``ModelProto``) as a :class:`~opsched.ir.Graph`.
 
     Dynamic input dimensions must be fixed with ``input_shapes={"input": (1, 3, 224, 224)}``.
+    ``input_values={"sr": 16000}`` fixes inputs at a value instead: the graph computes with it
+    as a constant and no longer takes it (a sample rate, a mode flag: an input whose value
+    selects what the model computes, which the drawn inputs opsched times plans on would not;
+    an ``If`` it decides is replaced by the branch it takes).
     Raises :class:`MalformedModelError` for a file that is missing, truncated or invalid, and
     :class:`UnsupportedOpError` listing every op the model uses that opsched cannot convert.
     """
@@ -59,16 +65,20 @@ def from_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *, name: str | No
     name = name or file.model.graph.name or "onnx_model"
     initializers = {init.name for init in file.model.graph.initializer} | set(file.weights)
     real_inputs = [i.name for i in file.model.graph.input if i.name not in initializers]
-    unknown = sorted(set(input_shapes or {}) - set(real_inputs))
-    if unknown:
-        raise FrontendError(f"{file.source}: input_shapes names {', '.join(map(repr, unknown))}, but the model's "
-                            f"inputs are {', '.join(map(repr, real_inputs))}")
+    for given, names in (("input_shapes", input_shapes), ("input_values", input_values)):
+        if unknown := sorted(set(names or {}) - set(real_inputs)):
+            raise FrontendError(f"{file.source}: {given} names {', '.join(map(repr, unknown))}, but the model's "
+                                f"inputs are {', '.join(map(repr, real_inputs))}")
+    if both := sorted(set(input_shapes or {}) & set(input_values or {})):
+        raise FrontendError(f"{file.source}: {', '.join(map(repr, both))} given both a shape and a value: a value "
+                            f"has its shape")
     file = at_our_opset(file)
     if file.opset > OPSET:  # kept newer: ops the segments lack, as ONNX defines them in older ones
         expanded = expand_functions(file)
         file = at_our_opset(expanded) if expanded is not file else file
     source = file.source
-    converter = _OnnxConverter(file.model, file.opset, name, source, dict(input_shapes or {}), file.weights)
+    converter = _OnnxConverter(file.model, file.opset, name, source, dict(input_shapes or {}), file.weights,
+                               dict(input_values or {}))
     graph = converter.run().verify()
     if canonical:
         graph = canonicalize(graph)
@@ -93,12 +103,13 @@ _FAILED = _Failed()
 
 class _OnnxConverter:
     def __init__(self, model: onnx.ModelProto, opset: int, name: str, source: str,
-                 input_shapes: dict[str, Sequence[int]], weights: Mapping[str, onnx.TensorProto]) -> None:
+                 input_shapes: dict[str, Sequence[int]], weights: Mapping[str, onnx.TensorProto],
+                 input_values: dict[str, ArrayLike]) -> None:
         self.model, self.g, self.opset, self.source = model, model.graph, opset, source
         self.weights = weights  # initializers the model lists as inputs (see _skeleton)
         self.ctx = ConversionContext(name)
         self.env: dict[str, Value] = {}
-        self.input_shapes = input_shapes
+        self.input_shapes, self.input_values = input_shapes, input_values
         self.failures: list[tuple[onnx.NodeProto, str]] = []
         self.complex_of: dict[str, str] = {}  # a DFT's output (pairs of reals) -> its complex spectrum
         self._opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -115,10 +126,13 @@ class _OnnxConverter:
         for inp in self.g.input:
             if inp.name in self.env:
                 continue  # an initializer listed as an input (old exporters, _skeleton): a constant all the same
+            if inp.name in self.input_values:
+                self.env[inp.name] = self._input_value(inp)
+                continue
             name = value_name(inp.name)
             if name != inp.name and (name in taken or self.ctx.b.holds(name)):
                 name = self.ctx.b.fresh(name)
-            self.env[inp.name] = self.ctx.b.input(name, self._input_shape(inp), _dtype(inp))
+            self.env[inp.name] = self.ctx.b.input(name, self._input_shape(inp), _dtype(inp, self.source))
         self.inferred = self._infer_types()
         for node in self.g.node:
             self._convert(node)
@@ -138,11 +152,13 @@ class _OnnxConverter:
         """Every value's type that ONNX shape inference can tell, the inputs at their fixed shapes."""
         model = onnx.ModelProto()
         model.CopyFrom(self.model)
+        # the file's own annotations are inferred again: they may predate the fixed sizes (Paddle2ONNX's -1)
+        del model.graph.value_info[:]
         for inp in model.graph.input:
             v = self.env.get(inp.name)
-            if isinstance(v, str):
+            if isinstance(v, (str, np.ndarray)):
                 del inp.type.tensor_type.shape.dim[:]
-                for d in self.ctx.type(v).shape:
+                for d in self.ctx.type(v).shape if isinstance(v, str) else v.shape:
                     inp.type.tensor_type.shape.dim.add().dim_value = d
         try:
             model = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -152,7 +168,7 @@ class _OnnxConverter:
         for vi in [*model.graph.value_info, *model.graph.output]:
             t = vi.type.tensor_type
             dtype = _DTYPES.get(int(t.elem_type))
-            if dtype and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            if dtype and t.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in t.shape.dim):
                 known[vi.name] = TensorType(tuple(int(d.dim_value) for d in t.shape.dim), dtype)
         return known
 
@@ -175,6 +191,20 @@ class _OnnxConverter:
                                 f"input_shapes={{{inp.name!r}: (...)}}")
         return tuple(int(d) for d in dims)
 
+    def _input_value(self, inp: onnx.ValueInfoProto) -> np.ndarray:
+        """The value ``input_values`` fixes ``inp`` at, of its declared type and a shape that fits."""
+        dims, dtype = declared_dims(inp), helper.tensor_dtype_to_np_dtype(int(inp.type.tensor_type.elem_type))
+        try:
+            value = np.asarray(self.input_values[inp.name], dtype=dtype)
+        except (TypeError, ValueError) as e:
+            raise FrontendError(f"{self.source}: input_values gives input {inp.name!r} a value that is not of its "
+                                f"type, {dtype}: {e}") from e
+        if dims is not None and (value.ndim != len(dims) or
+                                 any(isinstance(d, int) and d != n for d, n in zip(dims, value.shape))):
+            raise FrontendError(f"{self.source}: input_values gives input {inp.name!r} a value of shape "
+                                f"{value.shape}, but the file declares dimensions [{', '.join(map(str, dims))}]")
+        return value
+
     def _convert(self, node: onnx.NodeProto) -> None:
         ins = [self.env[i] if i else None for i in node.input]
         outer = {v: self.env[v] for v in captured(node)}  # what its sub-graphs read from here
@@ -190,6 +220,9 @@ class _OnnxConverter:
             except Exception as e:
                 raise FrontendError(f"{where}: constant folding failed: {e}") from e
             self.env.update({o: np.asarray(v) for o, v in zip(node.output, folded) if o})
+            return
+        if node.op_type == "If" and not node.domain and isinstance(ins[0], np.ndarray):
+            self._inline(node, attrs["then_branch" if ins[0].item() else "else_branch"])
             return
         if outer:  # no converter of ours models a sub-graph
             self._generic(node, ins, outer)
@@ -212,6 +245,15 @@ class _OnnxConverter:
                 self.env.update(zip(node.output, outs))
                 return
         self._generic(node, ins)
+
+    def _inline(self, node: onnx.NodeProto, branch: onnx.GraphProto) -> None:
+        """An ``If`` whose condition is a constant as the branch it takes: that branch's nodes, in
+        its place (ONNX names a value once across a model and its sub-graphs, so theirs stay)."""
+        for init in branch.initializer:
+            self.env[init.name] = _array(init, self.source)
+        for inner in branch.node:
+            self._convert(inner)
+        self.env.update({o: self.env[out.name] for o, out in zip(node.output, branch.output) if o})
 
     def _fold(self, node: onnx.NodeProto, ins: list[Value], attrs: dict[str, Any],
               outer: Mapping[str, Value]) -> list[np.ndarray]:
@@ -260,10 +302,21 @@ class _OnnxConverter:
         # (ONNX's rule for a pool with ceil_mode and padding is not ONNX Runtime's), the node is run instead
         agrees = all(self.inferred.get(name) in (None, self.ctx.type(v))
                      for name, v in zip(node.input, ins) if isinstance(v, str))
-        try:
-            outs = self._generic_types(node, base, types, [self.ctx.b.params[p].numpy() for p in params], agrees)
-        except ort_errors() as e:
-            self.failures.append((node, f"ONNX Runtime cannot run it: {first_line(e)}"))
+        values = [self.ctx.b.params[p].numpy() for p in params]
+        why = ""
+        for open_shapes in (False, True) if outer else (False,):
+            # ONNX Runtime's shape inference in sub-graphs may fail at sizes the file left open: then open they stay
+            if open_shapes:
+                base["open_shapes"] = True
+            try:
+                outs = self._generic_types(node, base, types, values, agrees and not open_shapes)
+                break
+            except ort_errors() as e:
+                why = why or f"ONNX Runtime cannot run it: {first_line(e)}"
+            except Unsupported as e:
+                why = str(e)
+        else:
+            self.failures.append((node, why))
             self.env.update({o: _FAILED for o in node.output})
             return
         kind = ONNX_GENERIC_OPS[onnx_category(node.op_type)]
@@ -278,15 +331,18 @@ class _OnnxConverter:
         running the node once (on zeros for its inputs, its parameters' values). ONNX Runtime must
         be able to run it either way: its sessions are built here."""
         values = [*(np.zeros(t.shape, t.dtype) for t in types[:len(types) - len(params)]), *params]
-        zeros = {f"in{k}": v for k, v in enumerate(values)}
+        feeds = [{f"in{k}": v for k, v in enumerate(values)}]
+        if node.op_type == "If" and not node.domain and base["slots"][0][0] == "t":
+            # a computed condition: either branch may be taken, and one may not run at the sizes given at all
+            # (Silero VAD's 8 kHz branch on a 16 kHz window), so each is tried; where both run, they must agree
+            feeds.append({**feeds[0], "in0": np.ones(types[0].shape, bool)})
         out: list[TensorType | None] = []
         for i, o in enumerate(node.output):
             session = one_node_session(FrozenAttrs({**base, "index": i}), types) if o else None
             if session is None or (inferred and o in self.inferred):
                 out.append(self.inferred.get(o))
                 continue
-            (r,) = session.run(None, zeros)
-            out.append(TensorType(tuple(int(d) for d in r.shape), str(r.dtype)))
+            out.append(_one_type(session, feeds, o))
         return out
 
     # helpers for converters
@@ -311,14 +367,45 @@ class _OnnxConverter:
         return self.ctx.param(self.value_name(hint), torch.from_numpy(np.array(v, order="C")))
 
 
-_DTYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-                           onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
-                           onnx.TensorProto.BFLOAT16: "bfloat16"}
+#: ONNX element types as the IR's dtype names: every type a value of a segment may have.
+_DTYPES: dict[int, str] = {elem: name for name, elem in ONNX_DTYPES.items()}
 
 
-def _dtype(inp: onnx.ValueInfoProto) -> str:
-    return _DTYPES.get(int(inp.type.tensor_type.elem_type), "float32")
+def _dtype(inp: onnx.ValueInfoProto, source: str) -> str:
+    """The IR's dtype of a graph input: a uint8 image, int32 token ids and a boolean mask keep
+    their types (they were imported as float32 once, and the module then refused them)."""
+    elem = int(inp.type.tensor_type.elem_type)
+    if inp.type.HasField("tensor_type") and elem in _DTYPES:
+        return _DTYPES[elem]
+    kind = inp.type.WhichOneof("value")
+    what = (f"a tensor of {helper.tensor_dtype_to_string(elem).removeprefix('TensorProto.').lower()}" if elem else
+            "a tensor of no declared element type") if kind == "tensor_type" else f"a {kind or 'value of no type'}"
+    raise FrontendError(f"{source}: input {inp.name!r} is {what}; opsched takes tensors of "
+                        f"{', '.join(sorted(ONNX_DTYPES))}")
 
+
+def _one_type(session: Any, feeds: Sequence[Mapping[str, np.ndarray]], output: str) -> TensorType:
+    """The type of what ``session`` returns on each feed it runs on; ONNX Runtime's error where it
+    runs on none, and :class:`Unsupported` where they differ (one type per value)."""
+    found: dict[TensorType, None] = {}
+    error: Exception | None = None
+    for feed in feeds:
+        try:
+            (r,) = session.run(None, dict(feed))
+        except ort_errors() as e:
+            error = error or e
+            continue
+        if not isinstance(r, np.ndarray):
+            raise Unsupported(f"its output {output!r} is a {type(r).__name__} (an ONNX sequence or map); opsched's "
+                              f"values are tensors")
+        found[TensorType(tuple(int(d) for d in r.shape), str(r.dtype))] = None
+    if not found:
+        assert error is not None
+        raise error
+    if len(found) > 1:
+        raise Unsupported(f"its output {output!r} is {' or '.join(map(str, found))} by the branch taken, and the "
+                          f"condition is computed: a value has one type")
+    return next(iter(found))
 
 
 def _op(node: onnx.NodeProto) -> str:

@@ -179,6 +179,8 @@ def at_our_opset(file: OnnxFile) -> OnnxFile:
         model, training = _batch_norms_in_training(model, source) if opset < 14 else (model, [])
         converted = version_converter.convert_version(_at_ir_4(model), OPSET)
         _mark_training(converted, training)
+        if opset < 7:
+            _prelu_6_slopes(model, converted)
         if opset < 11:
             _resize_10_semantics(model, converted, source)
         if opset < 13:
@@ -240,6 +242,30 @@ def _mark_training(converted: onnx.ModelProto, outputs: list[str]) -> None:
             kept = [a for a in node.attribute if a.name != "training_mode"]
             del node.attribute[:]
             node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+
+
+def _prelu_6_slopes(before: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """Give each PRelu of an opset-6 file its slope per channel, as it was: a slope of C values
+    applied along axis 1, where from opset 7 it broadcasts from the last axis. The converter's
+    6 -> 7 adapter keeps the slope as it is, so a (C,) slope of an (N, C, H, W) input was broadcast
+    against W (and ONNX Runtime refused the node where W != C): it becomes a (C, 1, 1) constant."""
+    constants = _constant_tensors(before)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(before).graph
+    except Exception:  # noqa: BLE001 (without ranks, nothing is known to need it)
+        return
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in (*inferred.input, *inferred.value_info)
+             if v.type.tensor_type.HasField("shape")}
+    for node in (n for n in converted.graph.node if n.op_type == "PRelu" and not n.domain):
+        slope = constants.get(node.input[1])
+        rank = ranks.get(node.input[0], 0)
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] == 1 or rank < 3:
+            continue
+        values = numpy_helper.to_array(slope).reshape(-1, *[1] * (rank - 2))
+        name = f"{node.input[1]}__per_channel"
+        if name not in {t.name for t in converted.graph.initializer}:
+            converted.graph.initializer.append(numpy_helper.from_array(values, name))
+        node.input[1] = name
 
 
 def _resize_10_semantics(before: onnx.ModelProto, converted: onnx.ModelProto, source: str) -> None:
@@ -305,11 +331,13 @@ def onnx_input_dims(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str
 
 
 def declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
-    """A value's declared dimensions (see :func:`onnx_input_dims`); None where it has no shape."""
+    """A value's declared dimensions (see :func:`onnx_input_dims`); None where it has no shape. A
+    negative size is dynamic too: exporters that predate named dimensions (Paddle2ONNX's) write -1."""
     tensor = value.type.tensor_type
     if not tensor.HasField("shape"):
         return None
-    return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
+    return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
+                 for d in tensor.shape.dim)
 
 
 def _load(path: str, external: bool = True) -> onnx.ModelProto:

@@ -86,10 +86,31 @@ def _f_constant(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndar
 _fold("Gather")(lambda c, ins, a: np.take(ins[0], ins[1], axis=a.get("axis", 0)))
 _fold("Cast")(lambda c, ins, a: ins[0].astype(helper.tensor_dtype_to_np_dtype(a["to"])))
 _fold("Concat")(lambda c, ins, a: np.concatenate([np.atleast_1d(i) for i in ins], axis=a["axis"]))
-_fold("Div")(lambda c, ins, a: (ins[0] // ins[1]) if ins[0].dtype.kind == "i" else ins[0] / ins[1])
+
+
+@_fold("Div")
+def _f_div(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
+    x, y = ins
+    if x.dtype.kind not in "iu":
+        return np.asarray(x / y, dtype=x.dtype)
+    # ONNX divides integers as C does, rounding toward zero; NumPy's // rounds toward -infinity
+    q = x // y
+    return np.asarray(q + ((q < 0) & (q * y != x)), dtype=x.dtype)
+
+
 _fold("Sub")(lambda c, ins, a: ins[0] - ins[1])
 _fold("Floor")(lambda c, ins, a: np.floor(ins[0]))
-_fold("Range")(lambda c, ins, a: np.arange(ins[0], ins[1], ins[2]))
+
+
+@_fold("Range")
+def _f_range(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
+    # in the inputs' type (np.arange of 0-d arrays makes float64 or int64 whatever they are): YOLOv8's
+    # anchor grid, folded once its input size is fixed, is float32 and must stay so
+    start, limit, delta = (np.asarray(v).reshape(()) for v in ins)
+    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return np.asarray(start + np.arange(count, dtype=start.dtype) * delta, dtype=start.dtype)
+
+
 _fold("ConstantOfShape")(lambda c, ins, a: np.full(_ints(ins[0]), numpy_helper.to_array(a["value"])[0]
                                                    if "value" in a else 0.0, dtype=np.float32 if "value" not in a
                                                    else numpy_helper.to_array(a["value"]).dtype))
@@ -98,7 +119,14 @@ _fold("ConstantOfShape")(lambda c, ins, a: np.full(_ints(ins[0]), numpy_helper.t
 _fold("Add")(lambda c, ins, a: ins[0] + ins[1])
 _fold("Mul")(lambda c, ins, a: ins[0] * ins[1])
 _fold("Transpose")(lambda c, ins, a: np.transpose(ins[0], a.get("perm")))
-_fold("Reshape")(lambda c, ins, a: ins[0].reshape(_ints(ins[1])))
+
+
+@_fold("Reshape")
+def _f_reshape(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
+    shape = _ints(ins[1])
+    if not a.get("allowzero", 0):  # a 0 keeps the input's size there
+        shape = tuple(ins[0].shape[i] if d == 0 else d for i, d in enumerate(shape))
+    return np.asarray(ins[0].reshape(shape))
 
 
 @_fold("Slice")

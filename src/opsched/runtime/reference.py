@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
@@ -89,9 +89,17 @@ class Interpreter:
         return [env[v] for v in graph.outputs], kept
 
 
-def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def run_graph(graph: Graph, inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
     """``graph``'s outputs on ``inputs``, node by node: what the model returns, then the new
-    values of the inputs it changes in place (:attr:`Graph.writes`); ``inputs`` are not changed."""
+    values of the inputs it changes in place (:attr:`Graph.writes`); ``inputs`` are not changed.
+    ``inputs`` are in the graph's order, or by name (``{"input_ids": ids}``, as ONNX Runtime
+    takes a file's)."""
+    if isinstance(inputs, Mapping):
+        names = [i.name for i in graph.inputs]
+        if set(inputs) != set(names):
+            raise InputMismatchError(f"graph {graph.name!r} takes the inputs {', '.join(map(repr, names))}, got "
+                                     f"{', '.join(map(repr, inputs)) or 'none'}")
+        inputs = [inputs[n] for n in names]
     return Interpreter(graph)(inputs)
 
 

@@ -6,6 +6,9 @@ the k-th input, ``("p", k)`` the k-th parameter, ``("-",)`` an optional input le
 of its outputs it is (``index``). A node with sub-graphs (If, Loop, Scan) lists the outer values
 its sub-graphs read (``captures``, by their names in the file), each with a slot after its own
 inputs': wherever the node is exported, the sub-graphs' references are renamed to those slots.
+Where ONNX Runtime's shape inference fails inside its sub-graphs at fixed input sizes though the
+node runs (Silero VAD's ``If``, as the file is once its input's size is given), it is marked
+``open_shapes``: it runs alone, in a session that declares its inputs' sizes open, as the file did.
 Its type comes from ONNX shape inference (or from running it once), its FLOPs are an estimate by
 category (:func:`_estimate`), its bytes from the types.
 
@@ -110,9 +113,12 @@ def one_node_model(attrs: FrozenAttrs, types: Sequence[TensorType]) -> onnx.Mode
     outputs = [f"out{i}" if out else "" for i, out in enumerate(node.output)]
     del node.output[:]
     node.output.extend(outputs)
+    def dims(i: int, t: TensorType) -> list[int | str]:
+        return [f"in{i}_{k}" for k in range(len(t.shape))] if attrs.get("open_shapes") else list(t.shape)
+
     graph = helper.make_graph(
         [node], "one_node",
-        [helper.make_tensor_value_info(f"in{i}", ONNX_DTYPES[t.dtype], list(t.shape)) for i, t in enumerate(types)],
+        [helper.make_tensor_value_info(f"in{i}", ONNX_DTYPES[t.dtype], dims(i, t)) for i, t in enumerate(types)],
         [onnx.ValueInfoProto(name=f"out{attrs['index']}")])  # its type: whatever ONNX Runtime infers
     opsets = [helper.make_opsetid("", attrs["opset"])]
     if attrs["domain"]:
@@ -126,7 +132,7 @@ def _session(attrs: FrozenAttrs, types: tuple[TensorType, ...]) -> onnxruntime.I
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1  # one node among many: the schedule, not the node, spreads the work
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # what fails is raised, and reported as the node's failure
     return onnxruntime.InferenceSession(one_node_model(attrs, types).SerializeToString(), options,
                                         providers=["CPUExecutionProvider"])
 
@@ -223,6 +229,9 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     if _subgraphs(proto) and attrs["opset"] != OPSET:  # their nodes mean what they mean at the file's opset
         raise NotExportable(f"{attrs['op_type']}'s sub-graphs are of opset {attrs['opset']}; segments are "
                             f"exported at ai.onnx opset {OPSET}")
+    if attrs.get("open_shapes"):
+        raise NotExportable(f"ONNX Runtime's shape inference fails in {attrs['op_type']}'s sub-graphs at the "
+                            f"fixed sizes of a segment's values")
     if captures:
         proto = with_captures(proto, {c: b.operand(node, ref) for c, ref in zip(captures, outer)})
     types = [b.operand_type(node, ref) for ref in own_slots]
