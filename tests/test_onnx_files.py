@@ -129,3 +129,30 @@ def test_an_input_of_a_type_opsched_lacks_is_refused_and_one_it_has_is_kept(tmp_
     with pytest.raises(FrontendError, match=re.escape("input 's' is a tensor of string; opsched takes tensors of "
                                                       "bfloat16, bool, float16, float32")):
         opsched.from_onnx(helper.make_model(text, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_file_of_ai_onnx_ml_ops_alone_imports_and_a_map_output_is_refused_by_name() -> None:
+    """scikit-learn's converters write files that import ``ai.onnx.ml`` and not the default
+    domain (they were refused as malformed): their ops are generic nodes that ONNX Runtime runs,
+    and ZipMap's sequence of maps is refused by name. The caller's model is left as it was."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    scaler = helper.make_node("Scaler", ["x"], ["y"], domain="ai.onnx.ml", offset=[1.0, 2.0, 3.0],
+                              scale=[0.5, 2.0, -1.0])
+    graph = helper.make_graph([scaler], "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    imports = list(model.opset_import)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    module = opsched.optimize_graph(opsched.from_onnx(model), cost="analytic", check=False)
+    np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=1e-6, atol=0)
+    assert list(model.opset_import) == imports
+    zipmap = helper.make_node("ZipMap", ["x"], ["m"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])
+    graph = helper.make_graph([zipmap], "labelled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_value_info("m", helper.make_sequence_type_proto(helper.make_map_type_proto(
+                                  TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))])
+    with pytest.raises(FrontendError, match=r"\(ai.onnx.ml::ZipMap\): its output 'm' is a list \(an ONNX sequence"):
+        opsched.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)]))

@@ -62,7 +62,14 @@ def read_onnx(model: str | os.PathLike[str] | onnx.ModelProto) -> OnnxFile:
         skeleton = _in_topological_order(skeleton)
     opset = next((o.version for o in skeleton.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
-        raise MalformedModelError(f"{source}: the model imports no default-domain opset")
+        if plain := [n for n in skeleton.graph.node if n.domain in ("", "ai.onnx")]:
+            raise MalformedModelError(f"{source}: the model imports no default-domain opset, which its node "
+                                      f"{plain[0].name or plain[0].output[0]!r} ({plain[0].op_type}) is of")
+        # every node of another domain (scikit-learn's converters write ai.onnx.ml alone): nothing to upgrade
+        declared = onnx.ModelProto()
+        declared.CopyFrom(skeleton)  # the skeleton may be the caller's model itself
+        declared.opset_import.append(helper.make_opsetid("", OPSET))
+        skeleton, opset = declared, OPSET
     return OnnxFile(skeleton, opset, weights, source, checked)
 
 
