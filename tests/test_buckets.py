@@ -144,3 +144,52 @@ def test_a_call_both_positional_and_by_keyword_gets_its_bucket() -> None:
     with torch.no_grad():
         assert_close([fast(x, scale=scale)], [model(x, scale=scale)])
     assert len(fast.buckets) == 2
+
+
+class _Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.cat([self.a(image), self.b(image)], 1))
+
+
+def test_an_onnx_file_of_open_sizes_gets_a_bucket_per_shape(tmp_path: Path, mode_switch_onnx: str) -> None:
+    """A file exported with a dynamic batch is imported and optimized per batch size met, called
+    as ONNX Runtime is fed (by the file's input names, or in their order); its buckets save and
+    load with no search, and inputs fixed at a value stay fixed in every bucket."""
+    import numpy as np
+    import onnxruntime
+
+    from opsched.errors import FrontendError
+
+    model, path = _Branches().eval(), tmp_path / "branches.onnx"
+    torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(path), input_names=["image"], output_names=["y"],
+                      dynamic_axes={"image": {0: "batch"}, "y": {0: "batch"}}, dynamo=False)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    fast = opsched.optimize_per_shape(path, {"image": torch.randn(1, 3, 8, 8)}, cost="analytic", scheduler="greedy")
+    for batch in (3, 1, 3):
+        x = torch.randn(batch, 3, 8, 8)
+        (want,) = session.run(None, {"image": x.numpy()})
+        np.testing.assert_allclose(fast(image=x).numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fast(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert list(fast.buckets) == [(((1, 3, 8, 8), "float32"),), (((3, 3, 8, 8), "float32"),)]
+    assert str(fast.report()).startswith("branches.onnx: 2 input shapes scheduled")
+    fast.save(tmp_path / "buckets.json")
+    loaded = opsched.load_per_shape(path, tmp_path / "buckets.json", [torch.randn(3, 3, 8, 8)])
+    x = torch.randn(1, 3, 8, 8)
+    np.testing.assert_allclose(loaded(x).numpy(), session.run(None, {"image": x.numpy()})[0], rtol=1e-5, atol=1e-5)
+    assert all(m.outcome.seconds is None and m.schedule.scheduler == "greedy" for m in loaded.buckets.values())
+    with pytest.raises(InputMismatchError, match=r"branches.onnx takes the inputs 'image', the example gives 'x'"):
+        opsched.optimize_per_shape(path, {"x": x})
+    with pytest.raises(FrontendError, match="or the path of an .onnx file, got the path 'model.pt2'"):
+        opsched.optimize_per_shape("model.pt2", x)
+    switch = opsched.optimize_per_shape(mode_switch_onnx, {"x": torch.randn(2, 4)}, input_values={"mode": 1},
+                                        cost="analytic")
+    reference = onnxruntime.InferenceSession(mode_switch_onnx, providers=["CPUExecutionProvider"])
+    for n in (2, 3):
+        x = torch.randn(n, 4)
+        np.testing.assert_array_equal(switch(x=x).numpy(),
+                                      reference.run(None, {"x": x.numpy(), "mode": np.array(1, np.int64)})[0])
+    assert len(switch.buckets) == 2

@@ -391,11 +391,12 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     return module
 
 
-def load_graph(graph: Graph, path: str | os.PathLike[str], *, device: str | torch.device = "cpu",
+def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device: str | torch.device = "cpu",
                dtype: str | torch.dtype | None = None, channels_last: bool = False, graphs: bool = True,
                backend: str = "auto") -> ScheduledModule:
     """:func:`load` for an imported graph: reapply a schedule that :func:`optimize_graph` (its
-    module's ``save``) or ``opsched optimize model.onnx`` wrote, with no search.
+    module's ``save``) or ``opsched optimize model.onnx`` wrote (``path``, or the schedule itself),
+    with no search.
 
     ``opsched.load_graph(opsched.from_onnx("model.onnx"), "opsched-out/schedule.json")`` runs it
     on the file's declared shapes (give ``from_onnx`` the ``input_shapes`` the schedule was made
@@ -409,7 +410,7 @@ def load_graph(graph: Graph, path: str | os.PathLike[str], *, device: str | torc
         raise FrontendError(f"load_graph() takes an imported Graph, got {type(graph).__name__}: {hint}")
     dev = check_device(device)
     graph = place(graph, dev, dtype, channels_last)
-    sched = Schedule.load(path).validate(graph)
+    sched = (path if isinstance(path, Schedule) else Schedule.load(path)).validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last)
     _warn_if_moved(sched, dev, path)
     return module

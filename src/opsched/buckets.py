@@ -12,6 +12,11 @@ at each saved shape on its first call, with no search.
 
 Shapes are not unbounded: a bucket holds its own import and plan (and, on ONNX Runtime, its
 sessions), so past ``max_shapes`` a call of a new shape is refused, naming the shapes held.
+
+An ONNX file whose sizes are open (a dynamic batch, a sequence length) is served the same way:
+each bucket imports the file at its shapes (:func:`opsched.from_onnx`) and optimizes that graph
+(:func:`opsched.optimize_graph`); the module is called as ONNX Runtime's session is fed, by the
+file's input names (or in their order).
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ import torch
 from torch import nn
 
 from opsched._text import count
-from opsched.errors import InputMismatchError, InvalidScheduleError
+from opsched.errors import FrontendError, InputMismatchError, InvalidScheduleError
 from opsched.frontends.pytorch import Model, as_module
+from opsched.ir import Graph
 from opsched.module import ScheduledModule
 from opsched.report import OptimizeReport
 from opsched.schedule import Schedule, read_json, write_json
 from opsched.structure import ExampleInputs, InputStructure, bind_example
 
-__all__ = ["ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape", "load_per_shape", "shapes_of"]
+__all__ = ["OnnxSource", "ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape", "load_per_shape",
+           "shapes_of"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,50 @@ FORMAT_VERSION = 1
 
 #: :func:`opsched.load`'s options among :func:`opsched.optimize`'s: what a saved bucket is loaded with.
 LOAD_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend", "leaf_modules", "tracer")
+#: :func:`opsched.load_graph`'s, for an ONNX file's buckets.
+LOAD_GRAPH_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend")
+
+
+@dataclass(frozen=True)
+class OnnxSource:
+    """An ONNX file that buckets are imported from: its path, the inputs a call passes in the
+    file's order (an initializer listed as an input, or one ``input_values`` fixes, is not one),
+    and the values fixed."""
+
+    path: str
+    inputs: tuple[str, ...]
+    input_values: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], input_values: Mapping[str, Any] | None) -> OnnxSource:
+        from opsched.frontends.onnx_file import onnx_input_dims
+
+        fixed = dict(input_values or {})
+        return cls(os.fspath(path), tuple(n for n in onnx_input_dims(path) if n not in fixed), fixed)
+
+    def tensors(self, example: ExampleInputs | None) -> tuple[torch.Tensor, ...]:
+        """The example's tensors in the file's order: given by input name, or in that order."""
+        names = ", ".join(map(repr, self.inputs))
+        if isinstance(example, Mapping):
+            if set(example) != set(self.inputs):
+                raise InputMismatchError(f"{self.path} takes the inputs {names}, the example gives "
+                                         f"{', '.join(map(repr, example)) or 'none'}")
+            example = tuple(example[n] for n in self.inputs)
+        elif isinstance(example, torch.Tensor):
+            example = (example,)
+        if not isinstance(example, Sequence) or len(example) != len(self.inputs) or \
+                not all(isinstance(t, torch.Tensor) for t in example):
+            raise InputMismatchError(f"optimize_per_shape() needs example inputs of {self.path}: a tensor per input "
+                                     f"({names}), by name or in that order")
+        return tuple(example)
+
+    def graph(self, shapes: Shapes) -> Graph:
+        """The file imported at ``shapes`` (one per input, in order)."""
+        from opsched.frontends import from_onnx
+
+        return from_onnx(self.path, input_shapes={n: shape for n, (shape, _) in zip(self.inputs, shapes)},
+                         input_values=self.input_values)
+
 
 
 def shapes_of(tensors: Sequence[torch.Tensor]) -> Shapes:
@@ -82,21 +133,33 @@ class ShapeBuckets(nn.Module):
 
     model: Model
 
-    def __init__(self, model: Model, example_inputs: ExampleInputs | None, options: Mapping[str, Any], *,
-                 max_shapes: int = 16, saved: Mapping[Shapes, Schedule] | None = None) -> None:
+    def __init__(self, model: Model | str | os.PathLike[str], example_inputs: ExampleInputs | None,
+                 options: Mapping[str, Any], *, max_shapes: int = 16,
+                 saved: Mapping[Shapes, Schedule] | None = None) -> None:
         super().__init__()
         if not isinstance(max_shapes, int) or max_shapes < 1:
             raise InputMismatchError(f"max_shapes: a positive number of input shapes, got {max_shapes!r}")
-        module, example_inputs, self.name = as_module(model, example_inputs, "optimize_per_shape()")
-        object.__setattr__(self, "model", model)  # not a submodule: its parameters stay its own
         self.options = dict(options)
         self.max_shapes = max_shapes
         self.saved: dict[Shapes, Schedule] = dict(saved or {})
         self._buckets: dict[Shapes, ScheduledModule] = {}
         self._lock = threading.Lock()
+        self.source: OnnxSource | None = None  # the file, for an ONNX file's buckets
+        if isinstance(model, (str, os.PathLike)):
+            if not os.fspath(model).endswith(".onnx"):
+                raise FrontendError(f"optimize_per_shape() takes a torch.nn.Module, a torch.export program or the path "
+                                    f"of an .onnx file, got the path {os.fspath(model)!r}")
+            self.source = OnnxSource.of(model, self.options.pop("input_values", None))
+            object.__setattr__(self, "model", self.source.path)
+            self.name = os.path.basename(self.source.path)
+            tensors = self.source.tensors(example_inputs)
+            self.inputs: InputStructure = self._make(tensors, shapes_of(tensors)).inputs
+            return
+        module, example_inputs, self.name = as_module(model, example_inputs, "optimize_per_shape()")
+        object.__setattr__(self, "model", model)  # not a submodule: its parameters stay its own
         structure, tensors = bind_example(module.forward, example_inputs)
-        self.inputs: InputStructure = structure  # how the model is called, whatever the shapes
-        self._make(example_inputs, shapes_of(tensors))
+        self.inputs = structure  # how the model is called, whatever the shapes
+        self._make(tensors, shapes_of(tensors))
 
     @property
     def buckets(self) -> dict[Shapes, ScheduledModule]:
@@ -110,7 +173,7 @@ class ShapeBuckets(nn.Module):
             with self._lock:  # two threads meeting a new shape at once make one bucket
                 module = self._buckets.get(shapes)
                 if module is None:
-                    module = self._make(self._example(tensors), shapes)
+                    module = self._make(tensors, shapes)
         return module(*args, **kwargs)
 
     def _example(self, tensors: Sequence[torch.Tensor]) -> ExampleInputs:
@@ -124,9 +187,10 @@ class ShapeBuckets(nn.Module):
                                                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return {**dict(zip(named, args)), **kwargs}
 
-    def _make(self, example: ExampleInputs, shapes: Shapes) -> ScheduledModule:
-        """The bucket for ``shapes``, called with ``example``: its saved schedule, or optimized."""
-        from opsched.api import load, optimize
+    def _make(self, tensors: Sequence[torch.Tensor], shapes: Shapes) -> ScheduledModule:
+        """The bucket for ``shapes``, of a call whose graph inputs are ``tensors``: its saved
+        schedule, or optimized."""
+        from opsched.api import load, load_graph, optimize, optimize_graph
 
         model = self.model
         if len(self._buckets) >= self.max_shapes:
@@ -137,10 +201,15 @@ class ShapeBuckets(nn.Module):
                 f"up to a multiple of 64, say), or allow more shapes")
         start = time.perf_counter()
         saved = self.saved.get(shapes)
-        if saved is not None:
-            module = load(model, saved, example, **{k: v for k, v in self.options.items() if k in LOAD_OPTIONS})
+        if self.source is not None:
+            graph = self.source.graph(shapes)
+            module = (load_graph(graph, saved, **{k: v for k, v in self.options.items() if k in LOAD_GRAPH_OPTIONS})
+                      if saved is not None else optimize_graph(graph, **self.options))
+        elif saved is not None:
+            module = load(model, saved, self._example(tensors),
+                          **{k: v for k, v in self.options.items() if k in LOAD_OPTIONS})
         else:
-            module = optimize(model, example, **self.options)
+            module = optimize(model, self._example(tensors), **self.options)
         log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", self.name, describe(shapes),
                  "saved schedule" if saved is not None else "searched", time.perf_counter() - start)
         self._buckets[shapes] = module
@@ -168,15 +237,21 @@ class ShapeBuckets(nn.Module):
         self._lock = threading.Lock()
 
 
-def optimize_per_shape(model: Model, example_inputs: ExampleInputs | None = None, *, max_shapes: int = 16,
-                       **options: Any) -> ShapeBuckets:
+def optimize_per_shape(model: Model | str | os.PathLike[str], example_inputs: ExampleInputs | None = None, *,
+                       max_shapes: int = 16, **options: Any) -> ShapeBuckets:
     """:func:`opsched.optimize` for a model called with inputs of several shapes: the module
     returned schedules ``example_inputs``' shapes now, and each new shape on its first call, with
-    ``options`` (any of :func:`opsched.optimize`'s), up to ``max_shapes`` shapes."""
+    ``options`` (any of :func:`opsched.optimize`'s), up to ``max_shapes`` shapes.
+
+    ``model`` may be the path of an ONNX file whose sizes are open: each shape is imported
+    (``input_values``, :func:`opsched.from_onnx`'s, fixes inputs at values) and optimized by
+    :func:`opsched.optimize_graph` with ``options``; ``example_inputs`` are a tensor per input,
+    by the file's input names or in their order."""
     return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes)
 
 
-def load_per_shape(model: Model, path: str | os.PathLike[str], example_inputs: ExampleInputs | None = None, *,
+def load_per_shape(model: Model | str | os.PathLike[str], path: str | os.PathLike[str],
+                   example_inputs: ExampleInputs | None = None, *,
                    max_shapes: int = 16, **options: Any) -> ShapeBuckets:
     """Reapply the schedules a :class:`ShapeBuckets` saved: a shape saved is imported on its first
     call and runs its saved schedule, with no search (refused, as by :func:`opsched.load`, where
