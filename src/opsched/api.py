@@ -141,7 +141,8 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     """
     if isinstance(model, (str, os.PathLike)):
         way = ("opsched.optimize(torch.export.load(path))" if os.fspath(model).endswith(".pt2") else
-               "for an ONNX file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open sizes)")
+               "for an ONNX file, opsched.optimize_graph(opsched.from_onnx(path)) (input_shapes= fixes its open "
+               "sizes), or opsched.optimize_per_shape(path, inputs): a schedule per input shape met")
         raise FrontendError(f"optimize() takes a torch.nn.Module or a torch.export program, got the path "
                             f"{os.fspath(model)!r}: {way}")
     request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
