@@ -141,13 +141,14 @@ def _write(args: argparse.Namespace, name: str, module: ScheduledModule, inputs:
     os.makedirs(args.out, exist_ok=True)
     module.save(os.path.join(args.out, "schedule.json"))
     events = module.profile(*inputs)
-    title = f"{name}, batch {args.batch}: {module.schedule.scheduler} schedule on the {module.backend.name} backend"
+    batch = module.schedule.batch  # an .onnx file's may come from --input-shape, not --batch
+    title = f"{name}, batch {batch}: {module.schedule.scheduler} schedule on the {module.backend.name} backend"
     race_ = module.outcome.race
     median = race_.times_ms[race_.kept] if race_ is not None else None
     draw_timeline(events, os.path.join(args.out, "timeline.png"), title, median_ms=median)
     write_chrome_trace(events, os.path.join(args.out, "trace.json"), name)
     written = ["schedule.json", "timeline.png", "trace.json"]
     if race_ is not None:
-        draw_race(race_, os.path.join(args.out, "race.png"), f"{name}, batch {args.batch}")
+        draw_race(race_, os.path.join(args.out, "race.png"), f"{name}, batch {batch}")
         written.append("race.png")
     print(f"wrote {args.out}/{', '.join(written)}")
