@@ -1147,6 +1147,36 @@ def test_an_input_fixed_at_a_value_is_a_constant_and_the_branch_it_decides_is_in
             from_onnx(mode_switch_onnx, input_shapes=shapes, input_values=values)
 
 
+def test_an_if_whose_branches_differ_in_type_is_refused_unless_an_input_value_decides_it() -> None:
+    """At opset 11 (its branches' Unsqueeze and ReduceMean take their axes as attributes, which
+    the upgrade to the segments' opset makes inputs, in the branches too): a computed condition
+    whose branches return (1, 2, 1) or (2, 1, 1) has no one type, and is refused naming both;
+    fixed by ``input_values``, each mode is the branch it takes, equal to ONNX Runtime."""
+    import onnxruntime
+
+    def branch(name: str, axis: int) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Unsqueeze", ["x"], [f"{name}u"], axes=[axis]),
+                                  helper.make_node("ReduceMean", [f"{name}u"], [f"{name}m"], axes=[2], keepdims=1)],
+                                 name, [], [helper.make_tensor_value_info(f"{name}m", TensorProto.FLOAT, [1, 1, 1])])
+
+    nodes = [helper.make_node("Equal", ["mode", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("then", 0), else_branch=branch("else", 1))]
+    graph = helper.make_graph(nodes, "modes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                               helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    with pytest.raises(UnsupportedOpError, match=r"node 'y' \(If\): its output 'y' is f32\[2,1,1\] or f32\[1,2,1\] "
+                                                 r"by the branch taken.*input_values= fixes it"):
+        from_onnx(model)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for mode in (1, 0):
+        (want,) = session.run(None, {"x": x, "mode": np.array(mode, np.int64)})
+        module = opsched.optimize_graph(from_onnx(model, input_values={"mode": mode}), cost="analytic", check=False)
+        np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), want, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize(("op", "inputs", "attrs"), [
     ("Range", [np.float32(0), np.float32(5), np.float32(1)], {}),  # YOLOv8's anchor grid: float32, not float64
     ("Range", [np.int32(7), np.int32(-2), np.int32(-3)], {}),

@@ -299,9 +299,11 @@ class _OnnxConverter:
             base["domain_version"] = self._opsets.get(node.domain, 1)
         types = [*(self.ctx.type(v) for v in inputs), *(tensor_type(self.ctx.b.params[p]) for p in params)]
         # shape inference typed the node from its inputs' types as it inferred them; where one of ours differs
-        # (ONNX's rule for a pool with ceil_mode and padding is not ONNX Runtime's), the node is run instead
+        # (ONNX's rule for a pool with ceil_mode and padding is not ONNX Runtime's), the node is run instead, as
+        # one with sub-graphs is: their outputs' types are the file's word, which inference takes as it stands
         agrees = all(self.inferred.get(name) in (None, self.ctx.type(v))
                      for name, v in zip(node.input, ins) if isinstance(v, str))
+        agrees = agrees and not any(a.HasField("g") or a.graphs for a in node.attribute)
         values = [self.ctx.b.params[p].numpy() for p in params]
         why = ""
         for open_shapes in (False, True) if outer else (False,):
@@ -404,7 +406,8 @@ def _one_type(session: Any, feeds: Sequence[Mapping[str, np.ndarray]], output: s
         raise error
     if len(found) > 1:
         raise Unsupported(f"its output {output!r} is {' or '.join(map(str, found))} by the branch taken, and the "
-                          f"condition is computed: a value has one type")
+                          f"condition is computed: a value has one type (where an input decides the condition, "
+                          f"input_values= fixes it)")
     return next(iter(found))
 
 
