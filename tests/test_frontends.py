@@ -1205,6 +1205,25 @@ def test_every_folding_rule_computes_what_onnx_defines(op: str, inputs: list[np.
     np.testing.assert_array_equal(got, want)
 
 
+def test_an_output_declared_at_the_batch_it_was_exported_at_gets_the_batch_it_is_imported_at() -> None:
+    """torch.onnx given dynamic axes for the inputs alone declares the outputs at the example's
+    batch: shape inference took that declaration at its word, and a generic last node (Hardmax)
+    was typed at batch 1 while it returns 3 rows."""
+    import onnxruntime
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Hardmax", ["r"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "declared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    imported = from_onnx(model, input_shapes={"x": (3, 4)})
+    assert imported.types[imported.outputs[0]].shape == (3, 4)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    (want,) = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    module = opsched.optimize_graph(imported, cost="analytic", check=False)
+    np.testing.assert_array_equal(module(torch.from_numpy(x)).numpy(), want)
+
+
 def test_a_file_that_writes_open_sizes_as_minus_one_and_computes_its_anchors_from_them(tmp_path: Any) -> None:
     """Two exporters' habits: Paddle2ONNX declares open sizes as -1 (inputs and annotations
     alike); YOLOv8's head builds its anchor grid with Range from the input's size, which folds

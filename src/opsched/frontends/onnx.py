@@ -152,8 +152,11 @@ class _OnnxConverter:
         """Every value's type that ONNX shape inference can tell, the inputs at their fixed shapes."""
         model = onnx.ModelProto()
         model.CopyFrom(self.model)
-        # the file's own annotations are inferred again: they may predate the fixed sizes (Paddle2ONNX's -1)
+        # the file's own annotations are inferred again: they may predate the fixed sizes (Paddle2ONNX's -1, or
+        # an output declared at the batch it was exported at where only the inputs' batch was made dynamic)
         del model.graph.value_info[:]
+        for out in model.graph.output:
+            out.type.tensor_type.ClearField("shape")
         for inp in model.graph.input:
             v = self.env.get(inp.name)
             if isinstance(v, (str, np.ndarray)):
