@@ -167,12 +167,9 @@ class _OnnxConverter:
             model = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except Exception:  # noqa: BLE001 (types then come from running each generic node once)
             return {}
-        known = {}
-        for vi in [*model.graph.value_info, *model.graph.output]:
-            t = vi.type.tensor_type
-            dtype = _DTYPES.get(int(t.elem_type))
-            if dtype and t.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in t.shape.dim):
-                known[vi.name] = TensorType(tuple(int(d.dim_value) for d in t.shape.dim), dtype)
+        known = {vi.name: t for vi in [*model.graph.value_info, *model.graph.output] if (t := _static(vi))}
+        # an output whose shape inference cannot tell (an Expand to a shape the model is given) is as declared
+        known.update({vi.name: t for vi in self.g.output if vi.name not in known and (t := _static(vi))})
         return known
 
     def _input_shape(self, inp: onnx.ValueInfoProto) -> tuple[int, ...]:
@@ -387,6 +384,16 @@ def _dtype(inp: onnx.ValueInfoProto, source: str) -> str:
             "a tensor of no declared element type") if kind == "tensor_type" else f"a {kind or 'value of no type'}"
     raise FrontendError(f"{source}: input {inp.name!r} is {what}; opsched takes tensors of "
                         f"{', '.join(sorted(ONNX_DTYPES))}")
+
+
+def _static(value: onnx.ValueInfoProto) -> TensorType | None:
+    """The type ``value`` declares, where it is a tensor of a dtype of ours and every size is fixed."""
+    t = value.type.tensor_type
+    dtype = _DTYPES.get(int(t.elem_type))
+    if not dtype or not t.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value >= 0
+                                                       for d in t.shape.dim):
+        return None
+    return TensorType(tuple(int(d.dim_value) for d in t.shape.dim), dtype)
 
 
 def _one_type(session: Any, feeds: Sequence[Mapping[str, np.ndarray]], output: str) -> TensorType:
