@@ -399,6 +399,22 @@ def test_optimize_leaves_the_model_in_its_mode() -> None:
     assert model.training and model.attn.training and not model.mlp.training
 
 
+def test_the_module_keeps_the_weights_it_was_made_with_and_load_takes_new_ones() -> None:
+    """Like an exported file, the module holds the model's weights as optimize() found them;
+    weights changed after are the model's alone, and load() with the module's own schedule
+    rebuilds it with them, with no search."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    fast = opsched.optimize(model, x, scheduler="greedy", **ANALYTIC)
+    with torch.no_grad():
+        before = model(x)
+        model[0].weight.mul_(2)
+        assert_close([fast(x)], [before])
+        rebuilt = opsched.load(model, fast.schedule, x)
+        assert_close([rebuilt(x)], [model(x)])
+    assert rebuilt.outcome.seconds is None and rebuilt.schedule.lanes == fast.schedule.lanes
+
+
 class Nested(nn.Module):
     def __init__(self) -> None:
         super().__init__()
