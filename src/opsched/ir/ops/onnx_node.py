@@ -9,7 +9,8 @@ inputs': wherever the node is exported, the sub-graphs' references are renamed t
 Where ONNX Runtime's shape inference fails inside its sub-graphs at fixed input sizes though the
 node runs (Silero VAD's ``If``, as the file is once its input's size is given), it is marked
 ``open_shapes``: it runs alone, in a session that declares its inputs' sizes open, as the file did.
-Its type comes from ONNX shape inference (or from running it once), its FLOPs are an estimate by
+Its type comes from ONNX shape inference (or from running it once; a node with sub-graphs is always
+run, since inference takes their declared outputs at their word), its FLOPs are an estimate by
 category (:func:`_estimate`), its bytes from the types.
 
 It runs through ONNX Runtime everywhere: on the ONNX Runtime backend it is spliced into the
@@ -113,6 +114,7 @@ def one_node_model(attrs: FrozenAttrs, types: Sequence[TensorType]) -> onnx.Mode
     outputs = [f"out{i}" if out else "" for i, out in enumerate(node.output)]
     del node.output[:]
     node.output.extend(outputs)
+
     def dims(i: int, t: TensorType) -> list[int | str]:
         return [f"in{i}_{k}" for k in range(len(t.shape))] if attrs.get("open_shapes") else list(t.shape)
 
