@@ -1191,7 +1191,7 @@ def test_every_folding_rule_computes_what_onnx_defines(op: str, inputs: list[np.
     """The NumPy rules that fold shape arithmetic give ONNX's reference values in ONNX's types."""
     import onnx.reference
 
-    from opsched.frontends.onnx_ops import FOLDABLE
+    from opsched.frontends.onnx_fold import FOLDABLE
 
     names = [f"i{k}" for k in range(len(inputs))]
     model = helper.make_model(helper.make_graph(

@@ -28,8 +28,9 @@ from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpErro
 from opsched.frontends import onnx_fourier  # noqa: F401 (registers the DFT and STFT converters)
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
 from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line, read_onnx
+from opsched.frontends.onnx_fold import FOLDABLE
 from opsched.frontends.onnx_functions import expand_functions
-from opsched.frontends.onnx_ops import FOLDABLE, Value, converter_for, supported_onnx_ops
+from opsched.frontends.onnx_ops import Value, converter_for, supported_onnx_ops
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OPSET
 from opsched.ir.ops.onnx_node import (

@@ -1,4 +1,5 @@
-"""The ONNX converter tables: NumPy constant folding, and one converter per op type and opset.
+"""The ONNX converter table: one converter per op type and opset (constant folding's NumPy rules
+are :mod:`opsched.frontends.onnx_fold`'s).
 
 Each converter receives the conversion context, the ONNX node, its inputs (graph value names,
 or NumPy arrays for constants) and its attributes, and returns the value name(s) it defines.
@@ -11,24 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from opsched.frontends._common import Unsupported
+from opsched.frontends.onnx_fold import FOLDABLE, as_ints, optional_ints, reshape_dims
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES
 from opsched.ir.types import TensorType
 
 if TYPE_CHECKING:
     from opsched.frontends.onnx import _OnnxConverter
 
-__all__ = ["Value", "OnnxConverter", "FOLDABLE", "converter_for", "supported_onnx_ops"]
+__all__ = ["Value", "OnnxConverter", "converter_for", "onnx_converter", "supported_onnx_ops"]
 
 Value = Any  # str (a tensor of the graph) or np.ndarray (a constant)
 OnnxConverter = Callable[["_OnnxConverter", onnx.NodeProto, list[Value], dict[str, Any]], Value | list[Value]]
 
 _CONVERTERS: dict[str, list[tuple[int, OnnxConverter]]] = {}
-
-#: Ops evaluated with NumPy when every input is a constant.
-FOLDABLE: dict[str, Callable[..., np.ndarray]] = {}
 
 
 def onnx_converter(op_type: str, since: int = 1) -> Callable[[OnnxConverter], OnnxConverter]:
@@ -49,112 +48,8 @@ def converter_for(op_type: str, opset: int) -> OnnxConverter | None:
     return best
 
 
-def _fold(op_type: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
-    def deco(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        FOLDABLE[op_type] = fn
-        return fn
-    return deco
-
-
 def supported_onnx_ops() -> list[str]:
     return sorted(set(_CONVERTERS) | set(FOLDABLE))
-
-
-def _ints(v: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in np.asarray(v).reshape(-1))
-
-
-def _optional_ints(ins: list[Any], i: int) -> tuple[int, ...] | None:
-    """Input ``i`` as ints, or None where it is absent (optional ONNX inputs)."""
-    return _ints(ins[i]) if len(ins) > i and ins[i] is not None else None
-
-
-# --- constant folding ---------------------------------------------------------------------
-@_fold("Constant")
-def _f_constant(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    if "value" in a:
-        return numpy_helper.to_array(a["value"])
-    for key in ("value_float", "value_int"):
-        if key in a:
-            return np.array(a[key])
-    for key in ("value_floats", "value_ints"):
-        if key in a:
-            return np.array(list(a[key]))
-    raise Unsupported("Constant without a tensor or numeric value")
-
-
-_fold("Gather")(lambda c, ins, a: np.take(ins[0], ins[1], axis=a.get("axis", 0)))
-_fold("Cast")(lambda c, ins, a: ins[0].astype(helper.tensor_dtype_to_np_dtype(a["to"])))
-_fold("Concat")(lambda c, ins, a: np.concatenate([np.atleast_1d(i) for i in ins], axis=a["axis"]))
-
-
-@_fold("Div")
-def _f_div(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    x, y = ins
-    if x.dtype.kind not in "iu":
-        return np.asarray(x / y, dtype=x.dtype)
-    # ONNX divides integers as C does, rounding toward zero; NumPy's // rounds toward -infinity
-    q = x // y
-    return np.asarray(q + ((q < 0) & (q * y != x)), dtype=x.dtype)
-
-
-_fold("Sub")(lambda c, ins, a: ins[0] - ins[1])
-_fold("Floor")(lambda c, ins, a: np.floor(ins[0]))
-
-
-@_fold("Range")
-def _f_range(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    # in the inputs' type (np.arange of 0-d arrays makes float64 or int64 whatever they are): YOLOv8's
-    # anchor grid, folded once its input size is fixed, is float32 and must stay so
-    start, limit, delta = (np.asarray(v).reshape(()) for v in ins)
-    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
-    return np.asarray(start + np.arange(count, dtype=start.dtype) * delta, dtype=start.dtype)
-
-
-_fold("ConstantOfShape")(lambda c, ins, a: np.full(_ints(ins[0]), numpy_helper.to_array(a["value"])[0]
-                                                   if "value" in a else 0.0, dtype=np.float32 if "value" not in a
-                                                   else numpy_helper.to_array(a["value"]).dtype))
-
-
-_fold("Add")(lambda c, ins, a: ins[0] + ins[1])
-_fold("Mul")(lambda c, ins, a: ins[0] * ins[1])
-_fold("Transpose")(lambda c, ins, a: np.transpose(ins[0], a.get("perm")))
-
-
-@_fold("Reshape")
-def _f_reshape(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    shape = _ints(ins[1])
-    if not a.get("allowzero", 0):  # a 0 keeps the input's size there
-        shape = tuple(ins[0].shape[i] if d == 0 else d for i, d in enumerate(shape))
-    return np.asarray(ins[0].reshape(shape))
-
-
-@_fold("Slice")
-def _f_slice(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    if "starts" in a:  # opset < 10
-        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
-    else:
-        starts, ends, axes, steps = _ints(ins[1]), _ints(ins[2]), _optional_ints(ins, 3), _optional_ints(ins, 4)
-    index = [slice(None)] * ins[0].ndim
-    for i, (s, e) in enumerate(zip(starts, ends)):
-        ax = axes[i] if axes is not None else i
-        index[ax] = slice(s, e, steps[i] if steps is not None else 1)
-    return np.asarray(ins[0][tuple(index)])
-
-
-@_fold("Unsqueeze")
-def _f_unsqueeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else tuple(a["axes"])
-    out = ins[0]
-    for ax in sorted(x + out.ndim + len(axes) if x < 0 else x for x in axes):
-        out = np.expand_dims(out, ax)
-    return np.asarray(out)
-
-
-@_fold("Squeeze")
-def _f_squeeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else tuple(a.get("axes", ()))
-    return np.asarray(np.squeeze(ins[0], axis=axes or None))
 
 
 # --- converters ---------------------------------------------------------------------------
@@ -328,7 +223,7 @@ def _split_v2(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[st
 
 @onnx_converter("Split", 13)
 def _split_v13(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> list[Value]:
-    sizes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else None
+    sizes = optional_ints(ins, 1)
     return _split(c, n, c.tensor(ins[0]), int(a.get("axis", 0)), sizes)
 
 
@@ -360,7 +255,7 @@ def _slice_v1(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[st
 
 @onnx_converter("Slice", 10)
 def _slice_v10(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> Value:
-    return _slice(c, c.tensor(ins[0]), _ints(ins[1]), _ints(ins[2]), _optional_ints(ins, 3), _optional_ints(ins, 4))
+    return _slice(c, c.tensor(ins[0]), as_ints(ins[1]), as_ints(ins[2]), optional_ints(ins, 3), optional_ints(ins, 4))
 
 
 def _pool(op: str) -> OnnxConverter:
@@ -418,8 +313,7 @@ def _reshape(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str
     x = c.tensor(ins[0])
     if not isinstance(ins[1], np.ndarray):
         raise Unsupported("Reshape to a shape computed at run time")
-    src = c.ctx.type(x).shape
-    shape = tuple(src[i] if d == 0 and not a.get("allowzero", 0) else d for i, d in enumerate(_ints(ins[1])))
+    shape = reshape_dims(c.ctx.type(x).shape, ins[1], a)
     return c.ctx.add("reshape", [x], name=c.out_name(), shape=shape)
 
 
@@ -445,7 +339,7 @@ def _pad(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, An
     if len(ins) > 3 and ins[3] is not None:
         raise Unsupported("Pad with an axes input")
     x = c.tensor(ins[0])
-    pads = _ints(ins[1])
+    pads = as_ints(ins[1])
     rank = len(pads) // 2
     torch_pads: list[int] = []
     for d in range(rank - 1, -1, -1):  # torch order: last dimension first, (before, after)
@@ -467,5 +361,5 @@ def _reduce_mean_v1(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: d
 
 @onnx_converter("ReduceMean", 18)
 def _reduce_mean_v18(c: _OnnxConverter, n: onnx.NodeProto, ins: list[Value], a: dict[str, Any]) -> str:
-    axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else None
+    axes = optional_ints(ins, 1)
     return _reduce_mean(c, c.tensor(ins[0]), axes, bool(a.get("keepdims", 1)))
