@@ -31,6 +31,7 @@ from opsched.race import race, turn_for
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
 from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names, scheduler_options
 from opsched.runtime.plan import plan_work
+from opsched.runtime.reference import drawn_well
 from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import schedule
 from opsched.schedulers.placement import PlacementOptions
@@ -259,7 +260,7 @@ def _on_drawn_inputs(graph: Graph) -> Iterator[None]:
     try:
         yield
     except ExecutionError as e:
-        chosen = [i.name for i in graph.inputs if i.type.dtype.startswith(("int", "uint", "bool"))]
+        chosen = [i.name for i in graph.inputs if not drawn_well(i.type.dtype)]
         if not chosen or isinstance(e, InputMismatchError):
             raise
         raise type(e)(f"{e}\n(plans are timed and raced on drawn inputs, integers zero and booleans true: here "

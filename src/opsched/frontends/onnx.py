@@ -40,6 +40,7 @@ from opsched.ir.ops.onnx_node import (
     one_node_session,
     onnx_category,
     ort_errors,
+    subgraphs,
 )
 from opsched.ir.types import FrozenAttrs, TensorType
 from opsched.transforms import canonicalize
@@ -304,7 +305,7 @@ class _OnnxConverter:
         # one with sub-graphs is: their outputs' types are the file's word, which inference takes as it stands
         agrees = all(self.inferred.get(name) in (None, self.ctx.type(v))
                      for name, v in zip(node.input, ins) if isinstance(v, str))
-        agrees = agrees and not any(a.HasField("g") or a.graphs for a in node.attribute)
+        agrees = agrees and not subgraphs(node)
         values = [self.ctx.b.params[p].numpy() for p in params]
         why = ""
         for open_shapes in (False, True) if outer else (False,):

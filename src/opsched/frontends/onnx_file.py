@@ -263,15 +263,17 @@ def _prelu_6_slopes(before: onnx.ModelProto, converted: onnx.ModelProto) -> None
         return
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in (*inferred.input, *inferred.value_info)
              if v.type.tensor_type.HasField("shape")}
+    made = {t.name for t in converted.graph.initializer}
     for node in (n for n in converted.graph.node if n.op_type == "PRelu" and not n.domain):
         slope = constants.get(node.input[1])
         rank = ranks.get(node.input[0], 0)
         if slope is None or len(slope.dims) != 1 or slope.dims[0] == 1 or rank < 3:
             continue
-        values = numpy_helper.to_array(slope).reshape(-1, *[1] * (rank - 2))
         name = f"{node.input[1]}__per_channel"
-        if name not in {t.name for t in converted.graph.initializer}:
+        if name not in made:  # one slope shared by several PRelus is reshaped once
+            values = numpy_helper.to_array(slope).reshape(-1, *[1] * (rank - 2))
             converted.graph.initializer.append(numpy_helper.from_array(values, name))
+            made.add(name)
         node.input[1] = name
 
 

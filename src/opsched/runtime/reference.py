@@ -16,7 +16,7 @@ from opsched.errors import ExecutionError, InputMismatchError, OpschedError
 from opsched.ir import Graph, random_inputs
 from opsched.ir.ops import Kernel, torch_kernel
 
-__all__ = ["Interpreter", "run_graph", "check_inputs", "stage_inputs"]
+__all__ = ["Interpreter", "run_graph", "check_inputs", "drawn_well", "stage_inputs"]
 
 
 def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
@@ -119,18 +119,18 @@ def stage_inputs(graph: Graph, sub: Graph, device: str | torch.device = "cpu") -
     order (``inv = empty_like(perm); inv[perm] = arange``); through zeros, all but one entry of
     ``inv`` keep what its memory held, which the next gather reads as indices, out of range."""
     drawn = random_inputs(sub, device)
-    if not any(i.name in graph.index and not _drawn_well(i.type.dtype) for i in sub.inputs):
+    if not any(i.name in graph.index and not drawn_well(i.type.dtype) for i in sub.inputs):
         return drawn  # no integer value the graph computes: nothing to run it for
     with _COMPUTED_LOCK:
         values = _COMPUTED.get(graph)
         if values is None:
-            keep = [n.name for n in graph.nodes if not _drawn_well(n.out.dtype) and n.out.numel <= _KEPT_ELEMENTS]
+            keep = [n.name for n in graph.nodes if not drawn_well(n.out.dtype) and n.out.numel <= _KEPT_ELEMENTS]
             _, values = Interpreter(graph).run(random_inputs(graph, device), keep)
             _COMPUTED[graph] = values
     return [values[i.name].to(device) if i.name in values else t for i, t in zip(sub.inputs, drawn)]
 
 
-def _drawn_well(dtype: str) -> bool:
+def drawn_well(dtype: str) -> bool:
     """Whether a drawn value of ``dtype`` stands for a computed one: floats and complex numbers."""
     kind: torch.dtype = getattr(torch, dtype)
     return kind.is_floating_point or kind.is_complex

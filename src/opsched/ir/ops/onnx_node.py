@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
 __all__ = ["ONNX_GENERIC_OPS", "captured", "encode_proto", "onnx_category", "one_node_model", "one_node_session",
-           "ort_errors", "with_captures"]
+           "ort_errors", "subgraphs", "with_captures"]
 
 #: Generic op kinds, by the category each is costed and drawn as.
 ONNX_GENERIC_OPS: dict[str, str] = {
@@ -174,7 +174,7 @@ def captured(node: onnx.NodeProto) -> list[str]:
     """The values from outside a node that its sub-graphs read (an If branch's use of the
     model's input), in order of first use; empty for a node without sub-graphs."""
     found: list[str] = []
-    for graph in _subgraphs(node):
+    for graph in subgraphs(node):
         found += [v for v in _free(graph) if v not in found]
     return found
 
@@ -185,12 +185,13 @@ def with_captures(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto
 
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
-    for graph in _subgraphs(copy):
+    for graph in subgraphs(copy):
         _rename_free(graph, names)
     return copy
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs ``node``'s attributes hold (an If's branches, a Loop's body); empty for most nodes."""
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
@@ -208,7 +209,7 @@ def _rename_free(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     for n in graph.node:
         n.input[:] = [names[v] if v in names and v not in defined else v for v in n.input]
-        for inner in _subgraphs(n):
+        for inner in subgraphs(n):
             _rename_free(inner, {k: v for k, v in names.items() if k not in defined})
         defined.update(n.output)
     for o in graph.output:
@@ -228,7 +229,7 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     captures = attrs.get("captures", ())
     own_slots = attrs["slots"][:len(attrs["slots"]) - len(captures)]
     outer = attrs["slots"][len(own_slots):]
-    if _subgraphs(proto) and attrs["opset"] != OPSET:  # their nodes mean what they mean at the file's opset
+    if subgraphs(proto) and attrs["opset"] != OPSET:  # their nodes mean what they mean at the file's opset
         raise NotExportable(f"{attrs['op_type']}'s sub-graphs are of opset {attrs['opset']}; segments are "
                             f"exported at ai.onnx opset {OPSET}")
     if attrs.get("open_shapes"):

@@ -193,10 +193,10 @@ def declared_oldest(model: onnx.ModelProto, opset: int, oldest: int = OLDEST) ->
     same there (as :func:`declaration_at` restates a node, its element types found by ONNX's shape
     inference); else ``model`` itself. Nodes with sub-graphs keep a segment at ``opset`` (their
     inner nodes would move with it), and so does any value whose type inference leaves unknown."""
-    from opsched.ir.ops.onnx_node import _subgraphs
+    from opsched.ir.ops.onnx_node import subgraphs
 
     nodes = model.graph.node
-    if any(_subgraphs(n) for n in nodes):
+    if any(subgraphs(n) for n in nodes):
         return model
     newer = []
     for n in nodes:
