@@ -124,7 +124,8 @@ def draw_compile_gpu(plt, *pages: Results | None) -> None:  # type: ignore[no-un
         if rows and rows[0]["dtype"] == "float16":
             ax.axhline(1.8, color="red", linestyle="--", linewidth=0.8, label="target 1.8x (geomean)")
         ax.set_ylabel("speedup over the\nsingle-stream CUDA graph")
-        _legend(ax, COMPILE_LABELS, fontsize=7, ncol=2, loc="upper left")
+        _legend(ax, COMPILE_LABELS, fontsize=7, ncol=3, loc="upper left")
+        ax.set_ylim(0, 1.35 * max((v for vs in series.values() for v in vs), default=1.0))  # room for the legend
         both = [v for v in series.get("opsched-compile", []) if v > 0]
         ax.set_title(f"{rows[0]['dtype'] if rows else ''}, batch 1: Inductor segments on streams "
                      f"{geomean(both):.2f}x the single-stream graph (geomean)" if both else "", fontsize=10)
