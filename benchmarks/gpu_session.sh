@@ -36,7 +36,16 @@ stamp=$(mktemp)
 export PYTHONUNBUFFERED=1 OPSCHED_CACHE_DIR=/tmp/opsched-cache
 export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
+# What earlier calls on this warm machine wrote, restored over the checkout's copies, so that a
+# --resume stage (compile-b) adds to the rows of this session's earlier stage, not to the
+# committed rows of a session before (which happened on 2026-11-26, when the results were not
+# unpacked into the tree between two calls issued back to back)
+keep=/tmp/gpu-session-keep
+mkdir -p "$keep"
+cp -p "$keep"/* docs/results/ 2>/dev/null
+
 pack() {
+    find docs/results -maxdepth 1 -newer "$stamp" -type f -exec cp -p -t "$keep" {} +
     find docs/results -newer "$stamp" -type f -print0 |
         tar czf "$OUT/results.tar.gz" --null -T - -C "$(dirname "$logs")" "$(basename "$logs")"
 }
