@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _report import geomean, write_table  # noqa: E402
 
@@ -56,6 +57,22 @@ def on_default(graph: Graph, pc: PlatformCost, name: str | None = None) -> Sched
     return Schedule(graph.structural_hash(), (Lane(tuple(n.name for n in graph.nodes), unit.name, unit.backend),),
                     graph_name=graph.name, device=pc.platform.name, scheduler="default-unit",
                     options={"platform": pc.platform.name})
+
+
+def placement(plan: Schedule) -> dict[str, int]:
+    """Operators per unit in ``plan``."""
+    counts: dict[str, int] = {}
+    for lane in plan.lanes:
+        counts[lane.device] = counts.get(lane.device, 0) + len(lane.nodes)
+    return counts
+
+
+def moved(units: dict[str, int], alone: dict[str, int]) -> str:
+    """How a placement differs from a single-unit one: the operators it puts elsewhere, by unit
+    (" =" where it is the same placement)."""
+    (home,) = alone
+    away = {u: n for u, n in units.items() if u != home and n}
+    return " =" if not away else " [" + ", ".join(f"{n} on {u}" for u, n in sorted(away.items())) + "]"
 
 
 def window(graph: Graph, costs: UnitCosts, movable: int) -> Graph:
@@ -116,12 +133,15 @@ def measured(models: list[str], where: str, rounds: int, profiles: str,
         with torch.no_grad():
             walls = interleave({k: functools.partial(m, *x) for k, m in modules.items()}, rounds, 2)
         med = {k: statistics.median(v) for k, v in walls.items()}
+        iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in walls.items()}
         for s in PLACERS:
             ratios[s].append(med["default"] / med[s])
-        best_alone = min(med[k] for k in ("default", *alone))
-        rows.append([name, f"{med['default']:.2f}", f"{best_alone:.2f}",
-                     *(f"{med[s]:.2f} ({med['default'] / med[s]:.2f}x, {best_alone / med[s]:.2f}x)" for s in PLACERS)])
-        data.append({"model": name, "median_ms": med,
+        best_alone = min(("default", *alone), key=med.__getitem__)
+        units = {k: placement(s) for k, s in plans.items()}
+        rows.append([name, f"{med['default']:.2f}", f"{med[best_alone]:.2f}",
+                     *(f"{med[s]:.2f} ±{iqr[s]:.2f} ({med['default'] / med[s]:.2f}x, {med[best_alone] / med[s]:.2f}x)"
+                       + moved(units[s], units[best_alone]) for s in PLACERS)])
+        data.append({"model": name, "median_ms": med, "iqr_ms": iqr, "units": units,
                      "estimated_ms": {k: s.estimated_ms for k, s in plans.items()}})
         print(rows[-1], flush=True)
     store.close()
@@ -171,8 +191,10 @@ def main() -> None:
             f"# Placement on heterogeneous units (measured, `{args.measure}`)", "",
             "Each scheduler's plan run by the units backend, interleaved in one process with the plan of "
             "everything on the default unit and of everything on each other unit that runs every operator (on "
-            f"`cpu+cuda`, the GPU alone); medians in ms of {args.rounds} rounds, and the speedups over the default "
-            "unit and over the best single unit. Placements are decided on "
+            f"`cpu+cuda`, the GPU alone); medians in ms of {args.rounds} rounds (± interquartile range), the speedups "
+            "over the default unit and over the best single unit, and where the placement differs from the best "
+            "single unit's: `=` the same placement (what remains is the timing's spread and the lanes' order), "
+            "`[n on unit]` the operators it puts elsewhere. Placements are decided on "
             + ("each unit's operators and fused chains timed on it (a unit that exists only in the simulator: its "
                "preset)." if args.profiles == "measured" else "the units' analytic presets."),
         ], ["model", "default unit", "best single unit", *PLACERS], rows, geo,
