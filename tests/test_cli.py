@@ -73,6 +73,21 @@ def test_optimize_command_writes_schedule_timeline_and_trace(tmp_path, capsys: p
     assert json.loads((out / "schedule.json").read_text())["graph"] == "squeezenet1_1"
 
 
+def test_optimize_command_races_the_plans_on_each_backend_named(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from opsched.schedule import Schedule
+
+    out = tmp_path / "out"
+    assert main(["optimize", "squeezenet1_1", "--backend", "ort,torch", "--cost", "analytic", "--rounds", "1",
+                 "--no-compare", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ios on torch" in text
+    kept_on = "torch" if "running on the torch backend" in text else "ort"
+    saved = Schedule.load(out / "schedule.json")
+    assert {lane.backend or "ort" for lane in saved.lanes} == {kept_on}  # a plan kept on torch loads onto it
+    assert main(["optimize", "squeezenet1_1", "--backend", "ort,nope", "--cost", "analytic"]) == 1
+    assert "no backend 'nope'" in capsys.readouterr().err
+
+
 def test_optimize_command_on_an_onnx_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     import torch
 

@@ -253,6 +253,27 @@ def test_optimize_never_returns_a_plan_slower_than_sequential_or_torchs_kernels_
     assert f"end-to-end check: {race}" in str(module.report())
 
 
+def test_plans_race_on_every_backend_named_and_the_kept_one_loads_onto_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """backend=("ort", "torch"): the plan is made for ONNX Runtime and races there and on torch's
+    kernels; the one kept names its backend in its schedule, so it saves and loads onto it, and
+    computes what the model does."""
+    model, inputs = get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, cost="analytic", backend=("ort", "torch"))
+    race = module.outcome.race
+    assert race is not None and module.outcome.contenders == {"ios", "ios on torch"}
+    assert race.kept == race.standings.fastest
+    assert module.backend.name == ("torch" if race.kept == "ios on torch" else "ort")
+    module.save(tmp_path / "kept.json")
+    loaded = opsched.load(model, tmp_path / "kept.json", inputs)
+    assert loaded.backend.name == module.backend.name
+    with torch.no_grad():
+        assert_close([loaded(*inputs), module(*inputs)], [model(*inputs)] * 2)
+    for named, said in [(("ort", "ort"), "'ort' named twice"), ((), "name at least one backend"),
+                        (("ort", "tpu"), "no backend 'tpu'")]:
+        with pytest.raises(OpschedError, match=said):
+            opsched.optimize(model, inputs, cost="analytic", backend=named)
+
+
 def test_a_plan_kept_on_torchs_kernels_loads_on_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A schedule whose lanes name a backend runs there under backend="auto", so the plan that won
     optimize()'s race on torch's kernels saves and loads as it was kept; an ONNX file's graph

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,36 +31,49 @@ class Request:
     """What :func:`optimize_graph` was asked for, checked: the device, the backend as named
     (``"auto"`` or a name; it runs there in the precision asked, and the graph's own dtypes,
     a bfloat16 model's, settle which one ``"auto"`` is), the schedulers (each with its options
-    dataclass), the precision."""
+    dataclass), the precision, and the further backends every plan also races on (``also_on``:
+    the plans are made, and their stages priced, on ``backend``)."""
 
     device: torch.device
     backend: str
     schedulers: tuple[str, ...]
     options: Mapping[str, Any]
     dtype: str | None
+    also_on: tuple[str, ...] = ()
 
 
 def check_request(*, device: str | torch.device = "cpu", scheduler: str | Sequence[str] = "ios",
-                  backend: str = "auto", dtype: str | torch.dtype | None = None, **options: Any) -> Request:
+                  backend: str | Sequence[str] = "auto", dtype: str | torch.dtype | None = None,
+                  **options: Any) -> Request:
     """Every argument of an optimization checked, before any work (the CLI asks this before it
     loads a model): an unknown device, backend, scheduler, option or precision is refused with
     an :class:`~opsched.errors.OpschedError` naming what is accepted."""
     dev = check_device(device)
     precision = None if dtype is None else dtype_name(dtype)
-    resolve_backend(backend, dev, () if precision is None else (precision,))
+    backends = _names("backend", "a backend's", backend, lambda name: resolve_backend(
+        name, dev, () if precision is None else (precision,)))
     names = scheduler_names(scheduler)
     per_scheduler = scheduler_options(names, dev.type, options)
-    return Request(dev, backend, names, per_scheduler, precision)
+    return Request(dev, backends[0], names, per_scheduler, precision, backends[1:])
 
 
 def scheduler_names(scheduler: object) -> tuple[str, ...]:
-    names = (scheduler,) if isinstance(scheduler, str) else scheduler
+    return _names("scheduler", "a scheduler's", scheduler, spec)
+
+
+def _names(what: str, whose: str, given: object, check: Callable[[str], object]) -> tuple[str, ...]:
+    """``given``, one name or a sequence of distinct ones, each ``check``-ed (an unknown name
+    fails there, before any work)."""
+    names = (given,) if isinstance(given, str) else given
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ScheduleError(f"scheduler: a scheduler's name or a sequence of names, got {scheduler!r}")
+        raise ScheduleError(f"{what}: {whose} name or a sequence of names, got {given!r}")
     if not names:
-        raise ScheduleError("scheduler: name at least one scheduler")
+        raise ScheduleError(f"{what}: name at least one {what}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ScheduleError(f"{what}: {', '.join(map(repr, twice))} named twice in {list(names)}")
     for name in names:
-        spec(name)  # an unknown name fails before any work
+        check(name)
     return tuple(names)
 
 

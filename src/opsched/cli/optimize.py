@@ -47,7 +47,9 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                                                        "sequential, nimble or opara; several, comma-separated "
                                                        "(ios,est): their plans race, the fastest is kept")
     p.add_argument("--cost", default="measured", choices=["measured", "analytic"])
-    p.add_argument("--backend", default="auto", help="auto, ort or torch on a CPU; cuda on a GPU")
+    p.add_argument("--backend", default="auto", help="auto, ort, torch or inductor on a CPU; cuda or cuda-inductor "
+                                                     "on a GPU; several, comma-separated (cuda,cuda-inductor): the "
+                                                     "plans are made on the first and race on each")
     p.add_argument("--rounds", type=positive_int, default=15, help="timed rounds of the race")
     p.add_argument("--no-compare", action="store_true",
                    help="race only the searched plans (and sequential); no greedy, no eager PyTorch or "
@@ -68,14 +70,15 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         from opsched.request import check_request
 
         names = [name.strip() for name in args.scheduler.split(",")]
+        backends = tuple(name.strip() for name in args.backend.split(","))
         options = scheduler_values(args)
-        request = check_request(device=args.device, scheduler=names, backend=args.backend, dtype=args.dtype,
+        request = check_request(device=args.device, scheduler=names, backend=backends, dtype=args.dtype,
                                 **options)
         progress = phases(True)
         loaded = load_model(args.model, args.batch, args.input_shape, args.input_value)
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
                                 channels_last=args.channels_last, scheduler=names, cost=args.cost,
-                                backend=args.backend, cache_dir=args.cache_dir, rounds=args.rounds,
+                                backend=backends, cache_dir=args.cache_dir, rounds=args.rounds,
                                 race_with=() if args.no_compare else BASELINES, progress=progress,
                                 memory_budget=None if args.memory_budget is None else int(args.memory_budget * 2**20),
                                 **options)
