@@ -297,6 +297,22 @@ def test_zoo_through_cuda_inductor_segments_equals_eager(name: str, dtype: str, 
         module.executor.describe()
 
 
+
+@pytest.mark.gpu
+def test_plans_racing_on_cuda_and_cuda_inductor_keep_the_faster_equal_to_eager(strict_float32: Any) -> None:
+    """backend=("cuda", "cuda-inductor"): each plan runs on both, and whichever is kept computes
+    what the model does and loads onto its own backend."""
+    model, x = get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1")
+    module = optimize(model, x, device="cuda", dtype="float16", scheduler="est", backend=("cuda", "cuda-inductor"),
+                      cost="analytic", verify=False)
+    race = module.outcome.race
+    assert race is not None and module.outcome.contenders == {"est", "est on cuda-inductor"}
+    assert module.backend.name == ("cuda-inductor" if race.kept == "est on cuda-inductor" else "cuda")
+    xs = [t.to("cuda", torch.float16) for t in x]
+    with torch.no_grad():
+        expected = get_model("squeezenet1_1").eval().to("cuda", torch.float16)(*xs)
+    assert_close(module(*xs), expected)
+
 # --- placement -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,channels_last", [("float64", False), ("bfloat16", True), (None, True)])
 def test_place_matches_the_model_in_that_precision(zoo: dict[str, Any], dtype: str | None,
