@@ -4,8 +4,9 @@
 # call's time, so a stage that runs long costs the ones after it and never the results before it.
 #
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
-#   stages: setup tests tests-hetero tests-inductor compile compile-b compile32 compile32-b compile-max
-#           hetero memory corpus standing
+#   stages: setup tests tests-hetero tests-inductor compile compile-b compile-c compile32 compile32-b
+#           compile32-c compile-max
+#           hetero memory memory-b corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
@@ -23,9 +24,11 @@
 # a start costs about 30 s. Stage times on the H200 (2026-11-26): setup 22 s; tests (everything
 # but Inductor) 93 s under -n 8; tests-inductor 102 s under -n 6; hetero 15 s; corpus (19 models)
 # 141 s; memory about 20 s a row (6 rows: 130 s); compile about 65 s a model in float16 (GoogLeNet's
-# Inductor segments alone 57 s), so its six models take two stages, compile and compile-b; float32
-# is compile32 and compile32-b. torch.compile's max-autotune spent over 150 s on GoogLeNet alone:
-# compile-max is a stage of its own.
+# Inductor segments alone 57 s). torch.compile's max-autotune spent over 150 s on GoogLeNet alone:
+# compile-max is a stage of its own. The third use (2026-11-26, a fresh H200): setup 29 s,
+# tests-hetero 29 s, hetero 23 s, memory 30 s a row (cut at 150 s after its fifth), compile 220 s
+# for its three models, and compile-b cut at 240 s after Inception V3 and ResNet-50, so NASNet-A
+# mobile (649 operators, the most segments) is a stage of its own: compile-c, compile32-c.
 set -u
 deadline=$(( $(date +%s) + $1 )); shift
 OUT=${OUT:-/tmp/gpu-session}
@@ -108,12 +111,13 @@ tests_inductor() {
 
 # compile_gpu STAGE PAGE [--resume] MODEL...: issue 22's contenders on MODELs in PAGE's precision
 # (compile32-gpu: float32), written to docs/results/PAGE; with --resume added to the rows there
+# (this session's, where an earlier call on this machine wrote them: see keep above)
 compile_gpu() {
     local name=$1 page=$2 dtype=float16 resume=()
     shift 2
     [[ $page == compile32* ]] && dtype=float32
     [[ $1 == --resume ]] && { resume=(--resume); shift; }
-    stage "$name" 240 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders graph compile \
+    stage "$name" 300 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders graph compile \
         compile-ro ios opsched-compile --budget 10 --rounds 20 --profile --name "$page" "${resume[@]}" --models "$@"
 }
 
@@ -125,11 +129,13 @@ for s in "$@"; do
         tests-inductor) stage tests-inductor 240 tests_inductor ;;
         tests-hetero) stage tests-hetero 120 tests_hetero ;;
         # issue 22: Inductor segments on streams against torch.compile's modes and the 1-stream graph,
-        # three zoo models a stage (about 65 s each), each precision its own results page
+        # at most 300 s a stage (about 70 s a model), each precision its own results page
         compile) compile_gpu compile compile-gpu squeezenet1_1 googlenet randwire_small ;;
-        compile-b) compile_gpu compile-b compile-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
+        compile-b) compile_gpu compile-b compile-gpu --resume inception_v3 resnet50 ;;
+        compile-c) compile_gpu compile-c compile-gpu --resume nasnet_mobile ;;
         compile32) compile_gpu compile32 compile32-gpu squeezenet1_1 googlenet randwire_small ;;
-        compile32-b) compile_gpu compile32-b compile32-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
+        compile32-b) compile_gpu compile32-b compile32-gpu --resume inception_v3 resnet50 ;;
+        compile32-c) compile_gpu compile32-c compile32-gpu --resume nasnet_mobile ;;
         compile-max) stage compile-max 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
             --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
             --rounds 20 --name compile-max-gpu ;;
@@ -140,6 +146,8 @@ for s in "$@"; do
         memory) stage memory 150 python3 benchmarks/gpu.py --batches 64 128 --dtypes float16 \
             --models inception_v3 googlenet resnet50 --contenders graph ios graphturbo --budget 10 --rounds 15 \
             --profile --name memory-gpu ;;
+        memory-b) stage memory-b 90 python3 benchmarks/gpu.py --batches 128 --dtypes float16 --models resnet50 \
+            --contenders graph ios graphturbo --budget 10 --rounds 15 --profile --name memory-gpu-c ;;
         # issue 18: the real-model corpus against the single-stream CUDA graph
         corpus) stage corpus 400 python3 benchmarks/gpu.py --corpus --batches 1 --dtypes float16 \
             --contenders eager graph sequential optimize --budget 10 --rounds 15 --name corpus-gpu ;;

@@ -11,7 +11,7 @@ the time the layer-by-layer order's DRAM traffic takes at the HBM's full bandwid
 most any reordering of the same kernels could save, against the kernel time the profiler
 measured.
 
-    python benchmarks/memory_gpu_explained.py                         # docs/results/memory-gpu.json
+    python benchmarks/memory_gpu_explained.py      # docs/results/memory-gpu.json and -c, where there
     python benchmarks/memory_gpu_explained.py --results memory-gpu-b  # another run's rows
 """
 
@@ -103,7 +103,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", nargs="*", default=["memory-gpu"],
+    p.add_argument("--results", nargs="*", default=["memory-gpu", "memory-gpu-c"],
                    help="results names (docs/results/NAME.json) of gpu.py runs with graph, graphturbo and --profile")
     p.add_argument("--models", nargs="*", help="only these models' rows (default: every row)")
     p.add_argument("--name", default="memory-gpu-explained")
@@ -111,6 +111,9 @@ def main() -> None:
     args = p.parse_args()
     records, seen, sources = [], set(), []
     for name in args.results:
+        if not (RESULTS / f"{name}.json").exists():
+            print(f"no docs/results/{name}.json: its rows are left out", flush=True)
+            continue
         data = json.loads((RESULTS / f"{name}.json").read_text())
         sources.append(f"`{name}` ({data['environment'].get('gpu', data['device'])}: `{data['command']}`)")
         for row in data["rows"]:
