@@ -109,12 +109,13 @@ def main() -> None:
     p.add_argument("--name", default="memory-gpu-explained")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
-    records, seen, sources = [], set(), []
+    records, seen, sources, read = [], set(), [], []
     for name in args.results:
         if not (RESULTS / f"{name}.json").exists():
             print(f"no docs/results/{name}.json: its rows are left out", flush=True)
             continue
         data = json.loads((RESULTS / f"{name}.json").read_text())
+        read.append(name)
         sources.append(f"`{name}` ({data['environment'].get('gpu', data['device'])}: `{data['command']}`)")
         for row in data["rows"]:
             key = (row["model"], row["batch"], row["dtype"])
@@ -139,7 +140,7 @@ def main() -> None:
         f"Hierarchy: {records[0]['simulated']['hierarchy']}.", "",
         "Sources: " + "; ".join(sources) + ".", "",
     ]
-    write(args.name, "\n".join([*intro, table(records)]), {"rows": records, "sources": args.results}, args.out)
+    write(args.name, "\n".join([*intro, table(records)]), {"rows": records, "sources": read}, args.out)
     print(table(records))
     print(f"wrote {args.out / args.name}.md")
 
