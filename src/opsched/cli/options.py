@@ -90,7 +90,8 @@ def reference(markdown: bool = False) -> str:
         lines.append("")
     lines += ["## Backends", "", "`backend=` of `optimize()`, `--backend` of the command line; `auto` picks the "
               "first available for the device. Several (`backend=(\"cuda\", \"cuda-inductor\")`, "
-              "`--backend cuda,cuda-inductor`): the plans are made on the first and race on each.", "", "| backend | device | what it is |", "|---|---|---|"]
+              "`--backend cuda,cuda-inductor`): the plans are made on the first and race on each.", "",
+              "| backend | device | what it is |", "|---|---|---|"]
     for name in backend_names():
         backend = get_backend(name)
         doc = (type(backend).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
