@@ -20,6 +20,13 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
+def iqr(values: Iterable[float]) -> float:
+    """The interquartile range: how every benchmark gives the spread beside a median."""
+    import numpy as np
+
+    return float(np.subtract(*np.percentile(list(values), [75, 25])))
+
+
 def environment() -> dict[str, str]:
     import numpy
     import torch

@@ -42,10 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import geomean, write_table  # noqa: E402
+from _report import geomean, iqr, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost  # noqa: E402
@@ -114,7 +113,7 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
     with torch.no_grad():
         times = interleave(contenders, rounds, warmup=1, settle_s=0.05, block=5)
     med = {k: statistics.median(v) for k, v in times.items()}
-    iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
+    spread = {k: iqr(v) for k, v in times.items()}
 
     def ratio(slow: str, fast: str) -> float:
         """Median over rounds of the round's ratio: drift that slows a whole round cancels."""
@@ -125,11 +124,12 @@ def run(name: str, batch: int, budget: float, rounds: int, cache_dir: str) -> tu
               "optimize() vs ORT seq": ratio("ORT sequential", "opsched optimize()")}
     seq_peak = modules["sequential"].plan.peak_bytes(slot_bytes(modules["sequential"]))
     peaks = {k: m.plan.peak_bytes(slot_bytes(m)) / seq_peak for k, m in modules.items()}
-    record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": iqr, "ratios": ratios, "lower_bound_ms": bound,
+    record = {"model": name, "batch": batch, "median_ms": med, "iqr_ms": spread, "ratios": ratios,
+              "lower_bound_ms": bound,
               "peak_vs_sequential": peaks, "optimize_s": optimize_s,
               "optimize_report": str(opt.report()),
               "ios_stats": dict(ios.stats)}
-    return [name, batch] + [f"{med[k]:.2f} ±{iqr[k]:.2f}" for k in contenders] + [
+    return [name, batch] + [f"{med[k]:.2f} ±{spread[k]:.2f}" for k in contenders] + [
         *(f"{v:.2f}" for v in ratios.values()), f"{bound:.2f}", f"{med['opsched IOS'] / bound:.2f}",
         f"{peaks['ios']:.2f}", f"{optimize_s:.1f}",
         str(opt.outcome.measurements or "")], record

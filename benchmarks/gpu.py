@@ -49,9 +49,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _report import RESULTS, geomean, write  # noqa: E402
+from _report import RESULTS, geomean, iqr, write  # noqa: E402
 from torch.utils._pytree import tree_map_only  # noqa: E402
 
 import opsched  # noqa: E402
@@ -244,12 +243,12 @@ def run(name: str, batch: int, dtype: str, args: argparse.Namespace, cache_dir: 
     with torch.no_grad():
         times = interleave(fns, args.rounds, warmup=3, clock=timer, block=args.block)
     med = {k: statistics.median(v) for k, v in times.items()}
-    iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in times.items()}
+    spread = {k: iqr(v) for k, v in times.items()}
     some = next(iter(modules.values()), None)
     bound = critical_path_bound(some.graph, device, cache_dir) if some is not None else float("nan")
     profiles = {k: kernel_profile(fn) for k, fn in fns.items()} if args.profile else {}
     record: dict[str, Any] = {
-        "model": name, "batch": batch, "dtype": dtype, "median_ms": med, "iqr_ms": iqr, "build_s": build_s,
+        "model": name, "batch": batch, "dtype": dtype, "median_ms": med, "iqr_ms": spread, "build_s": build_s,
         "held_mib": mib, "critical_path_bound_ms": bound, "profile": profiles,
         "estimated_ms": {k: m.schedule.estimated_ms for k, m in modules.items()},
         "report": {k: str(m.report()) for k, m in modules.items()},
@@ -282,9 +281,9 @@ def report(records: list[dict[str, Any]], contenders: list[str], device: str) ->
                 f"{built['ios']:.1f}" if "ios" in built else "")
 
     for r in records:
-        med, iqr = r["median_ms"], r["iqr_ms"]
+        med, spread = r["median_ms"], r["iqr_ms"]
         rows.append([r["model"], r["batch"], r["dtype"],
-                     *(f"{med[k]:.3f} ±{iqr[k]:.3f}" if k in med else "failed" for k in contenders),
+                     *(f"{med[k]:.3f} ±{spread[k]:.3f}" if k in med else "failed" for k in contenders),
                      *(ratio(med, k) for k in versus), f"{r['critical_path_bound_ms']:.3f}",
                      *(ios_columns(r) if "ios" in contenders else ())])
     summary: dict[str, Any] = {}

@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _report import geomean, write_table  # noqa: E402
+from _report import geomean, iqr, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.api import measured_cost, measured_platform  # noqa: E402
@@ -133,15 +132,15 @@ def measured(models: list[str], where: str, rounds: int, profiles: str,
         with torch.no_grad():
             walls = interleave({k: functools.partial(m, *x) for k, m in modules.items()}, rounds, 2)
         med = {k: statistics.median(v) for k, v in walls.items()}
-        iqr = {k: float(np.subtract(*np.percentile(v, [75, 25]))) for k, v in walls.items()}
+        spread = {k: iqr(v) for k, v in walls.items()}
         for s in PLACERS:
             ratios[s].append(med["default"] / med[s])
         best_alone = min(("default", *alone), key=med.__getitem__)
         units = {k: placement(s) for k, s in plans.items()}
         rows.append([name, f"{med['default']:.2f}", f"{med[best_alone]:.2f}",
-                     *(f"{med[s]:.2f} ±{iqr[s]:.2f} ({med['default'] / med[s]:.2f}x, {med[best_alone] / med[s]:.2f}x)"
-                       + moved(units[s], units[best_alone]) for s in PLACERS)])
-        data.append({"model": name, "median_ms": med, "iqr_ms": iqr, "units": units,
+                     *(f"{med[s]:.2f} ±{spread[s]:.2f} ({med['default'] / med[s]:.2f}x, "
+                       f"{med[best_alone] / med[s]:.2f}x)" + moved(units[s], units[best_alone]) for s in PLACERS)])
+        data.append({"model": name, "median_ms": med, "iqr_ms": spread, "units": units,
                      "estimated_ms": {k: s.estimated_ms for k, s in plans.items()}})
         print(rows[-1], flush=True)
     store.close()

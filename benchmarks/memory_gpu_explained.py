@@ -34,7 +34,7 @@ from opsched.cost.devices import gpu_spec_named_in  # noqa: E402
 from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions, graphturbo_groups  # noqa: E402
-from opsched.schedulers.memory import Group, bind, breadth_first, depth_first, instance_dag, simulate  # noqa: E402
+from opsched.schedulers.memory import bind, breadth_first, depth_first, instance_dag, simulate, singletons  # noqa: E402
 
 MIB = 2**20
 
@@ -47,7 +47,7 @@ def simulated(graph: Graph, preset: str) -> dict[str, Any]:
     dram = h.levels[-1]
     out: dict[str, Any] = {"hierarchy": str(h), "dram_gbps": dram.bandwidth_gbps,
                            "groups": len(groups), "split": sum(1 for g in groups if g.factor > 1)}
-    plans = {"layer": ([Group((n.name,)) for n in graph.nodes], breadth_first), "graphturbo": (groups, depth_first)}
+    plans = {"layer": (singletons(graph), breadth_first), "graphturbo": (groups, depth_first)}
     for key, (parts, order_of) in plans.items():
         dag = instance_dag(graph, parts)
         order = order_of(dag.preds)

@@ -390,12 +390,11 @@ def _dtype(inp: onnx.ValueInfoProto, source: str) -> str:
 
 def _static(value: onnx.ValueInfoProto) -> TensorType | None:
     """The type ``value`` declares, where it is a tensor of a dtype of ours and every size is fixed."""
-    t = value.type.tensor_type
-    dtype = _DTYPES.get(int(t.elem_type))
-    if not dtype or not t.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value >= 0
-                                                       for d in t.shape.dim):
+    dtype = _DTYPES.get(int(value.type.tensor_type.elem_type))
+    dims = declared_dims(value)
+    if not dtype or dims is None or not all(isinstance(d, int) for d in dims):
         return None
-    return TensorType(tuple(int(d.dim_value) for d in t.shape.dim), dtype)
+    return TensorType(tuple(int(d) for d in dims), dtype)
 
 
 def _one_type(session: Any, feeds: Sequence[Mapping[str, np.ndarray]], output: str) -> TensorType:

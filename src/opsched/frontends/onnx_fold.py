@@ -120,7 +120,8 @@ def _f_slice(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray
 
 @_fold("Unsqueeze")
 def _f_unsqueeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    axes = as_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else tuple(a["axes"])
+    axes = optional_ints(ins, 1)
+    axes = tuple(a["axes"]) if axes is None else axes
     out = ins[0]
     for ax in sorted(x + out.ndim + len(axes) if x < 0 else x for x in axes):
         out = np.expand_dims(out, ax)
@@ -129,5 +130,6 @@ def _f_unsqueeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.nda
 
 @_fold("Squeeze")
 def _f_squeeze(c: _OnnxConverter, ins: list[Any], a: dict[str, Any]) -> np.ndarray:
-    axes = as_ints(ins[1]) if len(ins) > 1 and ins[1] is not None else tuple(a.get("axes", ()))
+    axes = optional_ints(ins, 1)
+    axes = tuple(a.get("axes", ())) if axes is None else axes
     return np.asarray(np.squeeze(ins[0], axis=axes or None))
