@@ -13,7 +13,14 @@ from opsched.api import host_cpu_model
 from opsched.backends import get_backend
 from opsched.backends.ort import ort_available
 from opsched.cost import AnalyticCostModel
-from opsched.errors import ExecutionError, InputMismatchError, OpschedError, ScheduleError, ScheduleMismatchError
+from opsched.errors import (
+    ExecutionError,
+    InputMismatchError,
+    InvalidScheduleError,
+    OpschedError,
+    ScheduleError,
+    ScheduleMismatchError,
+)
 from opsched.execution import RunOptions
 from opsched.ir import GraphBuilder, random_inputs
 from opsched.models import example_inputs, get_model, list_models
@@ -166,6 +173,21 @@ def test_save_load_round_trip_and_mismatch(tmp_path) -> None:  # type: ignore[no
         opsched.load(model, tmp_path / "s.json", example_inputs("squeezenet1_1", batch=2))
     with pytest.raises(ScheduleMismatchError, match="the inputs are alike, but the operators differ"):
         opsched.load(get_model("squeezenet1_0"), tmp_path / "s.json", inputs)
+
+
+def test_a_schedule_retargets_to_other_shapes_of_its_model_and_no_other(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    made = opsched.optimize(model, inputs, cost=CPU, scheduler="greedy", verify=False)
+    made.save(tmp_path / "s.json")
+    for batch, size in ((2, 224), (1, 160)):
+        x = torch.randn(batch, 3, size, size)
+        moved = opsched.load(model, tmp_path / "s.json", x, retarget=True, verify=True)
+        assert moved.schedule.lanes == made.schedule.lanes and moved.schedule.barriers == made.schedule.barriers
+        assert moved.schedule.batch == batch and moved.schedule.estimated_ms is None  # priced for the other shape
+        with torch.no_grad():
+            assert_close(moved(x), model(x), f"batch {batch} at {size}")
+    with pytest.raises(InvalidScheduleError, match="which is not a node of graph"):
+        opsched.load(get_model("googlenet"), tmp_path / "s.json", example_inputs("googlenet"), retarget=True)
 
 
 def test_bad_calls_and_options() -> None:

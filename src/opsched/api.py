@@ -36,7 +36,7 @@ from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import schedule
 from opsched.schedulers.placement import PlacementOptions
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
-from opsched.transforms.place import place
+from opsched.transforms.place import dtype_name, place
 
 __all__ = ["optimize", "optimize_graph", "load", "load_graph", "host_cpu_model", "measured_cost", "measured_platform"]
 
@@ -372,7 +372,7 @@ def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_
 def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs | None = None, *,
          device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
-         tracer: Tracer = "auto") -> ScheduledModule:
+         tracer: Tracer = "auto", retarget: bool = False, verify: bool = False) -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` (``path``, or the schedule itself)
     to ``model``.
 
@@ -382,6 +382,14 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     :class:`~opsched.errors.ScheduleMismatchError`. One made on another device runs (schedules
     travel), with a warning: it was tuned for that device. With ``tracer="auto"``, a schedule
     saved from a torch.fx import (whose node names torch.export does not always repeat) loads too.
+
+    ``retarget=True`` applies a schedule made for the same model at other input shapes or in
+    another precision (:meth:`Schedule.retarget`: its operators are the model's, by name and
+    dependency, whatever their shapes): it runs correctly, with no search, but was tuned for the
+    shapes it was made at (Inception V3's batch-128 schedule ran batch 1 at 1.20x the time of
+    batch 1's own on the H100 preset: ``docs/results/specialization.md``). A schedule of
+    another model is still refused, naming the first operator it lacks or misorders.
+    ``verify`` checks the module against the model as :func:`optimize` does.
     """
     dev = check_device(device)
     model, example_inputs, name = as_module(model, example_inputs, "load()")
@@ -391,23 +399,26 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
         structure = _outputs(model, call, inputs)
         graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer), dev,
                       dtype, channels_last)
+        fit = saved.retarget if retarget else saved.validate
         try:
-            sched = saved.validate(graph)
+            sched = fit(graph)
         except OpschedError:
-            if tracer != "auto" or graph.structural_hash() != saved.graph_hash:
+            if tracer != "auto" or not (retarget or graph.structural_hash() == saved.graph_hash):
                 raise
             graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer="fx"), dev,
                           dtype, channels_last)
-            sched = saved.validate(graph)
-    module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
-                             inputs=call, outputs=structure)
+            sched = fit(graph)
+        module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
+                                 inputs=call, outputs=structure)
+        if verify:
+            verify_against(module, graph, dev, model, call, inputs, dtype=None if dtype is None else dtype_name(dtype))
     _warn_if_moved(sched, dev, path)
     return module
 
 
 def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device: str | torch.device = "cpu",
                dtype: str | torch.dtype | None = None, channels_last: bool = False, graphs: bool = True,
-               backend: str = "auto") -> ScheduledModule:
+               backend: str = "auto", retarget: bool = False) -> ScheduledModule:
     """:func:`load` for an imported graph: reapply a schedule that :func:`optimize_graph` (its
     module's ``save``) or ``opsched optimize model.onnx`` wrote (``path``, or the schedule itself),
     with no search.
@@ -416,7 +427,8 @@ def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device:
     on the file's declared shapes (give ``from_onnx`` the ``input_shapes`` the schedule was made
     at, the command line's ``--batch`` and ``--input-shape``). The module takes the graph's inputs
     by position or by name. A schedule made for another graph, batch size, input shape or
-    precision is refused as :func:`load` refuses it."""
+    precision is refused as :func:`load` refuses it; ``retarget=True`` applies it as
+    :func:`load` does (an ONNX file imported at other ``input_shapes``)."""
     if not isinstance(graph, Graph):
         hint = (f"opsched.load_graph(opsched.from_onnx({os.fspath(graph)!r}), ...)"
                 if isinstance(graph, (str, os.PathLike))
@@ -424,7 +436,8 @@ def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device:
         raise FrontendError(f"load_graph() takes an imported Graph, got {type(graph).__name__}: {hint}")
     dev = check_device(device)
     graph = place(graph, dev, dtype, channels_last)
-    sched = (path if isinstance(path, Schedule) else Schedule.load(path)).validate(graph)
+    saved = path if isinstance(path, Schedule) else Schedule.load(path)
+    sched = saved.retarget(graph) if retarget else saved.validate(graph)
     module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last)
     _warn_if_moved(sched, dev, path)
     return module

@@ -37,7 +37,7 @@ def check_schedule(schedule: Schedule, graph: Graph) -> Graph:
         raise ScheduleMismatchError(
             f"this schedule was made for graph {schedule.graph_name or '?'} {_difference(schedule, graph)}: re-run "
             f"the scheduler for this model, batch size, input shape and precision (or, for the same model at another "
-            f"batch size, Schedule.retarget(graph) runs it untuned)")
+            f"batch size or input shape, opsched.load(..., retarget=True) runs it untuned)")
     graph = schedule.instance_graph(graph)
     _check_cover(schedule, graph)
     where = _check_barriers(schedule)
