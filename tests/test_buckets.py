@@ -112,6 +112,29 @@ def test_saved_buckets_load_with_no_search_and_refuse_another_model(tmp_path: Pa
         opsched.load_per_shape(model, single, _batch(1, 16))
 
 
+def test_with_specialize_graph_one_search_serves_every_shape(tmp_path: Path) -> None:
+    model = _bert()
+    fast = opsched.optimize_per_shape(model, _batch(1, 16), cost="analytic", scheduler="greedy", specialize="graph")
+    for batch, length in ((2, 24), (1, 5)):
+        _equal(model, fast, _batch(batch, length))
+    first, *later = fast.buckets.values()
+    assert first.outcome.seconds is not None and [m.outcome.seconds for m in later] == [None, None]  # no search
+    assert all(m.schedule.lanes == first.schedule.lanes and m.schedule.scheduler == "greedy" for m in later)
+    assert [m.schedule.inputs["input_ids"] for m in later] == ["int64[2,24]", "int64[1,5]"]  # each made its own
+    fast.save(tmp_path / "buckets.json")
+    loaded = opsched.load_per_shape(model, tmp_path / "buckets.json", _batch(2, 24))
+    assert [m.schedule for m in loaded.buckets.values()] == [later[0].schedule]
+    with pytest.raises(InputMismatchError, match="specialize: one of 'shape', 'graph', got 'batch'"):
+        opsched.optimize_per_shape(model, _batch(1, 8), specialize="batch")
+    # an ONNX file of an open batch: one search too
+    onnx_path = tmp_path / "branches.onnx"
+    torch.onnx.export(_Branches().eval(), (torch.randn(1, 3, 8, 8),), str(onnx_path), input_names=["image"],
+                      dynamic_axes={"image": {0: "batch"}}, dynamo=False)
+    per_file = opsched.optimize_per_shape(onnx_path, [torch.randn(1, 3, 8, 8)], cost="analytic", specialize="graph")
+    per_file(torch.randn(4, 3, 8, 8))
+    assert [m.outcome.seconds is None for m in per_file.buckets.values()] == [False, True]
+
+
 def test_buckets_pickle_whole() -> None:
     model = _bert()
     fast = opsched.optimize_per_shape(model, _batch(1, 16), cost="analytic")

@@ -13,6 +13,11 @@ at each saved shape on its first call, with no search.
 Shapes are not unbounded: a bucket holds its own import and plan (and, on ONNX Runtime, its
 sessions), so past ``max_shapes`` a call of a new shape is refused, naming the shapes held.
 
+``specialize="graph"`` searches the first shape alone and reapplies its schedule at every later
+one (:meth:`~opsched.schedule.Schedule.retarget`: an import and a plan's build, no search and no
+race), where a search per shape costs more than the shapes' own schedules would save; a shape
+whose import differs (an operator that only some sizes need) is searched.
+
 An ONNX file whose sizes are open (a dynamic batch, a sequence length) is served the same way:
 each bucket imports the file at its shapes (:func:`opsched.from_onnx`) and optimizes that graph
 (:func:`opsched.optimize_graph`); the module is called as ONNX Runtime's session is fed, by the
@@ -33,7 +38,7 @@ import torch
 from torch import nn
 
 from opsched._text import count
-from opsched.errors import FrontendError, InputMismatchError, InvalidScheduleError
+from opsched.errors import FrontendError, InputMismatchError, InvalidScheduleError, ScheduleMismatchError
 from opsched.frontends.pytorch import Model, as_module
 from opsched.ir import Graph
 from opsched.module import ScheduledModule
@@ -48,6 +53,11 @@ log = logging.getLogger(__name__)
 
 #: Per graph input, its shape and dtype: what a bucket is specialised to.
 Shapes = tuple[tuple[tuple[int, ...], str], ...]
+
+#: How many shapes a model's buckets hold by default.
+MAX_SHAPES = 16
+#: What ``specialize`` takes: a search per shape, or one, reapplied at every shape.
+SPECIALIZE = ("shape", "graph")
 
 #: What a file of buckets says it is.
 FORMAT = "opsched-shape-buckets"
@@ -134,13 +144,16 @@ class ShapeBuckets(nn.Module):
     model: Model
 
     def __init__(self, model: Model | str | os.PathLike[str], example_inputs: ExampleInputs | None,
-                 options: Mapping[str, Any], *, max_shapes: int = 16,
+                 options: Mapping[str, Any], *, max_shapes: int = MAX_SHAPES, specialize: str = "shape",
                  saved: Mapping[Shapes, Schedule] | None = None) -> None:
         super().__init__()
         if not isinstance(max_shapes, int) or max_shapes < 1:
             raise InputMismatchError(f"max_shapes: a positive number of input shapes, got {max_shapes!r}")
+        if specialize not in SPECIALIZE:
+            raise InputMismatchError(f"specialize: one of {', '.join(map(repr, SPECIALIZE))}, got {specialize!r}")
         self.options = dict(options)
         self.max_shapes = max_shapes
+        self.specialize = specialize
         self.saved: dict[Shapes, Schedule] = dict(saved or {})
         self._buckets: dict[Shapes, ScheduledModule] = {}
         self._lock = threading.Lock()
@@ -189,8 +202,8 @@ class ShapeBuckets(nn.Module):
 
     def _make(self, tensors: Sequence[torch.Tensor], shapes: Shapes) -> ScheduledModule:
         """The bucket for ``shapes``, of a call whose graph inputs are ``tensors``: its saved
-        schedule, or optimized."""
-        from opsched.api import load, load_graph, optimize, optimize_graph
+        schedule, the first bucket's reapplied (``specialize="graph"``), or optimized."""
+        from opsched.api import optimize, optimize_graph
 
         model = self.model
         if len(self._buckets) >= self.max_shapes:
@@ -200,20 +213,39 @@ class ShapeBuckets(nn.Module):
                 f"max_shapes={self.max_shapes} (held: {held}): pad inputs to a few shapes (sequence lengths rounded "
                 f"up to a multiple of 64, say), or allow more shapes")
         start = time.perf_counter()
-        saved = self.saved.get(shapes)
-        if self.source is not None:
-            graph = self.source.graph(shapes)
-            module = (load_graph(graph, saved, **{k: v for k, v in self.options.items() if k in LOAD_GRAPH_OPTIONS})
-                      if saved is not None else optimize_graph(graph, **self.options))
-        elif saved is not None:
-            module = load(model, saved, self._example(tensors),
-                          **{k: v for k, v in self.options.items() if k in LOAD_OPTIONS})
-        else:
-            module = optimize(model, self._example(tensors), **self.options)
-        log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", self.name, describe(shapes),
-                 "saved schedule" if saved is not None else "searched", time.perf_counter() - start)
+        saved, how = self.saved.get(shapes), "saved schedule"
+        graph = None if self.source is None else self.source.graph(shapes)
+        module = None if saved is None else self._load(graph, tensors, saved, retarget=False)
+        if module is None and self.specialize == "graph" and self._buckets:
+            first = next(iter(self._buckets.values()))
+            how = f"the schedule of [{describe(next(iter(self._buckets)))}]"
+            try:
+                module = self._load(graph, tensors, first.schedule, retarget=True, backend=first.backend.name)
+            except (InvalidScheduleError, ScheduleMismatchError) as e:  # another import at these sizes
+                log.info("opsched: %s searches inputs [%s]: %s", self.name, describe(shapes), e)
+            budget = self.options.get("memory_budget")
+            if module is not None and budget is not None and module.peak_bytes > budget:
+                module = None  # larger inputs, more to hold at once: search within the budget
+        if module is None:
+            how = "searched"
+            module = (optimize_graph(graph, **self.options) if graph is not None
+                      else optimize(model, self._example(tensors), **self.options))
+        log.info("opsched: %s scheduled for inputs [%s] (%s, %.1f s)", self.name, describe(shapes), how,
+                 time.perf_counter() - start)
         self._buckets[shapes] = module
         return module
+
+    def _load(self, graph: Graph | None, tensors: Sequence[torch.Tensor], sched: Schedule, *, retarget: bool,
+              **overrides: Any) -> ScheduledModule:
+        """``sched`` applied to the bucket's import (``graph`` for an ONNX file), with no search."""
+        from opsched.api import load, load_graph
+
+        if graph is not None:
+            options = {k: v for k, v in self.options.items() if k in LOAD_GRAPH_OPTIONS} | overrides
+            return load_graph(graph, sched, retarget=retarget, **options)
+        options = {k: v for k, v in self.options.items() if k in LOAD_OPTIONS} | overrides
+        return load(self.model, sched, self._example(tensors), retarget=retarget,
+                    verify=retarget and self.options.get("verify", True), **options)
 
     def report(self) -> ShapeBucketsReport:
         return ShapeBucketsReport(self.name, self.max_shapes,
@@ -233,26 +265,29 @@ class ShapeBuckets(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("specialize", "shape")  # pickled before it was an option
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
 
 def optimize_per_shape(model: Model | str | os.PathLike[str], example_inputs: ExampleInputs | None = None, *,
-                       max_shapes: int = 16, **options: Any) -> ShapeBuckets:
+                       max_shapes: int = MAX_SHAPES, specialize: str = "shape", **options: Any) -> ShapeBuckets:
     """:func:`opsched.optimize` for a model called with inputs of several shapes: the module
     returned schedules ``example_inputs``' shapes now, and each new shape on its first call, with
     ``options`` (any of :func:`opsched.optimize`'s), up to ``max_shapes`` shapes.
+    ``specialize="graph"`` searches ``example_inputs``' shapes alone and reapplies that schedule at
+    each new shape, with no search (see the module docstring).
 
     ``model`` may be the path of an ONNX file whose sizes are open: each shape is imported
     (``input_values``, :func:`opsched.from_onnx`'s, fixes inputs at values) and optimized by
     :func:`opsched.optimize_graph` with ``options``; ``example_inputs`` are a tensor per input,
     by the file's input names or in their order."""
-    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes)
+    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes, specialize=specialize)
 
 
 def load_per_shape(model: Model | str | os.PathLike[str], path: str | os.PathLike[str],
                    example_inputs: ExampleInputs | None = None, *,
-                   max_shapes: int = 16, **options: Any) -> ShapeBuckets:
+                   max_shapes: int = MAX_SHAPES, **options: Any) -> ShapeBuckets:
     """Reapply the schedules a :class:`ShapeBuckets` saved: a shape saved is imported on its first
     call and runs its saved schedule, with no search (refused, as by :func:`opsched.load`, where
     the model is not the one it was made for); a shape not saved is optimized with ``options``."""
