@@ -78,9 +78,10 @@ def test_every_zoo_model_compiles_equal_to_eager(name: str) -> None:
     assert bucket.shapes == (tuple(inputs[0].shape),)
 
 
-def test_graph_breaks_and_new_shapes_each_get_a_schedule() -> None:
+@pytest.mark.parametrize("specialize", ["graph", "shape"])
+def test_graph_breaks_and_new_shapes_each_get_a_plan(specialize: str) -> None:
     model = Branchy().eval()
-    compiled = _compiled(model, scheduler="ios")
+    compiled = _compiled(model, scheduler="ios", specialize=specialize)
     with torch.no_grad():
         for batch in (1, 2, 3, 2):
             x = torch.randn(batch, 3, 16, 16)
@@ -93,8 +94,28 @@ def test_graph_breaks_and_new_shapes_each_get_a_schedule() -> None:
     assert graphs[2].buckets[1].reason == "new input shapes"
     assert all(b.schedule is not None for g in graphs for b in g.buckets)
     assert sum(g.recompiles for g in graphs) == 2
+    # a dynamic graph searches once and reapplies that schedule at batch 3, unless asked per shape
+    reused = [b.schedule_of for g in graphs for b in g.buckets]
+    assert reused == ([None, None, None, 0, None, 0] if specialize == "graph" else [None] * 6)
+    assert [g.searches for g in graphs] == ([1, 1, 1, 1] if specialize == "graph" else [1, 1, 2, 2])
     text = od.report()
     assert "4 graphs, 2 recompiles" in text and "new input shapes" in text
+    assert ("bucket 0's schedule" in text) == (specialize == "graph")
+
+
+def test_a_shape_past_max_shapes_runs_as_captured_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    compiled = _compiled(model, scheduler="greedy", max_shapes=2)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="opsched.dynamo"):
+        for batch in (1, 2, 3, 4, 5, 3):
+            x = torch.randn(batch, 3, 8, 8)
+            assert_close(compiled(x), model(x), f"batch {batch}")
+    graphs = od.compiled_graphs()
+    # batch 1 (static), then a dynamic graph: 2 and 3 hold plans, 4 and 5 run as captured
+    assert [[b.schedule is not None for b in g.buckets] for g in graphs] == [[True], [True, True, False, False]]
+    assert [b.shapes[0][0] for b in graphs[1].buckets] == [2, 3, 4, 5]
+    assert len([r for r in caplog.records if "max_shapes" in r.getMessage()]) == 1
+    assert "2 more shapes past max_shapes=2, eagerly: [4x3x8x8] to [5x3x8x8]" in od.report()
 
 
 class Normalizes(nn.Module):
@@ -201,6 +222,8 @@ def test_a_graph_of_weights_alone_runs_eagerly() -> None:
     ({"scheduler": "iso"}, None, "iso"),
     ({"dtype": "float16"}, None, "option 'dtype' is not taken by the opsched backend"),
     ({}, "turbo", "mode 'turbo' is not one of"),
+    ({"specialize": "batch"}, None, "specialize is one of 'shape', 'graph', got 'batch'"),
+    ({"max_shapes": 0}, None, "max_shapes is a positive number of input shapes, got 0"),
 ])
 def test_bad_options_fail_at_compile_time_naming_what_is_accepted(options: dict[str, object], mode: str | None,
                                                                   message: str) -> None:
@@ -287,17 +310,21 @@ def test_a_vmapped_region_is_scheduled_as_the_aten_calls_it_batches() -> None:
     assert [b.schedule is not None for b in graph.buckets] == [True], od.report()
 
 
+def _llama() -> nn.Module:
+    import transformers as hf
+
+    torch.manual_seed(0)
+    return hf.LlamaForCausalLM(hf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              intermediate_size=64)).eval()
+
+
 @pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
 def test_generation_with_a_static_cache_is_two_schedules_made_once() -> None:
     """Hugging Face ``generate()`` through the backend: the prompt and a decoding step are the two
     graphs, each scheduled on its first call; the static cache keeps every step at one shape,
     so a second generation makes nothing new, and the tokens are eager's."""
-    import transformers as hf
-
-    torch.manual_seed(0)
-    model = hf.LlamaForCausalLM(hf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                               num_attention_heads=2, num_key_value_heads=1,
-                                               intermediate_size=64)).eval()
+    model = _llama()
     prompt = torch.randint(0, 100, (1, 5))
     settings = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
     want = model.generate(prompt, **settings)
@@ -307,3 +334,22 @@ def test_generation_with_a_static_cache_is_two_schedules_made_once() -> None:
     graphs = od.compiled_graphs()
     assert len(graphs) == 2 and all(g.recompiles == 0 for g in graphs), od.report()
     assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()
+
+
+@pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
+def test_generation_with_a_growing_cache_searches_once_per_graph() -> None:
+    """With the default dynamic cache every decoding step is a new length: Dynamo makes the step's
+    graph dynamic at its second length, and the backend searches that graph once, reapplying its
+    schedule at each later length (a search a token, before); the tokens are eager's."""
+    model = _llama()
+    prompt = torch.randint(0, 100, (1, 5))
+    settings = {"max_new_tokens": 7, "do_sample": False}
+    want = model.generate(prompt, **settings)
+    model.forward = torch.compile(model.forward, backend="opsched", options=FAST)
+    assert torch.equal(model.generate(prompt, **settings), want)
+    graphs = od.compiled_graphs()
+    prompt_graph, first_step, steps = graphs  # the prompt; the first step; every later one, dynamic
+    assert [len(g.buckets) for g in graphs] == [1, 1, 5], od.report()
+    assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()
+    assert [b.schedule_of for b in steps.buckets] == [None, 0, 0, 0, 0], od.report()
+    assert [g.searches for g in graphs] == [1, 1, 1]

@@ -14,9 +14,18 @@ What Dynamo hands over and how it is met:
   checks that they are the very tensors, unchanged (``Tensor._version``), that the schedule was
   made with; another instance of the same class, or weights loaded in place, get a schedule of
   their own (counted as a recompile, with that reason).
-- **Shapes.** A schedule is specialised to its input shapes. A graph that Dynamo made dynamic
-  (after it saw a second shape) is scheduled once per concrete shape it is called with: a bucket
-  per batch size. :func:`compiled_graphs` lists every graph, its buckets and its recompiles.
+- **Shapes.** A plan is specialised to its input shapes: each concrete shape a graph is called
+  with gets a plan of its own, a *bucket*. A graph that Dynamo made dynamic (after it saw a
+  second shape) searches a schedule at its first shape and reapplies it at every later one
+  (:meth:`~opsched.schedule.Schedule.retarget`: no search, no race; the import and the plan's
+  build alone), as Dynamo itself compiles such a graph once for all its shapes: a decoding loop
+  whose cache grows a token a step would otherwise pay a search every step.
+  ``options={"specialize": "shape"}`` searches each shape anew (a batch-128 schedule ran batch
+  1 at 1.20x the time of batch 1's own: ``docs/results/specialization.md``). New weights at a
+  shape already searched reuse its schedule, whichever the setting: the search would price the
+  same stages. Past ``max_shapes`` buckets (16) a graph runs further shapes as Dynamo captured
+  them, eagerly, with a warning: each plan holds its own sessions and constants.
+  :func:`compiled_graphs` lists every graph, its buckets and its recompiles.
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
   ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
   the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
@@ -43,7 +52,8 @@ import torch
 from torch import fx, nn
 
 from opsched._text import count
-from opsched.errors import OpschedError
+from opsched.buckets import MAX_SHAPES, SPECIALIZE
+from opsched.errors import InvalidScheduleError, OpschedError, ScheduleMismatchError
 from opsched.module import ScheduledModule
 from opsched.report import ScheduleSummary
 
@@ -64,8 +74,8 @@ MODES: dict[str, dict[str, Any]] = {
 #: too). The device is the inputs'; the precision and layout are the model's own (a compiled
 #: model takes the inputs its original takes).
 OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs", "memory_budget")
-#: The backend's own options.
-OWN_OPTIONS = ("fallback",)
+#: The backend's own options, and their defaults.
+OWN_OPTIONS: dict[str, Any] = {"fallback": True, "specialize": "graph", "max_shapes": MAX_SHAPES}
 _REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
             "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
             "leaf_modules": "Dynamo traces the model, not opsched's importer"}
@@ -83,13 +93,20 @@ class Bucket:
     backend: str | None
     fallback: str | None = None
     reason: str = "first call"
+    #: The bucket (its place in its graph's) whose schedule this one reapplies, with no search
+    #: (None: searched for this one).
+    schedule_of: int | None = None
 
     def __str__(self) -> str:
-        shapes = ", ".join("x".join(map(str, s)) for s in self.shapes) or "no tensors"
         ints = f" ints {list(self.ints)}" if self.ints else ""
+        reused = "" if self.schedule_of is None else f", bucket {self.schedule_of}'s schedule"
         how = (f"eager ({self.fallback})" if self.schedule is None
                else f"{self.schedule.scheduler} on {self.backend}: {self.schedule}")
-        return f"[{shapes}]{ints} ({self.reason}, {self.seconds:.1f} s): {how}"
+        return f"{_shapes(self.shapes)}{ints} ({self.reason}, {self.seconds:.1f} s{reused}): {how}"
+
+
+def _shapes(shapes: Sequence[Sequence[int]]) -> str:
+    return "[" + (", ".join("x".join(map(str, s)) for s in shapes) or "no tensors") + "]"
 
 
 @dataclass(frozen=True)
@@ -99,16 +116,26 @@ class CompiledGraphInfo:
     index: int
     operators: int
     buckets: tuple[Bucket, ...]
+    max_shapes: int = MAX_SHAPES
 
     @property
     def recompiles(self) -> int:
         """Buckets made after the first (a new shape, new weights)."""
         return max(0, len(self.buckets) - 1)
 
+    @property
+    def searches(self) -> int:
+        """Buckets whose schedule was searched for them (the others reapply one, or run eagerly)."""
+        return sum(1 for b in self.buckets if b.schedule is not None and b.schedule_of is None)
+
     def __str__(self) -> str:
-        lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')}, "
-                 f"{count(self.recompiles, 'recompile')}"]
-        lines += [f"  {b}" for b in self.buckets]
+        over = [b for b in self.buckets if b.fallback == _OVER]
+        lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')} "
+                 f"({self.searches} searched), {count(self.recompiles, 'recompile')}"]
+        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets) if b.fallback != _OVER]
+        if over:  # a decoding loop's every length: one line
+            lines.append(f"  {count(len(over), 'more shape')} past max_shapes={self.max_shapes}, eagerly: "
+                         f"{_shapes(over[0].shapes)} to {_shapes(over[-1].shapes)}")
         return "\n".join(lines)
 
 
@@ -160,7 +187,14 @@ def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
     if refused:
         raise OpschedError("; ".join(f"option {k!r} is not taken by the opsched backend: {_REFUSED[k]}"
                                      for k in refused))
-    settings = {**MODES[mode], **options}
+    settings = {**OWN_OPTIONS, **MODES[mode], **options}
+    if settings["specialize"] not in SPECIALIZE:
+        raise OpschedError(f"torch.compile(backend='opsched', options=...): specialize is one of "
+                           f"{', '.join(map(repr, SPECIALIZE))}, got {settings['specialize']!r}")
+    if not isinstance(settings["max_shapes"], int) or isinstance(settings["max_shapes"], bool) \
+            or settings["max_shapes"] < 1:
+        raise OpschedError(f"torch.compile(backend='opsched', options=...): max_shapes is a positive number of "
+                           f"input shapes, got {settings['max_shapes']!r}")
     checked = {k: v for k, v in settings.items() if k in ("scheduler", "backend") or k not in (*OPTIONS, *OWN_OPTIONS)}
     try:
         check_request(**checked)  # unknown schedulers, backends and options fail here, before any work
@@ -171,6 +205,10 @@ def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
 
 
 _VERSION = operator.attrgetter("_version")
+#: Why a graph runs a shape eagerly once it holds ``max_shapes`` buckets.
+_OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions and constants): this and every "
+         "further new shape run as Dynamo captured them; pad inputs to a few shapes (a static cache, for "
+         "generation), or raise options={'max_shapes': ...}")
 
 
 def _static(value: Any) -> bool:
@@ -252,12 +290,16 @@ class OpschedGraph:
         self.ints = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, (int, torch.SymInt))
                           and not isinstance(a, bool))
         self.writes_weights = _weights_written(gm, self.weights)
+        # Dynamo made the graph dynamic: it passes sizes as symbols (a SymInt, or a tensor sized by one)
+        self.dynamic = any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
+                           and any(isinstance(d, torch.SymInt) for d in a.shape) for a in example_inputs)
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
 
     def info(self) -> CompiledGraphInfo:
-        return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()))
+        return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()),
+                                 self.settings["max_shapes"])
 
     def __call__(self, *args: Any) -> Any:
         if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
@@ -293,23 +335,62 @@ class OpschedGraph:
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
         why = self._unschedulable(inputs)
         if why is None:
+            template = self._template(key)
             try:
-                scheduled = self._optimize(module, inputs)
+                scheduled = None if template is None else self._retarget(module, inputs, template[0])
+                if scheduled is None:
+                    scheduled = self._optimize(module, inputs)
+                    template = None
             except OpschedError as e:
-                if not self.settings.get("fallback", True):
+                if not self.settings["fallback"]:
                     raise
                 why = str(e)
             else:
                 bucket = Bucket(shapes, ints, time.perf_counter() - start, scheduled.report().schedule,
-                                scheduled.backend.name, reason=reason)
+                                scheduled.backend.name, reason=reason,
+                                schedule_of=None if template is None else template[1])
                 self._buckets[key] = (scheduled, bucket)
                 return self._buckets[key]
-        log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
+        if why != _OVER or not any(b.fallback == _OVER for _, b in self._buckets.values()):  # said once a graph
+            log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
         bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
         self._buckets[key] = (module, bucket)
         return self._buckets[key]
 
+    def _template(self, key: tuple[Any, ...]) -> tuple[ScheduledModule, int] | None:
+        """The searched bucket whose schedule a new one reapplies, and its place: one of the same
+        shapes (new weights), else, for a dynamic graph under ``specialize="graph"``, the first."""
+        searched = [(k, run, i) for i, (k, (run, b)) in enumerate(self._buckets.items())
+                    if isinstance(run, ScheduledModule) and b.schedule_of is None]
+        same = [(run, i) for k, run, i in searched if k[1:] == key[1:]]
+        if same:
+            return same[0]
+        if self.dynamic and self.settings["specialize"] == "graph" and searched:
+            return searched[0][1:]
+        return None
+
+    def _retarget(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
+                  template: ScheduledModule) -> ScheduledModule | None:
+        """``template``'s schedule on ``module`` at these inputs, with no search; None where it
+        does not fit (the import at these shapes differs) or its plan exceeds the memory budget."""
+        from opsched.api import load
+
+        s = self.settings
+        try:
+            scheduled = load(module, template.schedule, inputs, device=inputs[0].device, backend=template.backend.name,
+                             graphs=s.get("graphs", True), tracer=s.get("tracer", "auto"), retarget=True,
+                             verify=s.get("verify", True))
+        except (InvalidScheduleError, ScheduleMismatchError) as e:
+            log.info("opsched backend: graph %d searches anew: its earlier schedule does not fit (%s)", self.index, e)
+            return None
+        budget = s.get("memory_budget")
+        if budget is not None and scheduled.peak_bytes > budget:
+            return None
+        return scheduled
+
     def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
+        if len(self._buckets) >= self.settings["max_shapes"]:
+            return _OVER
         if not inputs:
             return "the graph reads no input tensor: it computes from its weights alone"
         if self.operators == 0:
