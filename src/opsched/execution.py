@@ -16,8 +16,8 @@ class RunOptions:
     ``cores``: CPU threads a plan may use (None: torch's setting). ``graphs``: on a GPU, capture
     the plan into one CUDA graph. ``channels_last``: 4-D values in channels-last layout (GPU).
     ``spin``: let idle CPU threads spin between kernels where the backend can (ONNX Runtime,
-    a plan that is one session): faster calls, at the price of a core kept busy for tens of
-    milliseconds after each; plans being measured never spin. ``platform``: the platform preset
+    a plan that is one session) within a call: faster calls, the threads stopping when the call
+    returns; plans being measured never spin. ``platform``: the platform preset
     whose units a placed plan's lanes name (:mod:`opsched.cost.units`), for the units backend.
     """
 

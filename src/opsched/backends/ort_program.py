@@ -44,8 +44,10 @@ def ort_session(model_bytes: bytes, threads: int, profile_prefix: str | None = N
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # idle ORT threads spin only where told (see ort_program): other lanes and sessions need the cores
+    # idle ORT threads spin only where told (see ort_program): other lanes and sessions need the cores;
+    # and only within a run: what runs between calls (the caller's torch code) needs them too
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     so.log_severity_level = 3
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
@@ -279,8 +281,12 @@ def ort_program(graph: Graph, plan: Plan, cores: int, profile_dir: str | None = 
     With ``spin``, a plan that is one ORT session (one lane, every step exportable) lets that
     session's idle intra-op threads spin between kernels, ONNX Runtime's default, instead of
     sleeping and being woken for every kernel: on two cores its sequential plans of the zoo ran
-    1.05x (Inception V3) to 1.7x (RandWire-small) faster, timed in blocks. After a run the
-    spinning threads keep a core busy for tens of milliseconds, so plans of several sessions or
-    lanes never spin (they would take the cores their other sessions need); nor do stages being
-    measured."""
+    1.05x (Inception V3) to 1.7x (RandWire-small) faster, timed in blocks. The threads stop
+    spinning when a run returns (ORT's ``session.force_spinning_stop``): left spinning, they
+    kept a core busy for tens of milliseconds after it, and a decoding loop whose torch code
+    runs between the module's calls (Hugging Face ``generate()`` through the ``torch.compile``
+    backend, a 2-layer GPT-2 on two cores) took 6-8x as long as with the stop, which costs
+    calls made back to back 1.00-1.02x (``benchmarks/dynamic_shapes.py``). Plans of several
+    sessions or lanes never spin (they would take the cores their other sessions need); nor do
+    stages being measured."""
     return _OrtSegments(graph, plan, cores, profile_dir, spin).build()
