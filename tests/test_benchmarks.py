@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -187,3 +189,18 @@ def test_the_gpu_memory_explanation_remakes_the_measured_plans_from_the_committe
         sim = r["simulated"]
         assert sim["split"] >= 1 and sim["graphturbo"]["dram_mib"] < sim["layer"]["dram_mib"]
         assert 0 < r["dram_floor_ms"] < r["profile"]["graph"]["kernel_ms"]
+
+
+def test_generation_through_the_backend_searches_once_per_graph_with_specialize_graph(tmp_path: Path) -> None:
+    """``benchmarks/dynamic_shapes.py`` (it stops where the tokens differ from eager's, or a warm
+    generation makes a plan): per shape, every plan is searched; per graph, one search a graph,
+    the same plans made."""
+    pytest.importorskip("transformers")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "dynamic_shapes.py"), "--models", "gpt2", "--tokens", "4",
+           "--rounds", "1", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    shape, graph = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert (shape["specialize"], graph["specialize"]) == ("shape", "graph")
+    # the prompt's plan, the first step's, then the dynamic graph's: steps 2 and 3, and step 1 in the second generation
+    assert shape["plans"] == graph["plans"] == 5 and shape["searched"] == 5
+    assert graph["searched"] == graph["graphs"] == 3 and len(graph["reapplied_bucket_s"]) == 2
