@@ -103,6 +103,19 @@ def test_graph_breaks_and_new_shapes_each_get_a_plan(specialize: str) -> None:
     assert ("bucket 0's schedule" in text) == (specialize == "graph")
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_a_dynamic_graphs_schedule_is_reapplied_captured_equal_to_eager() -> None:
+    model = Branchy().eval().cuda()
+    compiled = _compiled(model, scheduler="ios")
+    with torch.no_grad():
+        for batch in (1, 2, 3):
+            x = torch.randn(batch, 3, 16, 16, device="cuda")
+            assert_close(_leaves(compiled(x)), _leaves(model(x)), f"batch {batch}")
+    graphs = od.compiled_graphs()
+    assert [b.schedule_of for g in graphs for b in g.buckets] == [None, None, None, 0, None, 0], od.report()
+    assert {b.backend for g in graphs for b in g.buckets} == {"cuda"}
+
+
 def test_a_shape_past_max_shapes_runs_as_captured_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     compiled = _compiled(model, scheduler="greedy", max_shapes=2)
