@@ -122,8 +122,10 @@ def test_with_specialize_graph_one_search_serves_every_shape(tmp_path: Path) -> 
     assert all(m.schedule.lanes == first.schedule.lanes and m.schedule.scheduler == "greedy" for m in later)
     assert [m.schedule.inputs["input_ids"] for m in later] == ["int64[2,24]", "int64[1,5]"]  # each made its own
     fast.save(tmp_path / "buckets.json")
-    loaded = opsched.load_per_shape(model, tmp_path / "buckets.json", _batch(2, 24))
+    loaded = opsched.load_per_shape(model, tmp_path / "buckets.json", _batch(2, 24), specialize="graph")
     assert [m.schedule for m in loaded.buckets.values()] == [later[0].schedule]
+    _equal(model, loaded, _batch(3, 7))  # a shape never saved: the first bucket's schedule, no search
+    assert loaded.buckets[(((3, 7), "int64"),) * 2].outcome.seconds is None
     with pytest.raises(InputMismatchError, match="specialize: one of 'shape', 'graph', got 'batch'"):
         opsched.optimize_per_shape(model, _batch(1, 8), specialize="batch")
     # an ONNX file of an open batch: one search too

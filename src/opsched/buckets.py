@@ -287,10 +287,11 @@ def optimize_per_shape(model: Model | str | os.PathLike[str], example_inputs: Ex
 
 def load_per_shape(model: Model | str | os.PathLike[str], path: str | os.PathLike[str],
                    example_inputs: ExampleInputs | None = None, *,
-                   max_shapes: int = MAX_SHAPES, **options: Any) -> ShapeBuckets:
+                   max_shapes: int = MAX_SHAPES, specialize: str = "shape", **options: Any) -> ShapeBuckets:
     """Reapply the schedules a :class:`ShapeBuckets` saved: a shape saved is imported on its first
     call and runs its saved schedule, with no search (refused, as by :func:`opsched.load`, where
-    the model is not the one it was made for); a shape not saved is optimized with ``options``."""
+    the model is not the one it was made for); a shape not saved is optimized with ``options``,
+    or, with ``specialize="graph"``, runs the first bucket's schedule (see the module docstring)."""
     source = os.fspath(path)
     data = read_json(path, "saved buckets")
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
@@ -303,4 +304,4 @@ def load_per_shape(model: Model | str | os.PathLike[str], path: str | os.PathLik
             saved[shapes] = Schedule.from_dict(bucket["schedule"], f"{source}, bucket {k}")
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidScheduleError(f"{source}: malformed buckets: {type(e).__name__}: {e}") from None
-    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes, saved=saved)
+    return ShapeBuckets(model, example_inputs, options, max_shapes=max_shapes, specialize=specialize, saved=saved)

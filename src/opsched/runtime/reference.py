@@ -42,7 +42,9 @@ def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
                 f"(shape {spec.type.shape}, {spec.type.dtype}), got shape {shape}, {dtype}; "
                 f"the graph (and any schedule for it) is specialised to that shape: import or "
                 f"optimize again with example inputs of the new shape (opsched.optimize_per_shape, or "
-                f"torch.compile(model, backend='opsched'), schedules a model for each input shape it meets)")
+                f"torch.compile(model, backend='opsched'), schedules a model for each input shape it meets; "
+                f"opsched.load(model, schedule, inputs, retarget=True) runs this schedule at the new shape, with "
+                f"no search)")
 
 
 class Interpreter:
