@@ -31,7 +31,7 @@ from _report import RESULTS, write  # noqa: E402
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost.devices import gpu_spec_named_in  # noqa: E402
-from opsched.ir import Graph  # noqa: E402
+from opsched.ir import Graph, node_flops  # noqa: E402
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions, graphturbo_groups  # noqa: E402
 from opsched.schedulers.memory import bind, breadth_first, depth_first, instance_dag, simulate, singletons  # noqa: E402
@@ -76,16 +76,18 @@ def explain(row: dict[str, Any], device: str) -> dict[str, Any]:
         raise SystemExit(f"{row['model']} batch {row['batch']}: the plan made here has {made[0]} sub-graphs, "
                          f"{made[1]} split; the one measured had {ran[0]}, {ran[1]} (a changed scheduler?)")
     dram_ms = sim["layer"]["dram_mib"] * MIB / (sim["dram_gbps"] * 1e9) * 1e3
+    flops = sum(node_flops(n, graph.input_types(n), graph.node_param_types(n)) for n in graph.nodes)
+    tflops = flops / (profile["graph"]["kernel_ms"] * 1e-3) / 1e12
     return {"model": row["model"], "batch": row["batch"], "dtype": row["dtype"], "simulated": sim,
             "dram_floor_ms": dram_ms, "median_ms": row["median_ms"], "profile": profile,
-            "held_mib": row["held_mib"]}
+            "held_mib": row["held_mib"], "graph_tflops": tflops, "of_preset_peak": tflops * 1e3 / spec.peak_gflops}
 
 
 def table(records: list[dict[str, Any]]) -> str:
     headers = ["model", "batch", "split sub-graphs", "kernels: graph, GraphTurbo", "kernel ms: graph, GraphTurbo",
                "measured speedup", "simulated DRAM MiB: layer, GraphTurbo", "simulated ms: layer, GraphTurbo",
                "simulated speedup", "layer DRAM at full HBM ms", "its share of kernel time",
-               "GPU memory MiB: graph, GraphTurbo"]
+               "graph TFLOPS (of the preset's peak)", "GPU memory MiB: graph, GraphTurbo"]
     rows = []
     for r in records:
         sim, prof, med = r["simulated"], r["profile"], r["median_ms"]
@@ -97,6 +99,7 @@ def table(records: list[dict[str, Any]]) -> str:
                      f"{sim['layer']['ms']:.2f}, {sim['graphturbo']['ms']:.2f}",
                      f"{sim['layer']['ms'] / sim['graphturbo']['ms']:.2f}x",
                      f"{r['dram_floor_ms']:.2f}", f"{r['dram_floor_ms'] / prof['graph']['kernel_ms']:.1%}",
+                     f"{r['graph_tflops']:.0f} ({r['of_preset_peak']:.2f}x)",
                      f"{r['held_mib']['graph']:.0f}, {r['held_mib']['graphturbo']:.0f}"])
     return format_table(headers, rows, markdown=True)
 
@@ -135,8 +138,10 @@ def main() -> None:
         "layer-by-layer order and for that plan (remade here; its sub-graph counts agree with the measured "
         "plan's report). *Layer DRAM at full HBM*: the simulated DRAM bytes of the layer-by-layer order moved at "
         "the HBM's full bandwidth, the most that any order or split of the same kernels could save; *its share*: "
-        "that against the measured kernel time of the single-stream graph. *GPU memory*: what each contender "
-        "held (peak reserved).", "",
+        "that against the measured kernel time of the single-stream graph. *Graph TFLOPS*: the model's FLOPs (as "
+        "opsched counts them) over the single-stream graph's kernel time, and that against the preset's peak, "
+        "the fp32 one every precision is priced at (the tensor cores' dense float16 peak is about 15x it). "
+        "*GPU memory*: what each contender held (peak reserved).", "",
         f"Hierarchy: {records[0]['simulated']['hierarchy']}.", "",
         "Sources: " + "; ".join(sources) + ".", "",
     ]

@@ -189,6 +189,7 @@ def test_the_gpu_memory_explanation_remakes_the_measured_plans_from_the_committe
         sim = r["simulated"]
         assert sim["split"] >= 1 and sim["graphturbo"]["dram_mib"] < sim["layer"]["dram_mib"]
         assert 0 < r["dram_floor_ms"] < r["profile"]["graph"]["kernel_ms"]
+        assert r["graph_tflops"] > 0 and r["of_preset_peak"] == pytest.approx(r["graph_tflops"] / 67)  # H200 preset
 
 
 def test_generation_through_the_backend_searches_once_per_graph_with_specialize_graph(tmp_path: Path) -> None:
