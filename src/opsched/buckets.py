@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,13 +219,9 @@ class ShapeBuckets(nn.Module):
         if module is None and self.specialize == "graph" and self._buckets:
             first = next(iter(self._buckets.values()))
             how = f"the schedule of [{describe(next(iter(self._buckets)))}]"
-            try:
-                module = self._load(graph, tensors, first.schedule, retarget=True, backend=first.backend.name)
-            except (InvalidScheduleError, ScheduleMismatchError) as e:  # another import at these sizes
-                log.info("opsched: %s searches inputs [%s]: %s", self.name, describe(shapes), e)
-            budget = self.options.get("memory_budget")
-            if module is not None and budget is not None and module.peak_bytes > budget:
-                module = None  # larger inputs, more to hold at once: search within the budget
+            module = reapplied(lambda: self._load(graph, tensors, first.schedule, retarget=True,
+                                                  backend=first.backend.name),
+                               self.options.get("memory_budget"), f"{self.name} at [{describe(shapes)}]")
         if module is None:
             how = "searched"
             module = (optimize_graph(graph, **self.options) if graph is not None
@@ -268,6 +264,20 @@ class ShapeBuckets(nn.Module):
         state.setdefault("specialize", "shape")  # pickled before it was an option
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+def reapplied(load: Callable[[], ScheduledModule], memory_budget: int | None, what: str) -> ScheduledModule | None:
+    """The module ``load`` makes by reapplying a schedule at new shapes, or None where the
+    schedule does not fit the import at them (another graph there: ``what`` is logged) or its
+    plan holds more than ``memory_budget``: those shapes are searched instead."""
+    try:
+        module = load()
+    except (InvalidScheduleError, ScheduleMismatchError) as e:
+        log.info("opsched: %s is searched: the schedule reapplied does not fit (%s)", what, e)
+        return None
+    if memory_budget is not None and module.peak_bytes > memory_budget:
+        return None  # larger inputs, more held at once: searched within the budget
+    return module
 
 
 def optimize_per_shape(model: Model | str | os.PathLike[str], example_inputs: ExampleInputs | None = None, *,

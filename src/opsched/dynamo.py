@@ -52,8 +52,8 @@ import torch
 from torch import fx, nn
 
 from opsched._text import count
-from opsched.buckets import MAX_SHAPES, SPECIALIZE
-from opsched.errors import InvalidScheduleError, OpschedError, ScheduleMismatchError
+from opsched.buckets import MAX_SHAPES, SPECIALIZE, reapplied
+from opsched.errors import OpschedError
 from opsched.module import ScheduledModule
 from opsched.report import ScheduleSummary
 
@@ -376,17 +376,11 @@ class OpschedGraph:
         from opsched.api import load
 
         s = self.settings
-        try:
-            scheduled = load(module, template.schedule, inputs, device=inputs[0].device, backend=template.backend.name,
-                             graphs=s.get("graphs", True), tracer=s.get("tracer", "auto"), retarget=True,
-                             verify=s.get("verify", True))
-        except (InvalidScheduleError, ScheduleMismatchError) as e:
-            log.info("opsched backend: graph %d searches anew: its earlier schedule does not fit (%s)", self.index, e)
-            return None
-        budget = s.get("memory_budget")
-        if budget is not None and scheduled.peak_bytes > budget:
-            return None
-        return scheduled
+        where = f"graph {self.index} of the opsched backend at {_shapes([t.shape for t in inputs])}"
+        return reapplied(lambda: load(module, template.schedule, inputs, device=inputs[0].device,
+                                      backend=template.backend.name, graphs=s.get("graphs", True),
+                                      tracer=s.get("tracer", "auto"), retarget=True, verify=s.get("verify", True)),
+                         s.get("memory_budget"), where)
 
     def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
         if len(self._buckets) >= self.settings["max_shapes"]:
