@@ -32,8 +32,8 @@ import torch  # noqa: E402
 from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import host_cpu_model  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
+from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 

@@ -35,9 +35,9 @@ import torch  # noqa: E402
 from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import measured_cost  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
+from opsched.costing import measured_cost  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
 from opsched.testing.corpus import corpus, export_onnx  # noqa: E402

@@ -47,8 +47,8 @@ import torch  # noqa: E402
 from _report import geomean, iqr, write_table  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import measured_cost  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
+from opsched.costing import host_cpu_model, measured_cost  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
@@ -162,8 +162,8 @@ def run_compile(name: str, batch: int, budget: float, rounds: int,
         via_dynamo(*inputs)
         compile_s["backend=opsched"] = time.perf_counter() - t
         contenders["backend=opsched"] = via_dynamo
-        for label, sched in (("opsched-compile", opt.schedule),
-                             ("opsched-compile seq", schedule(opt.graph, "sequential", opsched.api.host_cpu_model()))):
+        sequential = schedule(opt.graph, "sequential", host_cpu_model())
+        for label, sched in (("opsched-compile", opt.schedule), ("opsched-compile seq", sequential)):
             t = time.perf_counter()
             contenders[label] = ScheduledModule(opt.graph, sched, backend="inductor")
             compile_s[label] = time.perf_counter() - t

@@ -54,9 +54,9 @@ from _report import RESULTS, geomean, iqr, write  # noqa: E402
 from torch.utils._pytree import tree_map_only  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import measured_cost  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
+from opsched.costing import measured_cost  # noqa: E402
 from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402

@@ -34,10 +34,10 @@ import torch  # noqa: E402
 from _report import geomean, iqr, write_table  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import measured_cost, measured_platform  # noqa: E402
 from opsched.cost import ProfileStore  # noqa: E402
 from opsched.cost.unit_costs import PlatformCost, UnitCosts  # noqa: E402
 from opsched.cost.units import platform  # noqa: E402
+from opsched.costing import measured_cost, measured_platform  # noqa: E402
 from opsched.ir import Graph, random_inputs  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402

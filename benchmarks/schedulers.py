@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import RESULTS, geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
-from opsched.api import host_cpu_model, measured_cost  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import AnalyticCostModel, ProfileStore  # noqa: E402
+from opsched.costing import host_cpu_model, measured_cost  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.race import race, turn_for  # noqa: E402

@@ -34,9 +34,9 @@ from _report import write  # noqa: E402
 
 import opsched  # noqa: E402
 import opsched.dynamo  # noqa: E402
-from opsched.api import host_cpu_model  # noqa: E402
 from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
+from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.frontends.onnx_file import first_line  # noqa: E402
 from opsched.testing.corpus import export_onnx, wide_corpus  # noqa: E402
 

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 import opsched
-from opsched.api import host_cpu_model
 from opsched.backends import Backend, CpuBackend, Executor, backend_names, base, get_backend, register_backend
 from opsched.backends.lanes import LaneExecutor
 from opsched.backends.ort_export import exportable
+from opsched.costing import host_cpu_model
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, registered_ops

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import opsched
-from opsched.api import host_cpu_model
 from opsched.check import largest_difference, tolerance
+from opsched.costing import host_cpu_model
 from opsched.testing import assert_close
 from opsched.testing.corpus import corpus, corpus_available, export_onnx, wide_corpus
 

@@ -476,8 +476,8 @@ class _Promoting(nn.Module):
 def test_operands_torch_promotes_are_typed_and_run_as_torch_computes_them(tracer: str) -> None:
     """A bool mask times float32 values is float32, a sum or product of masks their or and and,
     a float16 times a float32 scalar float16: typed so, and run so in one ONNX Runtime session."""
-    from opsched.api import host_cpu_model
     from opsched.backends import get_backend
+    from opsched.costing import host_cpu_model
     from opsched.execution import RunOptions
     from opsched.runtime import lower
     from opsched.schedulers import schedule

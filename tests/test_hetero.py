@@ -232,8 +232,8 @@ def test_units_that_exist_are_measured_once_into_the_profile_store(tmp_path) -> 
     """``cost="measured"`` with a platform: each real unit's operators and fused chains timed on
     its own backend and cores (kept in the store, so a second search times nothing); a unit
     that exists only in the simulator, or a GPU this machine lacks, keeps its analytic preset."""
-    from opsched.api import measured_cost, measured_platform
     from opsched.cost import MeasuredCostModel, ProfileStore
+    from opsched.costing import measured_cost, measured_platform
     from opsched.runtime import run_graph
 
     graph = random_dag(8, 1)
@@ -300,15 +300,15 @@ def test_a_unit_off_the_host_prices_the_graph_with_its_weights_on_its_device() -
 
 
 def test_optimize_measures_the_units_of_its_platform(tmp_path, monkeypatch) -> None:
-    from opsched import api
+    from opsched import costing
 
     asked = []
 
     def spy(base, name=None):  # type: ignore[no-untyped-def]
         asked.append(name)
         return measured(base, name)
-    measured = api.measured_platform
-    monkeypatch.setattr(api, "measured_platform", spy)
+    measured = costing.measured_platform
+    monkeypatch.setattr(costing, "measured_platform", spy)
     model = get_model("squeezenet1_1").eval()
     inputs = example_inputs("squeezenet1_1")
     module = opsched.optimize(model, inputs, scheduler="partitiontuner", platform="cpu-pools", cache_dir=tmp_path)

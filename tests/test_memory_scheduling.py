@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 import opsched
 from opsched import from_torch
-from opsched.api import measured_cost
 from opsched.backends.ort_program import JOIN_IN_PLACE
 from opsched.cost import DEVICES, AnalyticCostModel, ProfileStore, host_cpu_spec
 from opsched.cost import hierarchy as hierarchy_module
@@ -32,6 +31,7 @@ from opsched.cost.hierarchy import (
     read_cpu_caches,
     register_hierarchy,
 )
+from opsched.costing import measured_cost
 from opsched.errors import CostModelError, InvalidScheduleError, ScheduleError, ScheduleMismatchError
 from opsched.ir import GraphBuilder
 from opsched.models import example_inputs, get_model

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import opsched
-from opsched.api import host_cpu_model
 from opsched.backends import get_backend
 from opsched.backends.ort import ort_available
 from opsched.cost import AnalyticCostModel
+from opsched.costing import host_cpu_model
 from opsched.errors import (
     ExecutionError,
     InputMismatchError,

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from opsched._text import size
-from opsched.backends import Backend, resolve_backend
+from opsched.backends import resolve_backend
 from opsched.check import verify_against
-from opsched.cost import AnalyticCostModel, CostModel, MeasuredCostModel, ProfileStore, host_cpu_spec
-from opsched.cost.unit_costs import PlatformCost, resolve_platform
+from opsched.cost import CostModel, MeasuredCostModel
+from opsched.costing import for_scheduler, named_cost_model
 from opsched.errors import ExecutionError, FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
@@ -34,18 +34,12 @@ from opsched.runtime.plan import plan_work
 from opsched.runtime.reference import drawn_well
 from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import schedule
-from opsched.schedulers.placement import PlacementOptions
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
 from opsched.transforms.place import dtype_name, place
 
-__all__ = ["optimize", "optimize_graph", "load", "load_graph", "host_cpu_model", "measured_cost", "measured_platform"]
+__all__ = ["optimize", "optimize_graph", "load", "load_graph"]
 
 log = logging.getLogger(__name__)
-
-def host_cpu_model() -> AnalyticCostModel:
-    """The analytic CPU preset with this machine's core count."""
-    return AnalyticCostModel(host_cpu_spec())
-
 
 def _example_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
     """How ``model`` is called with ``example_inputs``, and their tensors (the graph's inputs),
@@ -205,8 +199,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_on_drawn_inputs(graph))
-        cost_model = _cost_model(cost, be, run, cache_dir, stack)
-        made = {name: schedule(graph, name, _on_units(cost_model, request.options[name]),
+        cost_model = named_cost_model(cost, be, run, cache_dir, stack)
+        made = {name: schedule(graph, name, for_scheduler(cost_model, request.options[name]),
                                _within(request.options[name], memory_budget), progress=progress(f"searching {name}"))
                 for name in request.schedulers}
         checked = check and isinstance(cost_model, MeasuredCostModel)
@@ -313,30 +307,6 @@ def _on_backend(sched: Schedule, backend: str) -> Schedule:
     return dataclasses.replace(sched, lanes=tuple(dataclasses.replace(lane, backend=backend) for lane in sched.lanes))
 
 
-def measured_platform(base: MeasuredCostModel, name: str | None = None) -> PlatformCost:
-    """The platform ``name`` (None: ``cpu+cuda`` where a GPU is present, else ``cpu-pools``) with
-    each unit that exists here priced by a measured model: stages timed on the unit's backend,
-    device and cores, into ``base``'s profile store with its timing policy. A unit that exists
-    only in the simulator (or a GPU this machine lacks) keeps its analytic preset."""
-    plat = resolve_platform(name)
-    models: dict[str, CostModel] = {}
-    for unit in plat.units:
-        if unit.device is None or (unit.device.startswith("cuda") and not torch.cuda.is_available()):
-            continue
-        device = torch.device(unit.device)
-        models[unit.name] = MeasuredCostModel(resolve_backend(unit.backend, device), RunOptions(device, unit.cores),
-                                              base.policy, store=base.store)
-    return PlatformCost(plat, models)
-
-
-def _on_units(cost: CostModel, options: Any) -> CostModel:
-    """The cost model a scheduler gets: for a placement scheduler given a measured model, the
-    platform's units measured (:func:`measured_platform`); otherwise ``cost`` itself."""
-    if isinstance(options, PlacementOptions) and isinstance(cost, MeasuredCostModel):
-        return measured_platform(cost, options.platform)
-    return cost
-
-
 def _within(options: Any, memory_budget: int | None) -> Any:
     """A scheduler's options with ``memory_budget`` where it takes one (the IOS search then keeps
     every stage within it) and was not given its own."""
@@ -344,29 +314,6 @@ def _within(options: Any, memory_budget: int | None) -> Any:
     if memory_budget is None or not takes_one or options.memory_budget is not None:
         return options
     return dataclasses.replace(options, memory_budget=memory_budget)
-
-
-def measured_cost(device: str | torch.device = "cpu", *, backend: str | Backend = "auto",
-                  store: ProfileStore | None = None, cores: int | None = None,
-                  channels_last: bool = False) -> MeasuredCostModel:
-    """The measured cost model of ``backend`` on ``device`` (its stages timed as the plans will
-    run: on ``cores`` threads, in channels-last layout), its figures kept in ``store``."""
-    dev = check_device(device)
-    be = resolve_backend(backend, dev) if isinstance(backend, str) else backend
-    return MeasuredCostModel(be, RunOptions(dev, cores, channels_last=channels_last), store=store)
-
-
-def _cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, cache_dir: str | None,
-                stack: contextlib.ExitStack) -> CostModel:
-    if not isinstance(cost, str):
-        return cost
-    if cost == "analytic":
-        return AnalyticCostModel(backend.analytic_spec(run))
-    if cost == "measured":
-        store = stack.enter_context(ProfileStore(cache_dir))
-        return measured_cost(run.device, backend=backend, store=store, cores=run.cores,
-                             channels_last=run.channels_last)
-    raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")
 
 
 def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs | None = None, *,

@@ -67,8 +67,8 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
                 frontends: Sequence[str] = ("torch", "onnx")) -> list[Outcome]:
     """Every configuration of the model of ``seed`` against eager PyTorch (module docstring)."""
     import opsched
-    from opsched.api import host_cpu_model
     from opsched.check import fresh_inputs
+    from opsched.costing import host_cpu_model
     from opsched.errors import FrontendError, OpschedError
 
     model = FuzzNet(seed).eval()
