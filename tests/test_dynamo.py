@@ -4,6 +4,7 @@ eagerly with the reason recorded (or raises, when asked)."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -197,6 +198,33 @@ def test_new_weights_and_another_instance_are_never_served_stale_results() -> No
     reasons = [[b.reason for b in g.buckets] for g in od.compiled_graphs()]
     # self.a is read before the graph break: its change renews the first graph's schedule alone
     assert reasons == [["first call", "new weights", "new weights"], ["first call", "new weights"]]
+
+
+@pytest.mark.parametrize("skipped", ["stance", "filter"])
+def test_with_dynamos_guards_skipped_new_weights_are_never_stale_and_a_new_shape_is_refused(skipped: str) -> None:
+    """Dynamo's guards skipped, by ``set_stance(skip_guard_eval_unsafe=True)`` or by
+    ``guard_filter_fn=skip_all_guards_unsafe``: the backend's own check of the weights still
+    gives new weights a plan of their own; a new shape, which the skipped guards would have sent
+    to a new graph, is refused (by Dynamo itself under the stance; by the backend under the
+    filter, naming the shapes, where the graph's baked sizes would otherwise fail or be wrong)."""
+    first, second = Branchy().eval(), Branchy().eval()
+    x = torch.randn(1, 3, 16, 16)
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe} if skipped == "filter" else {}
+    with torch.no_grad():
+        compiled, other = _compiled(first, **options), _compiled(second, **options)
+        compiled(x)
+        with (torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skipped == "stance"  # set on call
+              else contextlib.nullcontext()):
+            first.c.weight.mul_(2)
+            assert_close(_leaves(compiled(x)), _leaves(first(x)), "weights changed in place")
+            assert_close(_leaves(other(x)), _leaves(second(x)), "another instance, never compiled itself")
+            refused = (pytest.raises(RuntimeError, match="Recompilation") if skipped == "stance" else
+                       pytest.raises(OpschedError, match=r"graph 0 .* captured by Dynamo for inputs \[1x3x16x16 "
+                                     r"float32 on cpu\] and is called with \[2x3x16x16 float32 on cpu\]"))
+            with refused:
+                compiled(torch.randn(2, 3, 16, 16))
+    reasons = [[b.reason for b in g.buckets] for g in od.compiled_graphs()]
+    assert reasons == [["first call", "new weights"], ["first call", "new weights", "new weights"]]
 
 
 def test_a_graph_opsched_cannot_hold_runs_eagerly_with_the_reason_or_raises_when_asked() -> None:

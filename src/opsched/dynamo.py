@@ -24,8 +24,13 @@ What Dynamo hands over and how it is met:
   1 at 1.20x the time of batch 1's own: ``docs/results/specialization.md``). New weights at a
   shape already searched reuse its schedule, whichever the setting: the search would price the
   same stages. Past ``max_shapes`` buckets (16) a graph runs further shapes as Dynamo captured
-  them, eagerly, with a warning: each plan holds its own sessions and constants.
-  :func:`compiled_graphs` lists every graph, its buckets and its recompiles.
+  them, eagerly, with a warning: each plan holds its own sessions and constants. A static graph
+  is called at the shapes it was captured for (Dynamo's guards send others to a new graph); where
+  those guards were skipped (a ``guard_filter_fn``), another shape is refused, since the graph's
+  sizes are constants in it. :func:`compiled_graphs` lists every graph, its buckets and its
+  recompiles.
+- **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:
+  0.5-4 ms on the zoo's CPU models right after a run (``benchmarks/dynamo_overhead.py``).
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
   ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
   the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
@@ -44,7 +49,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,6 +216,16 @@ _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions 
          "generation), or raise options={'max_shapes': ...}")
 
 
+def _signature(tensors: Iterable[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
+    """Tensors' sizes, dtypes and devices (a size may be a symbol, in a dynamic graph)."""
+    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in tensors)
+
+
+def _described(signature: Sequence[tuple[tuple[int, ...], torch.dtype, str]]) -> str:
+    return "[" + ", ".join(f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} on {device}"
+                           for shape, dtype, device in signature) + "]"
+
+
 def _static(value: Any) -> bool:
     """Whether Dynamo passes ``value`` as a weight: a parameter or buffer it lifted."""
     return isinstance(value, nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
@@ -293,6 +308,8 @@ class OpschedGraph:
         # Dynamo made the graph dynamic: it passes sizes as symbols (a SymInt, or a tensor sized by one)
         self.dynamic = any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
                            and any(isinstance(d, torch.SymInt) for d in a.shape) for a in example_inputs)
+        #: What a static graph was captured for: its sizes are constants in it.
+        self.captured = _signature(example_inputs[i] for i in self.tensors)
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
@@ -325,13 +342,14 @@ class OpschedGraph:
                 tuple(int(args[i]) for i in self.ints))
 
     def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket]:
+        inputs = tuple(args[i] for i in self.tensors)
+        self._check_captured(inputs)
         reason = "first call" if not self._buckets else (
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         self._weights_seen = key[0]
         start = time.perf_counter()
         module = _frozen(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
-        inputs = tuple(args[i] for i in self.tensors)
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
         why = self._unschedulable(inputs)
         if why is None:
@@ -381,6 +399,20 @@ class OpschedGraph:
                                       backend=template.backend.name, graphs=s.get("graphs", True),
                                       tracer=s.get("tracer", "auto"), retarget=True, verify=s.get("verify", True)),
                          s.get("memory_budget"), where)
+
+    def _check_captured(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuse inputs a static graph was not captured for. Dynamo's guards send such inputs
+        to another graph; they reach this one only where those guards were skipped
+        (``guard_filter_fn``), and the sizes in the graph are then wrong for them."""
+        called = _signature(inputs)
+        if self.dynamic or called == self.captured:
+            return
+        raise OpschedError(
+            f"graph {self.index} of the opsched backend was captured by Dynamo for inputs {_described(self.captured)} "
+            f"and is called with {_described(called)}: its sizes are constants in it, and Dynamo's guards, which "
+            f"would have captured a graph for these inputs, were skipped (torch.compile's guard_filter_fn); keep "
+            f"its tensor guards (torch.compiler.keep_tensor_guards_unsafe) or call it with the inputs it was "
+            f"captured for")
 
     def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
         if len(self._buckets) >= self.settings["max_shapes"]:
