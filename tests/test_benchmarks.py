@@ -205,3 +205,17 @@ def test_generation_through_the_backend_searches_once_per_graph_with_specialize_
     # the prompt's plan, the first step's, then the dynamic graph's: steps 2 and 3, and step 1 in the second generation
     assert shape["plans"] == graph["plans"] == 5 and shape["searched"] == 5
     assert graph["searched"] == graph["graphs"] == 3 and len(graph["reapplied_bucket_s"]) == 2
+
+
+def test_the_cost_of_a_call_through_the_backend_is_measured_with_one_graph_and_no_recompile(tmp_path: Path) -> None:
+    """``benchmarks/dynamo_overhead.py`` (it stops where the backend recompiled or ran a graph
+    eagerly while timed): every contender timed, BERT as one graph of its 41 weights."""
+    pytest.importorskip("transformers")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "dynamo_overhead.py"), "--models", "bert", "--rounds", "1",
+           "--block", "1", "--budget", "1", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (row,) = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert (row["model"], row["weights"], row["graphs"]) == ("bert", 41, 1)
+    assert set(row["median_ms"]) == {"optimize()", "backend", "backend, guards skipped", "optimize() + Dynamo",
+                                     "optimize() + Dynamo, guards skipped", "Dynamo, warm"}
+    assert all(t > 0 for t in row["median_ms"].values())

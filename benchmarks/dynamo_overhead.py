@@ -1,0 +1,148 @@
+"""What a call through ``torch.compile(model, backend="opsched")`` costs beyond the plan it runs,
+at batch 1 on this CPU.
+
+The backend runs the plan ``optimize()`` would make, but each call first passes through Dynamo:
+its compiled frame evaluates its guards, gathers the weights it lifted out of the model (every
+parameter and buffer, passed to the graph as arguments), then calls the backend, which checks
+that those weights are the ones its schedule was made with. Per model, interleaved in one
+process in a fresh order each round (:func:`opsched.timing.interleave`: 50 ms of sleep, then one
+untimed call and ``--block`` timed ones, their median the round's sample):
+
+- *optimize()*: what ``opsched.optimize`` returns;
+- *backend*: the model through ``torch.compile(backend="opsched")``, and *backend, guards
+  skipped*: called under ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, which runs
+  only the guards that tell a function's compiled graphs apart (the backend's own checks of the
+  weights and shapes stay; ``guard_filter_fn=torch.compiler.skip_all_guards_unsafe`` would drop
+  every guard, so that graphs compiled from the same code for two models, or by two backends,
+  answer each other's calls);
+- *optimize() + Dynamo*: what ``optimize()`` returns, then the model through ``torch.compile``
+  with a backend whose graph returns outputs computed once: Dynamo's work alone, done, as the
+  backend's is, right after a run has filled the caches with the model's weights and
+  activations (*Dynamo, warm*: the same call alone, back to back; *guards skipped*: under the
+  stance above).
+
+Ratios are medians of per-round ratios to *optimize()* (> 1: slower than it); *Dynamo after a
+run* is the median per-round difference of *optimize() + Dynamo* and *optimize()*.
+
+    python benchmarks/dynamo_overhead.py
+    python benchmarks/dynamo_overhead.py --models nasnet_mobile bert --rounds 21
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from _report import RESULTS, geomean, write_table  # noqa: E402
+from torch import fx, nn  # noqa: E402
+
+import opsched  # noqa: E402
+import opsched.dynamo as od  # noqa: E402
+from opsched.models import MODELS, example_inputs, get_model  # noqa: E402
+from opsched.testing.corpus import corpus  # noqa: E402
+from opsched.timing import interleave, paired_ratio  # noqa: E402
+
+
+def _build(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    if name in MODELS:
+        return get_model(name).eval(), tuple(example_inputs(name))
+    model, inputs = corpus()[name].build()
+    return model.eval(), tuple(inputs)
+
+
+def _outputs_once(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """A ``torch.compile`` backend whose graph returns the outputs of its first call: around it,
+    a call costs what Dynamo does alone."""
+    outputs = gm(*example_inputs)
+    return lambda *args: outputs
+
+
+def _guards_skipped(call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` under ``set_stance(skip_guard_eval_unsafe=True)``."""
+    def skipped() -> object:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return call()
+    return skipped
+
+
+def run(name: str, rounds: int, block: int, budget: float) -> tuple[list[object], dict[str, object]]:
+    model, inputs = _build(name)
+    weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+    torch._dynamo.reset()
+    od.reset()
+    with tempfile.TemporaryDirectory() as store, torch.no_grad():
+        settings = {"budget_s": budget, "progress": False, "cache_dir": store}
+        opt = opsched.optimize(model, inputs, **settings)  # type: ignore[arg-type]
+        compiled = torch.compile(copy.deepcopy(model), backend="opsched", options=settings)
+        stub = torch.compile(copy.deepcopy(model), backend=_outputs_once)
+        compiled(*inputs), stub(*inputs)  # compiled (and scheduled) here: skipping guards, Dynamo may not compile
+        calls: dict[str, Callable[[], object]] = {
+            "optimize()": lambda: opt(*inputs),
+            "backend": lambda: compiled(*inputs),
+            "backend, guards skipped": _guards_skipped(lambda: compiled(*inputs)),
+            "optimize() + Dynamo": lambda: (opt(*inputs), stub(*inputs)),
+            "optimize() + Dynamo, guards skipped": lambda: (opt(*inputs), _guards_skipped(lambda: stub(*inputs))()),
+            "Dynamo, warm": lambda: stub(*inputs),
+        }
+        times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block)
+    graphs = od.compiled_graphs()
+    if any(g.recompiles or g.buckets[0].schedule is None for g in graphs):
+        raise SystemExit(f"{name}: the backend recompiled, or ran a graph eagerly, while it was timed:\n"
+                         f"{od.report()}")
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    vs = {k: paired_ratio(times[k], times["optimize()"]) for k in times if k not in ("optimize()", "Dynamo, warm")}
+    after = {k: statistics.median(a - b for a, b in zip(times[f"optimize() + Dynamo{k}"], times["optimize()"]))
+             for k in ("", ", guards skipped")}
+    row: list[object] = [name, weights, len(graphs), f"{ms['optimize()']:.2f}", f"{ms['backend']:.2f}",
+                         *(f"{vs[k]:.3f}" for k in vs), f"{after['']:.2f}", f"{after[', guards skipped']:.2f}",
+                         f"{ms['Dynamo, warm']:.2f}"]
+    return row, {"model": name, "weights": weights, "graphs": len(graphs), "median_ms": ms, "vs_optimize": vs,
+                 "dynamo_after_a_run_ms": after[""], "dynamo_after_a_run_guards_skipped_ms": after[", guards skipped"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="*", default=["squeezenet1_1", "randwire_small", "googlenet", "inception_v3",
+                                                   "nasnet_mobile", "bert", "gpt2"])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--block", type=int, default=11, help="timed calls per contender's turn (their median)")
+    p.add_argument("--budget", type=float, default=10.0, help="seconds of IOS search per schedule")
+    p.add_argument("--name", default="dynamo-overhead")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
+    args = p.parse_args()
+    rows, records = [], []
+    for name in args.models:
+        row, record = run(name, args.rounds, args.block, args.budget)
+        rows.append(row)
+        records.append(record)
+        print(" | ".join(map(str, row)), flush=True)
+    headers = ["model", "weights", "graphs", "optimize() ms", "backend ms", "backend", "backend, guards skipped",
+               "optimize() + Dynamo", "optimize() + Dynamo, guards skipped", "Dynamo after a run ms",
+               "guards skipped ms", "Dynamo, warm ms"]
+    geo = {k: geomean(float(r["vs_optimize"][k]) for r in records)  # type: ignore[index]
+           for k in ("backend", "backend, guards skipped", "optimize() + Dynamo")}
+    write_table(args.name, [
+        "# What a call through torch.compile(backend=\"opsched\") costs", "",
+        "Batch 1 on this CPU; medians over interleaved rounds in one process (see "
+        "`benchmarks/dynamo_overhead.py`). *weights*: the parameters and buffers Dynamo lifts and passes to the "
+        "graph each call; *graphs*: the graphs it captures. *backend*, *backend, guards skipped* (called under "
+        "`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`) and *optimize() + Dynamo* (what `optimize()` "
+        "returns, then Dynamo's work alone: the model compiled with a backend that returns outputs computed "
+        "once): median per-round ratios to `optimize()`'s time, > 1 slower. *Dynamo after a run*: the median "
+        "per-round difference of *optimize() + Dynamo* and *optimize()*, so Dynamo's call with the caches "
+        "full of the run's weights and activations, as a compiled model meets it; *Dynamo, warm*: that call "
+        "back to back.",
+    ], headers, rows, {f"{k} vs optimize()": v for k, v in geo.items()},
+        {"rows": records, "rounds": args.rounds, "block": args.block, "budget_s": args.budget}, args.out)
+
+if __name__ == "__main__":
+    main()
