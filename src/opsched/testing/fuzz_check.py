@@ -4,7 +4,9 @@ configuration, against eager PyTorch.
 :func:`check_model` runs one model through the torch frontend and through ``torch.onnx`` export
 and :func:`opsched.from_onnx`, each with every scheduler on every CPU backend, and compares with
 eager PyTorch on the example input and on a fresh one. An ONNX import that refuses a model with
-a named error is ``refused``, not a failure. ``benchmarks/fuzz.py`` tallies many.
+a named error is ``refused``, not a failure. The ``dynamo`` frontend, on request, runs the model
+through ``torch.compile(backend="opsched")`` with each scheduler and backend as its options.
+``benchmarks/fuzz.py`` tallies many.
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ from torch import nn
 from opsched.testing import mismatch
 from opsched.testing.fuzz import FuzzNet
 
-__all__ = ["Outcome", "check_model", "in_worker", "WorkerError", "SCHEDULERS", "BACKENDS", "cause_of"]
+__all__ = ["Outcome", "check_model", "in_worker", "WorkerError", "SCHEDULERS", "BACKENDS", "FRONTENDS",
+           "cause_of"]
 
 SCHEDULERS = ("sequential", "greedy", "ios", "est", "nimble", "opara")
 BACKENDS = ("torch", "ort")
+#: ``torch``: :func:`opsched.from_torch`; ``onnx``: ``torch.onnx`` export, then
+#: :func:`opsched.from_onnx`; ``dynamo``: ``torch.compile(backend="opsched")``.
+FRONTENDS = ("torch", "onnx", "dynamo")
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,11 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
     """Every configuration of the model of ``seed`` against eager PyTorch (module docstring)."""
     import opsched
     from opsched.check import fresh_inputs
-    from opsched.costing import host_cpu_model
     from opsched.errors import FrontendError, OpschedError
+
+    unknown = sorted(set(frontends) - set(FRONTENDS))
+    if unknown:
+        raise ValueError(f"frontends {unknown} are not among {list(FRONTENDS)}")
 
     model = FuzzNet(seed).eval()
     x = torch.randn(model.input_shape, generator=torch.Generator().manual_seed(seed + 1))
@@ -79,6 +88,10 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
         expected = [(model(*a), a) for a in after]
     out: list[Outcome] = []
     for frontend in frontends:
+        if frontend == "dynamo":
+            out += [_run(seed, frontend, _compiled(model, s, b), s, b, cases, expected)
+                    for s in schedulers for b in backends]
+            continue
         try:  # a clone: the model may change its input, and torch.onnx runs it
             source: Any = model if frontend == "torch" else _onnx_export(seed, model, x.clone())
         except Exception as e:  # noqa: BLE001 (torch.onnx's own refusal: not the importer's to pass)
@@ -94,10 +107,46 @@ def check_model(seed: int, schedulers: Sequence[str] = SCHEDULERS, backends: Seq
             out += [Outcome(seed, frontend, s, b, "error", cause_of(e) + " @ " + _where(e))
                     for s in schedulers for b in backends]
             continue
-        for scheduler in schedulers:
-            for backend in backends:
-                out.append(_run(seed, frontend, graph, scheduler, backend, cases, expected, host_cpu_model()))
+        out += [_run(seed, frontend, _scheduled(graph, s, b, expected), s, b, cases, expected)
+                for s in schedulers for b in backends]
     return out
+
+
+def _search_options(scheduler: str) -> dict[str, Any]:
+    return {"budget_s": 2.0} if scheduler == "ios" else {}  # wide random graphs: a bounded search
+
+
+def _scheduled(graph: Any, scheduler: str, backend: str,
+               expected: list[tuple[Any, tuple[torch.Tensor, ...]]]) -> Callable[[], Any]:
+    """How a configuration of an imported graph is made: its scheduled module, returning what the
+    model returns where the import's outputs are the model's."""
+    def make() -> Any:
+        import opsched
+        from opsched.costing import host_cpu_model
+        from opsched.module import OutputStructure
+
+        module = opsched.optimize_graph(graph, scheduler=scheduler, backend=backend, cost=host_cpu_model(),
+                                        check=False, progress=False, **_search_options(scheduler))
+        structure = OutputStructure.of(expected[0][0])
+        module.outputs = structure if structure.tensors == len(graph.returns) else module.outputs
+        return module
+    return make
+
+
+def _compiled(model: nn.Module, scheduler: str, backend: str) -> Callable[[], Any]:
+    """How a configuration through the ``torch.compile`` backend is made: the model compiled with
+    the scheduler and backend as options (analytic costs, so no race: the plan is the scheduler's),
+    every graph scheduled or the call raising (no fallback), in a fresh Dynamo (no configuration
+    meets another's graphs, or Dynamo's limit of recompiles)."""
+    def make() -> Any:
+        import opsched.dynamo
+
+        torch._dynamo.reset()
+        opsched.dynamo.reset()
+        return torch.compile(model, backend="opsched", options={
+            "scheduler": scheduler, "backend": backend, "cost": "analytic", "verify": False, "fallback": False,
+            "progress": False, **_search_options(scheduler)})
+    return make
 
 
 #: What torch.onnx may spend exporting one fuzz model (they take well under a second and a few
@@ -194,25 +243,17 @@ def _onnx_export(seed: int, model: nn.Module, x: torch.Tensor) -> Any:
     return proto
 
 
-def _run(seed: int, frontend: str, graph: Any, scheduler: str, backend: str, cases: list[tuple[torch.Tensor, ...]],
-         expected: list[tuple[Any, tuple[torch.Tensor, ...]]], cost: Any) -> Outcome:
-    """One configuration: equal where the module returns what the model returned and leaves its
-    inputs as the model left them."""
-    import opsched
-    from opsched.module import OutputStructure
-
+def _run(seed: int, frontend: str, make: Callable[[], Any], scheduler: str, backend: str,
+         cases: list[tuple[torch.Tensor, ...]], expected: list[tuple[Any, tuple[torch.Tensor, ...]]]) -> Outcome:
+    """One configuration, its module made by ``make``: equal where the module returns what the
+    model returned and leaves its inputs as the model left them."""
     try:
-        # wide random graphs: a bounded search
-        options: dict[str, Any] = {"budget_s": 2.0} if scheduler == "ios" else {}
-        module = opsched.optimize_graph(graph, scheduler=scheduler, backend=backend, cost=cost, check=False,
-                                        progress=False, **options)
-        structure = OutputStructure.of(expected[0][0])
-        module.outputs = structure if structure.tensors == len(graph.returns) else module.outputs
+        module = make()
         with torch.no_grad():
             for case, (want, left) in zip(cases, expected):
                 given = [t.clone() for t in case]
                 why = mismatch(_leaves(module(*given)), _leaves(want))
-                if frontend == "torch":  # an ONNX file computes values alone: torch.onnx drops writes to inputs
+                if frontend != "onnx":  # an ONNX file computes values alone: torch.onnx drops writes to inputs
                     why = why or mismatch(given, list(left), "input after")
                 if why:
                     return Outcome(seed, frontend, scheduler, backend, "wrong", why)
