@@ -117,6 +117,33 @@ def test_on_a_gpu_a_dynamic_graphs_schedule_is_reapplied_captured_equal_to_eager
     assert {b.backend for g in graphs for b in g.buckets} == {"cuda"}
 
 
+class _Reshapes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([self.a(x).relu(), self.b(x)], 1)
+        return self.fc(y.mean((2, 3))).reshape(x.shape[0], 2, 2)
+
+
+def test_inputs_marked_dynamic_are_imported_at_their_sizes_with_nothing_opaque(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``torch._dynamo.mark_dynamic`` on the caller's inputs: Dynamo captures a dynamic graph, and
+    each shape's import (the graph's sizes made constants) still goes through torch.export, which
+    would otherwise take the mark on the input for a dynamic size and refuse the graph."""
+    model = _Reshapes().eval()
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for batch in (3, 5, 2):
+            x = torch.randn(batch, 3, 12, 12)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert_close(_leaves(compiled(x)), _leaves(model(x)), f"batch {batch}")
+    assert not [r for r in caplog.records if "opaque" in r.getMessage()]
+    (graph,) = od.compiled_graphs()
+    assert [b.schedule_of for b in graph.buckets] == [None, 0, 0]
+
+
 def test_a_shape_past_max_shapes_runs_as_captured_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     compiled = _compiled(model, scheduler="greedy", max_shapes=2)

@@ -176,6 +176,28 @@ def test_torch_export_warns_about_the_models_attributes_not_about_torchs_rnn_int
     assert any("self.last" in m for m in messages), messages
     assert "opaque" not in {n.op for n in graph.nodes}
 
+
+class _FixesItsBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3))).reshape(3, 2, 3)  # batch 3, as written
+
+
+def test_an_input_marked_dynamic_for_torch_compile_is_imported_at_its_sizes() -> None:
+    """``torch._dynamo.mark_dynamic`` leaves its mark on the tensor object, and torch.export takes
+    a marked size for a dynamic dimension, refusing a model that fixes it: the import sees the
+    example's sizes (as it promises), so torch.export traces it, and nothing runs opaquely."""
+    model, x = _FixesItsBatch().eval(), torch.randn(3, 3, 8, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    graph = from_torch(model, x, tracer="export")
+    assert [n.op for n in graph.nodes] == ["conv2d", "mean", "linear", "reshape"]
+    with torch.no_grad():
+        assert_close(run_graph(graph, [x]), [model(x)], "marked input")
+    assert getattr(x, "_dynamo_dynamic_indices", None) == {0}  # the caller's mark is left as it was
+
 class _EmptyCache(nn.Module):
     """A decoder step with its key-value cache still empty: ``cat`` skips the 1-D empty tensor."""
 

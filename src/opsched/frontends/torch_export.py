@@ -89,13 +89,24 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
             # their _flat_weights list in forward (no user of the model can act on either)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
-            program = torch.export.export(module, tuple(args), kwargs, strict=False)
+            args, kwargs = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
+            program = torch.export.export(module, args, kwargs, strict=False)
             if not _functional(program):
                 program = program.run_decompositions({})
     except Exception as e:  # torch.export raises many types for the same root causes
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
     return ExportConverter(program, name).run()
+
+
+def _unmarked(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as torch.export is to see it: without the sizes ``torch._dynamo.mark_dynamic``
+    marked on it (an attribute of the tensor object, which torch.compile's callers leave on their
+    inputs). opsched specialises a graph to the example's sizes; torch.export would make a marked
+    size a dynamic dimension, and refuse a model that fixes it."""
+    if any(k.startswith("_dynamo_") for k in getattr(tensor, "__dict__", ())):
+        return tensor.detach()  # the same memory, a fresh object
+    return tensor
 
 
 @contextlib.contextmanager
