@@ -89,8 +89,8 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
             # their _flat_weights list in forward (no user of the model can act on either)
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
-            args, kwargs = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
-            program = torch.export.export(module, args, kwargs, strict=False)
+            seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
+            program = torch.export.export(module, seen, seen_kw, strict=False)
             if not _functional(program):
                 program = program.run_decompositions({})
     except Exception as e:  # torch.export raises many types for the same root causes
