@@ -1,5 +1,5 @@
 """What a call through ``torch.compile(model, backend="opsched")`` costs beyond the plan it runs,
-at batch 1 on this CPU.
+at batch 1 on this CPU (or a GPU: ``--device cuda``).
 
 The backend runs the plan ``optimize()`` would make, but each call first passes through Dynamo:
 its compiled frame evaluates its guards, gathers the weights it lifted out of the model (every
@@ -26,6 +26,11 @@ run* is the median per-round difference of *optimize() + Dynamo* and *optimize()
 
     python benchmarks/dynamo_overhead.py
     python benchmarks/dynamo_overhead.py --models nasnet_mobile bert --rounds 21
+    python benchmarks/dynamo_overhead.py --device cuda --dtype float16 --name dynamo-overhead-gpu
+
+On a GPU each call is timed to the end of its work (synchronized before and after); there the
+plan is a CUDA graph, launched in microseconds, so Dynamo's work before the launch adds to a
+call in full, while in *optimize() + Dynamo* it overlaps the graph running.
 """
 
 from __future__ import annotations
@@ -49,14 +54,18 @@ import opsched  # noqa: E402
 import opsched.dynamo as od  # noqa: E402
 from opsched.models import MODELS, example_inputs, get_model  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
-from opsched.timing import interleave, paired_ratio  # noqa: E402
+from opsched.timing import interleave, paired_ratio, synchronized, wall_ms  # noqa: E402
 
 
-def _build(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
+def _build(name: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The model and its inputs on ``device``, in ``dtype`` (its floating-point tensors): the
+    backend runs a model in the precision and on the device it is given."""
     if name in MODELS:
-        return get_model(name).eval(), tuple(example_inputs(name))
-    model, inputs = corpus()[name].build()
-    return model.eval(), tuple(inputs)
+        model, inputs = get_model(name), tuple(example_inputs(name))
+    else:
+        model, inputs = corpus()[name].build()
+    inputs = tuple(t.to(device, dtype if t.is_floating_point() else t.dtype) for t in inputs)
+    return model.eval().to(device, dtype), inputs
 
 
 def _outputs_once(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -74,14 +83,15 @@ def _guards_skipped(call: Callable[[], object]) -> Callable[[], object]:
     return skipped
 
 
-def run(name: str, rounds: int, block: int, budget: float) -> tuple[list[object], dict[str, object]]:
-    model, inputs = _build(name)
+def run(name: str, rounds: int, block: int, budget: float, device: torch.device,
+        dtype: torch.dtype) -> tuple[list[object], dict[str, object]]:
+    model, inputs = _build(name, device, dtype)
     weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     torch._dynamo.reset()
     od.reset()
     with tempfile.TemporaryDirectory() as store, torch.no_grad():
         settings = {"budget_s": budget, "progress": False, "cache_dir": store}
-        opt = opsched.optimize(model, inputs, **settings)  # type: ignore[arg-type]
+        opt = opsched.optimize(model, inputs, device=device, **settings)  # type: ignore[arg-type]
         compiled = torch.compile(copy.deepcopy(model), backend="opsched", options=settings)
         stub = torch.compile(copy.deepcopy(model), backend=_outputs_once)
         compiled(*inputs), stub(*inputs)  # compiled (and scheduled) here: skipping guards, Dynamo may not compile
@@ -93,7 +103,8 @@ def run(name: str, rounds: int, block: int, budget: float) -> tuple[list[object]
             "optimize() + Dynamo, guards skipped": lambda: (opt(*inputs), _guards_skipped(lambda: stub(*inputs))()),
             "Dynamo, warm": lambda: stub(*inputs),
         }
-        times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block)
+        clock = synchronized(torch.cuda.synchronize) if device.type == "cuda" else wall_ms
+        times = interleave(calls, rounds, warmup=1, settle_s=0.05, block=block, clock=clock)
     graphs = od.compiled_graphs()
     if any(g.recompiles or g.buckets[0].schedule is None for g in graphs):
         raise SystemExit(f"{name}: the backend recompiled, or ran a graph eagerly, while it was timed:\n"
@@ -116,12 +127,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--block", type=int, default=11, help="timed calls per contender's turn (their median)")
     p.add_argument("--budget", type=float, default=10.0, help="seconds of IOS search per schedule")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the model and its inputs placed there")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--name", default="dynamo-overhead")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
     args = p.parse_args()
     rows, records = [], []
     for name in args.models:
-        row, record = run(name, args.rounds, args.block, args.budget)
+        row, record = run(name, args.rounds, args.block, args.budget, torch.device(args.device),
+                          getattr(torch, args.dtype))
         rows.append(row)
         records.append(record)
         print(" | ".join(map(str, row)), flush=True)
@@ -132,7 +146,7 @@ def main() -> None:
            for k in ("backend", "backend, guards skipped", "optimize() + Dynamo")}
     write_table(args.name, [
         "# What a call through torch.compile(backend=\"opsched\") costs", "",
-        "Batch 1 on this CPU; medians over interleaved rounds in one process (see "
+        f"Batch 1 on {args.device} in {args.dtype}; medians over interleaved rounds in one process (see "
         "`benchmarks/dynamo_overhead.py`). *weights*: the parameters and buffers Dynamo lifts and passes to the "
         "graph each call; *graphs*: the graphs it captures. *backend*, *backend, guards skipped* (called under "
         "`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`) and *optimize() + Dynamo* (what `optimize()` "

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
 #   stages: setup tests tests-hetero tests-inductor compile compile-b compile-c compile32 compile32-b
-#           compile32-c compile-max
+#           compile32-c compile-max dynamo-overhead
 #           hetero memory memory-b corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
@@ -139,6 +139,11 @@ for s in "$@"; do
         compile-max) stage compile-max 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
             --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
             --rounds 20 --name compile-max-gpu ;;
+        # issue 22: what a call through torch.compile(backend="opsched") costs beyond the plan, where
+        # the plans run in a fraction of a millisecond (on this CPU: 0.5-4 ms of Dynamo's a call)
+        dynamo-overhead) stage dynamo-overhead 300 python3 benchmarks/dynamo_overhead.py --device cuda \
+            --dtype float16 --models squeezenet1_1 googlenet inception_v3 nasnet_mobile --budget 10 --rounds 15 \
+            --name dynamo-overhead-gpu ;;
         # issue 21: placements across the CPU's cores and the GPU, measured
         hetero) stage hetero 70 python3 benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda \
             --measure-models squeezenet1_1 resnet18 googlenet --rounds 7 ;;
