@@ -7,7 +7,7 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,19 @@ def iqr(values: Iterable[float]) -> float:
     import numpy as np
 
     return float(np.subtract(*np.percentile(list(values), [75, 25])))
+
+
+def each_model(models: Iterable[str], run: Callable[[str], tuple[list[object], dict[str, Any]]]
+               ) -> tuple[list[list[object]], list[dict[str, Any]]]:
+    """``run`` on every model in turn: its table rows and its records, each row echoed as it comes
+    (a long run shows its progress, and a run cut short has said what it measured)."""
+    rows, records = [], []
+    for name in models:
+        row, record = run(name)
+        rows.append(row)
+        records.append(record)
+        print(" | ".join(map(str, row)), flush=True)
+    return rows, records
 
 
 def environment() -> dict[str, str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _report import geomean, write_table  # noqa: E402
+from _report import each_model, geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
@@ -80,12 +80,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=5.0, help="seconds of IOS search per model in optimize()")
     p.add_argument("--name", default="call-overhead")
     args = p.parse_args()
-    rows, records = [], []
-    for name in args.models:
-        row, record = run(name, args.rounds, args.block, args.budget)
-        rows.append(row)
-        records.append(record)
-        print(" | ".join(map(str, row)), flush=True)
+    rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block, args.budget))
     headers = ["model", "output object", *(f"{k} us" for k in COLUMNS), "direct's speed-up"]
     write_table(args.name, [
         "# What a call costs around the kernels", "",

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import geomean, write_table  # noqa: E402
+from _report import each_model, geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
@@ -149,12 +149,7 @@ def main() -> None:
     p.add_argument("--name", default="corpus")
     args = p.parse_args()
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-corpus-")
-    rows, records = [], []
-    for name in args.models:
-        row, record = run(name, args.budget, args.rounds, cache_dir)
-        rows.append(row)
-        records.append(record)
-        print(" | ".join(map(str, row)), flush=True)
+    rows, records = each_model(args.models, lambda name: run(name, args.budget, args.rounds, cache_dir))
     headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
                "ONNX MB / import s", "ORT sessions seq / opt / ONNX-file", "eager ms", "ORT own ms",
                "opsched session ms", "opsched seq ms", "ONNX-file seq ms", "optimize() ms", "seq vs ORT",

@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _report import RESULTS, geomean, write_table  # noqa: E402
+from _report import RESULTS, each_model, geomean, write_table  # noqa: E402
 from torch import fx, nn  # noqa: E402
 
 import opsched  # noqa: E402
@@ -132,13 +132,9 @@ def main() -> None:
     p.add_argument("--name", default="dynamo-overhead")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
     args = p.parse_args()
-    rows, records = [], []
-    for name in args.models:
-        row, record = run(name, args.rounds, args.block, args.budget, torch.device(args.device),
-                          getattr(torch, args.dtype))
-        rows.append(row)
-        records.append(record)
-        print(" | ".join(map(str, row)), flush=True)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block, args.budget, device,
+                                                             dtype))
     headers = ["model", "weights", "graphs", "optimize() ms", "backend ms", "backend", "backend, guards skipped",
                "optimize() + Dynamo", "optimize() + Dynamo, guards skipped", "Dynamo after a run ms",
                "guards skipped ms", "Dynamo, warm ms"]

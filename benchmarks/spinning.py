@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _report import RESULTS, geomean, write_table  # noqa: E402
+from _report import RESULTS, each_model, geomean, write_table  # noqa: E402
 
 from opsched.models import example_inputs, get_model  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
@@ -90,12 +90,7 @@ def main() -> None:
     p.add_argument("--name", default="spinning")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
     args = p.parse_args()
-    rows, records = [], []
-    for name in args.models:
-        row, record = run(name, args.rounds, args.block)
-        rows.append(row)
-        records.append(record)
-        print(" | ".join(map(str, row)), flush=True)
+    rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block))
 
     def mean(key: str) -> float:
         return geomean(float(r["over_spin_within_runs"][key]) for r in records)  # type: ignore[index]
