@@ -95,6 +95,34 @@ def test_a_pool_of_an_unbatched_image_stays_generic_and_equals_eager(tracer: str
     assert_close(run_graph(graph, [x]), [model(x)])
 
 
+class _Functional(nn.Module):
+    """Convolutions and a linear layer called as functions of the model's own weights (as custom
+    layers, and the graphs Dynamo captures, call them), and one of a weight it computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(8, 3, 3, 3)), nn.Parameter(torch.randn(8))
+        self.w2 = nn.Parameter(torch.randn(8, 3, 1, 1))
+        self.fw, self.fb = nn.Parameter(torch.randn(4, 16)), nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cat([F.conv2d(x, self.w, self.b, padding=1).relu(), torch.conv2d(x, self.w2)], 1)
+        standardised = F.conv2d(x, self.w / self.w.norm(), self.b, padding=1)
+        return F.linear(y.mean((2, 3)), self.fw, bias=self.fb), standardised
+
+
+def test_functional_convolutions_and_linears_of_the_models_weights_convert_under_torch_fx() -> None:
+    model, x = _Functional().eval(), torch.randn(2, 3, 8, 8)
+    graph = from_torch(model, x, tracer="fx")
+    convolutions = [n for n in graph.nodes if n.op == "conv2d"]
+    assert [(n.attr("padding"), n.attr("groups"), len(n.params)) for n in convolutions] == \
+        [((1, 1), 1, 2), ((0, 0), 1, 1)]
+    assert [len(n.params) for n in graph.nodes if n.op == "linear"] == [2]
+    assert [n.attr("target") for n in graph.nodes if n.op == "opaque"][-1] == "conv2d"  # a computed weight
+    with torch.no_grad():
+        assert_close(run_graph(graph, [x]), list(model(x)), "functional calls")
+
+
 def test_leaf_module_runs_opaquely_and_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     model, x = WithDataDependent().eval(), torch.randn(1, 3, 8, 8)
     with caplog.at_level(logging.WARNING, logger="opsched.frontends"):

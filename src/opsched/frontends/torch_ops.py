@@ -65,6 +65,36 @@ def _linear_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs:
     return emit.linear(c.ctx, n.name, tensor_arg(args[0]), *_weights(c, n, c.module(n, nn.Linear)))
 
 
+def _held(c: _FxConverter, n: torch.fx.Node, position: int, keyword: str) -> str | None:
+    """The weight a functional call names at ``position`` (or ``keyword``) as a parameter: None
+    where it passes none, and :class:`Unsupported` where it computes one (a standardised
+    weight, say), which an operator with constant weights cannot take."""
+    given = n.args[position] if len(n.args) > position else n.kwargs.get(keyword)
+    if given is None:
+        return None
+    if not (isinstance(given, torch.fx.Node) and given.op == "get_attr"):
+        raise Unsupported
+    return c.ctx.param(str(given.target), c.values[given])
+
+
+@_register(FUNCTION_CONVERTERS, F.conv2d)  # torch.conv2d itself, as Dynamo's graphs call it
+def _conv2d_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    weight = _held(c, n, 1, "weight")
+    if weight is None or isinstance(arg(args, kwargs, 4, "padding", 0), str):
+        raise Unsupported
+    return emit.conv2d(c.ctx, n.name, tensor_arg(args[0]), weight, _held(c, n, 2, "bias"),
+                       arg(args, kwargs, 3, "stride", 1), arg(args, kwargs, 4, "padding", 0),
+                       arg(args, kwargs, 5, "dilation", 1), arg(args, kwargs, 6, "groups", 1))
+
+
+@_register(FUNCTION_CONVERTERS, F.linear)  # torch._C._nn.linear
+def _linear_fn(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
+    weight = _held(c, n, 1, "weight")
+    if weight is None:
+        raise Unsupported
+    return emit.linear(c.ctx, n.name, tensor_arg(args[0]), weight, _held(c, n, 2, "bias"))
+
+
 @_register(MODULE_CONVERTERS, nn.BatchNorm2d)
 def _batch_norm_module(c: _FxConverter, n: torch.fx.Node, args: list[Value], kwargs: dict[str, Value]) -> str:
     m = c.module(n, nn.BatchNorm2d)
