@@ -1,10 +1,11 @@
 """:func:`from_torch`: a PyTorch module into a graph, by torch.export or, failing that, torch.fx.
 
-torch.export (:mod:`opsched.frontends.torch_export`) sees the ATen operators a module runs:
-every one becomes an op of ours or a generic ATen node, nothing is opaque, and in-place calls
-are functionalised by PyTorch itself. torch.fx (:mod:`opsched.frontends.torch_fx`) traces
-modules torch.export refuses, at the cost of opaque nodes for calls without a converter; it is
-also the tracer that keeps ``leaf_modules`` whole.
+torch.export (:mod:`opsched.frontends.export_trace`) sees the ATen operators a module runs, and
+:mod:`opsched.frontends.torch_export` converts them: every one becomes an op of ours or a
+generic ATen node, nothing is opaque, and in-place calls are functionalised by PyTorch itself.
+torch.fx (:mod:`opsched.frontends.torch_fx`) traces modules torch.export refuses, at the cost of
+opaque nodes for calls without a converter; it is also the tracer that keeps ``leaf_modules``
+whole.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 
 from opsched.errors import FrontendError, StatefulModelError
 from opsched.frontends._common import quieted, report_opaque
-from opsched.frontends.torch_export import export_graph
+from opsched.frontends.export_trace import export_graph
 from opsched.frontends.torch_fx import fx_graph
 from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example, split_example

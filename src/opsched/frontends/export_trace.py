@@ -1,0 +1,110 @@
+"""Tracing a PyTorch module with ``torch.export``, as the ATen-level import needs it.
+
+:func:`export_graph` runs ``torch.export`` on the module at the example inputs' sizes (without
+grad, as the graph will run), makes the program functional where it is not already
+(:meth:`torch.export.ExportedProgram.run_decompositions` with an empty table), and hands it to
+:class:`~opsched.frontends.torch_export.ExportConverter`. Around the trace it keeps what
+torch.export says to the user worth reading: the partial graph it prints before failing is
+dropped, warnings no user can act on are filtered, and a failure becomes one
+:class:`~opsched.errors.FrontendError` line, with what to do where there is one thing to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from opsched.errors import FrontendError
+from opsched.frontends.torch_export import ExportConverter
+from opsched.ir import Graph
+
+__all__ = ["export_graph"]
+
+
+#: torch.export's warning about tensor attributes assigned during export, where every one named
+#: is an entry of a torch RNN module's ``_flat_weights``.
+_RNN_FLAT_WEIGHTS = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\], )*[\w.]+\._flat_weights\[\d+\] were assigned"
+
+
+def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph:
+    """``module`` called with ``args`` and ``kwargs``, traced by torch.export and converted (module
+    docstring): the graph's inputs are the tensors among them, in pytree order, and every other
+    argument is fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace."""
+    said = io.StringIO()
+    try:
+        # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
+        # embedding) is then not wrapped in a higher-order set_grad_enabled call
+        with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad():
+            # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
+            # their _flat_weights list in forward (no user of the model can act on either)
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
+            seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
+            program = torch.export.export(module, seen, seen_kw, strict=False)
+            if not _functional(program):
+                program = program.run_decompositions({})
+    except Exception as e:  # torch.export raises many types for the same root causes
+        raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
+    return ExportConverter(program, name).run()
+
+
+def _unmarked(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as torch.export is to see it: without the sizes ``torch._dynamo.mark_dynamic``
+    marked on it (an attribute of the tensor object, which torch.compile's callers leave on their
+    inputs). opsched specialises a graph to the example's sizes; torch.export would make a marked
+    size a dynamic dimension, and refuse a model that fixes it."""
+    if any(k.startswith("_dynamo_") for k in getattr(tensor, "__dict__", ())):
+        return tensor.detach()  # the same memory, a fresh object
+    return tensor
+
+
+@contextlib.contextmanager
+def _without_partial_graph(said: io.StringIO) -> Iterator[None]:
+    """What torch.export writes to ``sys.stderr`` (its warnings), passed on when it is done, less
+    the graph it traced up to a failure: it prints that whole (hundreds of lines for a
+    transformer) before raising, and opsched says why in one line, and may go on with torch.fx."""
+    error: BaseException | None = None
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        text = said.getvalue()
+        graph = str(getattr(error, "partial_fx_graph", "") or "")
+        sys.stderr.write(text.replace(f"{graph}\n", "") if graph else text)
+
+
+def _hint(reason: str) -> str:
+    """What to do about a torch.export failure users meet often, where there is one thing to do."""
+    if found := re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", reason):
+        kind = found.group(1).rpartition(".")[2]
+        fix = ("model.config.use_cache = False (a Hugging Face model's key-value cache)" if "Cache" in kind else
+               f"return its tensors instead, or register it (torch.export.register_dataclass({kind}) for a dataclass, "
+               f"which opsched.optimize does itself)")
+        return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
+    return ""
+
+
+def _functional(program: torch.export.ExportedProgram) -> bool:
+    """True when the program is already what ``run_decompositions({})`` would make it, which
+    saves two thirds of the import time (nasnet_large: 3.5 s traced, 5.9 s more to functionalise):
+    no call writes in place, and every call is an ATen operator, a higher-order one or a
+    ``getitem``. What else export leaves, it lowers: the calls of a ``torch.vmap`` region (a
+    graph Dynamo captured of a model that vmaps, Mamba's scan) to the ATen calls they batch."""
+    from opsched.frontends.aten_ops import getitem
+
+    return all(n.target is getitem or isinstance(n.target, torch._ops.HigherOrderOperator) or
+               (isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable)
+               for n in program.graph.nodes if n.op == "call_function")
