@@ -247,7 +247,7 @@ def test_with_dynamos_guards_skipped_new_weights_are_never_stale_and_a_new_shape
             assert_close(_leaves(other(x)), _leaves(second(x)), "another instance, never compiled itself")
             refused = (pytest.raises(RuntimeError, match="Recompilation") if skipped == "stance" else
                        pytest.raises(OpschedError, match=r"graph 0 .* captured by Dynamo for inputs \[1x3x16x16 "
-                                     r"float32 on cpu\] and is called with \[2x3x16x16 float32 on cpu\]"))
+                                     r"float32\] on cpu and is called with \[2x3x16x16 float32\] on cpu"))
             with refused:
                 compiled(torch.randn(2, 3, 16, 16))
     reasons = [[b.reason for b in g.buckets] for g in od.compiled_graphs()]

@@ -30,7 +30,7 @@ What Dynamo hands over and how it is met:
   sizes are constants in it. :func:`compiled_graphs` lists every graph, its buckets and its
   recompiles.
 - **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:
-  0.5-4 ms on the zoo's CPU models right after a run (``benchmarks/dynamo_overhead.py``).
+  0.3-4.2 ms on the zoo's CPU models right after a run (``benchmarks/dynamo_overhead.py``).
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
   ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
   the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
@@ -49,7 +49,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ import torch
 from torch import fx, nn
 
 from opsched._text import count
-from opsched.buckets import MAX_SHAPES, SPECIALIZE, reapplied
+from opsched.buckets import MAX_SHAPES, SPECIALIZE, Shapes, describe, reapplied, shapes_of
 from opsched.errors import OpschedError
 from opsched.module import ScheduledModule
 from opsched.report import ScheduleSummary
@@ -216,14 +216,14 @@ _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions 
          "generation), or raise options={'max_shapes': ...}")
 
 
-def _signature(tensors: Iterable[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
-    """Tensors' sizes, dtypes and devices (a size may be a symbol, in a dynamic graph)."""
-    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in tensors)
+def _signature(tensors: Sequence[torch.Tensor]) -> tuple[Shapes, tuple[str, ...]]:
+    """Tensors' sizes and dtypes (a size may be a symbol, in a dynamic graph), and devices."""
+    return shapes_of(tensors), tuple(str(t.device) for t in tensors)
 
 
-def _described(signature: Sequence[tuple[tuple[int, ...], torch.dtype, str]]) -> str:
-    return "[" + ", ".join(f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} on {device}"
-                           for shape, dtype, device in signature) + "]"
+def _described(signature: tuple[Shapes, tuple[str, ...]]) -> str:
+    shapes, devices = signature
+    return f"[{describe(shapes)}] on {', '.join(dict.fromkeys(devices))}"
 
 
 def _static(value: Any) -> bool:
@@ -309,7 +309,7 @@ class OpschedGraph:
         self.dynamic = any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
                            and any(isinstance(d, torch.SymInt) for d in a.shape) for a in example_inputs)
         #: What a static graph was captured for: its sizes are constants in it.
-        self.captured = _signature(example_inputs[i] for i in self.tensors)
+        self.captured = _signature([example_inputs[i] for i in self.tensors])
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
