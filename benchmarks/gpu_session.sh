@@ -140,7 +140,7 @@ for s in "$@"; do
             --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
             --rounds 20 --name compile-max-gpu ;;
         # issue 22: what a call through torch.compile(backend="opsched") costs beyond the plan, where
-        # the plans run in a fraction of a millisecond (on this CPU: 0.5-4 ms of Dynamo's a call)
+        # the plans run in a fraction of a millisecond (on this CPU: 0.3-4.2 ms of Dynamo's a call)
         dynamo-overhead) stage dynamo-overhead 300 python3 benchmarks/dynamo_overhead.py --device cuda \
             --dtype float16 --models squeezenet1_1 googlenet inception_v3 nasnet_mobile --budget 10 --rounds 15 \
             --name dynamo-overhead-gpu ;;
