@@ -419,3 +419,32 @@ def test_fnets_complex_fourier_transforms_run_captured_equal_to_eager(scheduler:
         got = module(ids.cuda())
     assert_close([got.last_hidden_state, got.pooler_output], [expected.last_hidden_state, expected.pooler_output])
     assert "captured into one CUDA graph" in module._executor.describe()
+
+
+def _resident(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Zoo model ``name`` or the corpus's, and its inputs, in float16 on the GPU, as users hand them over."""
+    from opsched.testing.corpus import corpus, corpus_available
+
+    if name in list_models():
+        model, inputs = get_model(name).eval(), example_inputs(name)
+    elif corpus_available():
+        model, inputs = corpus()[name].build()
+    else:
+        pytest.skip("needs Hugging Face transformers")
+    return model.to("cuda", torch.float16), tuple(t.to("cuda", torch.float16) if t.is_floating_point()
+                                                  else t.cuda() for t in inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["googlenet", "gpt2", "llama"])
+def test_a_model_already_on_the_gpu_in_float16_is_optimized_where_it_is(name: str) -> None:
+    """Every earlier GPU test handed optimize() a CPU model to move: this one is on CUDA already,
+    so the import's passes meet CUDA weights (GoogLeNet's batch norms fold into bias-free
+    convolutions, a new bias made beside them; GPT-2's and Llama's causal masks are compared)."""
+    model, inputs = _resident(name)
+    module = optimize(model, inputs, device="cuda", scheduler="est", cost="analytic", verify=False)
+    with torch.no_grad():
+        expected = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+        got = [t for t in torch.utils._pytree.tree_leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
+    assert_close(got, expected)
+    assert "captured into one CUDA graph" in module._executor.describe()

@@ -13,7 +13,7 @@ from torch import nn
 import opsched
 from opsched.ir.ops.aten import SDPA, arguments
 from opsched.testing import assert_close
-from opsched.transforms import simplify_attention_masks
+from opsched.transforms import fold_batch_norm, simplify_attention_masks
 
 L, S, E = 6, 6, 8
 
@@ -187,3 +187,17 @@ def test_on_a_gpu_grouped_attention_repeats_its_heads_where_no_fused_kernel_take
     with torch.no_grad():
         assert_close(aten._heads_repeated(graph, node)(*call), aten._overload_call(graph, node)(*call),
                      "grouped attention on repeated heads")
+
+
+def test_a_batch_norm_folds_into_a_bias_free_convolution_on_the_device_of_its_weights() -> None:
+    """GoogLeNet's and Inception's convolutions have no bias: the fold makes one, where the
+    weights are (it was made on the CPU, and a CUDA model's import failed on mixing devices;
+    the meta device stands in for CUDA here)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8)).eval()
+    raw = opsched.from_torch(model, torch.randn(1, 3, 8, 8), canonical=False)
+    on_meta = raw.replace(params={k: v.to("meta") for k, v in raw.params.items()})
+    folded = fold_batch_norm(on_meta)
+    assert [n.op for n in folded.nodes] == ["conv2d"]
+    (conv,) = folded.nodes
+    assert [folded.params[p].device.type for p in conv.params] == ["meta", "meta"]
+    assert folded.params[conv.params[1]].shape == (8,)

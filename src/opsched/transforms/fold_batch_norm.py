@@ -52,7 +52,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
             w = graph.params[conv.params[0]]
             k = w.shape[0]
             s, t = scale[start:start + k], shift[start:start + k]
-            b = graph.params[conv.params[1]] if len(conv.params) > 1 else torch.zeros(k, dtype=w.dtype)
+            b = graph.params[conv.params[1]] if len(conv.params) > 1 else torch.zeros(k, dtype=w.dtype, device=w.device)
             w_name, b_name = f"{conv.name}.weight.bn", f"{conv.name}.bias.bn"
             params[w_name] = (w * s.reshape(-1, 1, 1, 1)).to(w.dtype)
             params[b_name] = (b * s + t).to(w.dtype)
