@@ -83,14 +83,18 @@ def _guards_skipped(call: Callable[[], object]) -> Callable[[], object]:
     return skipped
 
 
-def run(name: str, rounds: int, block: int, budget: float, device: torch.device,
+def _plan(summary: object, backend: str | None) -> str:
+    return f"{summary} on {backend}"
+
+
+def run(name: str, rounds: int, block: int, budget: float, cost: str | None, device: torch.device,
         dtype: torch.dtype) -> tuple[list[object], dict[str, object]]:
     model, inputs = _build(name, device, dtype)
     weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     torch._dynamo.reset()
     od.reset()
     with tempfile.TemporaryDirectory() as store, torch.no_grad():
-        settings = {"budget_s": budget, "progress": False, "cache_dir": store}
+        settings = {"budget_s": budget, "progress": False, "cache_dir": store, **({"cost": cost} if cost else {})}
         opt = opsched.optimize(model, inputs, device=device, **settings)  # type: ignore[arg-type]
         compiled = torch.compile(copy.deepcopy(model), backend="opsched", options=settings)
         stub = torch.compile(copy.deepcopy(model), backend=_outputs_once)
@@ -109,14 +113,23 @@ def run(name: str, rounds: int, block: int, budget: float, device: torch.device,
     if any(g.recompiles or g.buckets[0].schedule is None for g in graphs):
         raise SystemExit(f"{name}: the backend recompiled, or ran a graph eagerly, while it was timed:\n"
                          f"{od.report()}")
+    # Two searches can settle on two plans (a race of measured candidates decides by noise where they
+    # are close), and then the ratio is the plans' and not the call's: said in its own column
+    plans = [_plan(b.schedule, b.backend) for g in graphs for b in g.buckets]
+    plan = _plan(opt.report().schedule, opt.report().backend)
+    same = plans == [plan]
+    if not same:
+        print(f"{name}: the backend's plan differs from optimize()'s {plan}: {plans}", file=sys.stderr)
     ms = {k: statistics.median(v) for k, v in times.items()}
     vs = {k: paired_ratio(times[k], times["optimize()"]) for k in times if k not in ("optimize()", "Dynamo, warm")}
     after = {k: statistics.median(a - b for a, b in zip(times[f"optimize() + Dynamo{k}"], times["optimize()"]))
              for k in ("", ", guards skipped")}
-    row: list[object] = [name, weights, len(graphs), f"{ms['optimize()']:.2f}", f"{ms['backend']:.2f}",
+    row: list[object] = [name, weights, len(graphs), "same" if same else "differs", f"{ms['optimize()']:.2f}",
+                         f"{ms['backend']:.2f}",
                          *(f"{vs[k]:.3f}" for k in vs), f"{after['']:.2f}", f"{after[', guards skipped']:.2f}",
                          f"{ms['Dynamo, warm']:.2f}"]
-    return row, {"model": name, "weights": weights, "graphs": len(graphs), "median_ms": ms, "vs_optimize": vs,
+    return row, {"model": name, "weights": weights, "graphs": len(graphs), "plan": plan, "backend_plans": plans,
+                 "same_plan": same, "median_ms": ms, "vs_optimize": vs,
                  "dynamo_after_a_run_ms": after[""], "dynamo_after_a_run_guards_skipped_ms": after[", guards skipped"]}
 
 
@@ -127,24 +140,28 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--block", type=int, default=11, help="timed calls per contender's turn (their median)")
     p.add_argument("--budget", type=float, default=10.0, help="seconds of IOS search per schedule")
+    p.add_argument("--cost", choices=["analytic", "measured"], help="both builds' cost model (default: optimize()'s); "
+                   "analytic costs make the same plan twice, where measured ones race plans and can keep two")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: the model and its inputs placed there")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--name", default="dynamo-overhead")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block, args.budget, device,
-                                                             dtype))
-    headers = ["model", "weights", "graphs", "optimize() ms", "backend ms", "backend", "backend, guards skipped",
-               "optimize() + Dynamo", "optimize() + Dynamo, guards skipped", "Dynamo after a run ms",
-               "guards skipped ms", "Dynamo, warm ms"]
+    rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block, args.budget, args.cost,
+                                                             device, dtype))
+    headers = ["model", "weights", "graphs", "plan", "optimize() ms", "backend ms", "backend",
+               "backend, guards skipped", "optimize() + Dynamo", "optimize() + Dynamo, guards skipped",
+               "Dynamo after a run ms", "guards skipped ms", "Dynamo, warm ms"]
     geo = {k: geomean(float(r["vs_optimize"][k]) for r in records)  # type: ignore[index]
            for k in ("backend", "backend, guards skipped", "optimize() + Dynamo")}
     write_table(args.name, [
         "# What a call through torch.compile(backend=\"opsched\") costs", "",
-        f"Batch 1 on {args.device} in {args.dtype}; medians over interleaved rounds in one process (see "
+        f"Batch 1 on {args.device} in {args.dtype}, {args.cost or 'measured'} costs; medians over interleaved rounds in one process (see "
         "`benchmarks/dynamo_overhead.py`). *weights*: the parameters and buffers Dynamo lifts and passes to the "
-        "graph each call; *graphs*: the graphs it captures. *backend*, *backend, guards skipped* (called under "
+        "graph each call; *graphs*: the graphs it captures; *plan*: whether the backend runs the plan "
+        "`optimize()` made (its schedule and backend) or another its own search settled on. *backend*, "
+        "*backend, guards skipped* (called under "
         "`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`) and *optimize() + Dynamo* (what `optimize()` "
         "returns, then Dynamo's work alone: the model compiled with a backend that returns outputs computed "
         "once): median per-round ratios to `optimize()`'s time, > 1 slower. *Dynamo after a run*: the median "
@@ -152,7 +169,8 @@ def main() -> None:
         "full of the run's weights and activations, as a compiled model meets it; *Dynamo, warm*: that call "
         "back to back.",
     ], headers, rows, {f"{k} vs optimize()": v for k, v in geo.items()},
-        {"rows": records, "rounds": args.rounds, "block": args.block, "budget_s": args.budget}, args.out)
+        {"rows": records, "rounds": args.rounds, "block": args.block, "budget_s": args.budget,
+         "cost": args.cost}, args.out)
 
 if __name__ == "__main__":
     main()

@@ -212,10 +212,11 @@ def test_the_cost_of_a_call_through_the_backend_is_measured_with_one_graph_and_n
     eagerly while timed): every contender timed, BERT as one graph of its 41 weights."""
     pytest.importorskip("transformers")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "dynamo_overhead.py"), "--models", "bert", "--rounds", "1",
-           "--block", "1", "--budget", "1", "--out", str(tmp_path), "--name", "smoke"]
+           "--block", "1", "--budget", "1", "--cost", "analytic", "--out", str(tmp_path), "--name", "smoke"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     (row,) = json.loads((tmp_path / "smoke.json").read_text())["rows"]
     assert (row["model"], row["weights"], row["graphs"]) == ("bert", 41, 1)
+    assert row["same_plan"] and row["backend_plans"] == [row["plan"]]  # analytic costs: one plan, made twice
     assert set(row["median_ms"]) == {"optimize()", "backend", "backend, guards skipped", "optimize() + Dynamo",
                                      "optimize() + Dynamo, guards skipped", "Dynamo, warm"}
     assert all(t > 0 for t in row["median_ms"].values())
