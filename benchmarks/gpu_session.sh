@@ -29,6 +29,8 @@
 # tests-hetero 29 s, hetero 23 s, memory 30 s a row (cut at 150 s after its fifth), compile 220 s
 # for its three models, and compile-b cut at 240 s after Inception V3 and ResNet-50, so NASNet-A
 # mobile (649 operators, the most segments) is a stage of its own: compile-c, compile32-c.
+# The fourth (2026-11-26, a fresh H200): setup 36 s, compile32 238 s, compile-c (NASNet-A mobile
+# alone) 275 s, compile32-b 194 s: compile32-c needs a call with 300 s to spare.
 set -u
 deadline=$(( $(date +%s) + $1 )); shift
 OUT=${OUT:-/tmp/gpu-session}
@@ -142,7 +144,7 @@ for s in "$@"; do
         # issue 22: what a call through torch.compile(backend="opsched") costs beyond the plan, where
         # the plans run in a fraction of a millisecond (on this CPU: 0.3-4.2 ms of Dynamo's a call)
         dynamo-overhead) stage dynamo-overhead 300 python3 benchmarks/dynamo_overhead.py --device cuda \
-            --dtype float16 --models squeezenet1_1 googlenet inception_v3 nasnet_mobile --budget 10 --rounds 15 \
+            --dtype float16 --cost analytic --models squeezenet1_1 googlenet inception_v3 nasnet_mobile --budget 10 --rounds 15 \
             --name dynamo-overhead-gpu ;;
         # issue 21: placements across the CPU's cores and the GPU, measured
         hetero) stage hetero 70 python3 benchmarks/heterogeneous.py --no-simulated --measure cpu+cuda \
