@@ -1671,3 +1671,15 @@ def test_what_a_version_changed_is_refused_only_below_that_version(
         return
     got = declaration_at(target, op, opset, node.attribute, types, {}, 1, None, 0)
     assert {a.name for a in got.attributes} == set(attrs)
+
+
+@pytest.mark.parametrize("name", ["googlenet", "inception_v3", "nasnet_mobile", "randwire_small"])
+def test_a_model_on_another_device_imports_with_every_weight_left_there(name: str) -> None:
+    """A model already on a GPU keeps its weights there through the import and its passes (a
+    batch norm folded into a bias-free convolution once made its new bias on the CPU). The meta
+    device stands in for CUDA: an operation mixing it with a CPU tensor fails as CUDA's would."""
+    from opsched.models import example_inputs, get_model
+
+    model = get_model(name).eval().to("meta")
+    graph = from_torch(model, *(t.to("meta") for t in example_inputs(name)))
+    assert graph.params and {t.device.type for t in graph.params.values()} == {"meta"}
