@@ -157,7 +157,8 @@ def main() -> None:
            for k in ("backend", "backend, guards skipped", "optimize() + Dynamo")}
     write_table(args.name, [
         "# What a call through torch.compile(backend=\"opsched\") costs", "",
-        f"Batch 1 on {args.device} in {args.dtype}, {args.cost or 'measured'} costs; medians over interleaved rounds in one process (see "
+        f"Batch 1 on {args.device} in {args.dtype}, {args.cost or 'measured'} costs; medians over interleaved "
+        "rounds in one process (see "
         "`benchmarks/dynamo_overhead.py`). *weights*: the parameters and buffers Dynamo lifts and passes to the "
         "graph each call; *graphs*: the graphs it captures; *plan*: whether the backend runs the plan "
         "`optimize()` made (its schedule and backend) or another its own search settled on. *backend*, "
