@@ -439,10 +439,12 @@ def _resident(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 @pytest.mark.parametrize("name", ["googlenet", "gpt2", "llama"])
 def test_a_model_already_on_the_gpu_in_float16_is_optimized_where_it_is(name: str) -> None:
     """Every earlier GPU test handed optimize() a CPU model to move: this one is on CUDA already,
-    so the import's passes meet CUDA weights (GoogLeNet's batch norms fold into bias-free
-    convolutions, a new bias made beside them; GPT-2's and Llama's causal masks are compared)."""
+    and optimize() is not told the device, so the plan runs where the model is and the import's
+    passes meet CUDA weights (GoogLeNet's batch norms fold into bias-free convolutions, a new
+    bias made beside them; GPT-2's and Llama's causal masks are compared)."""
     model, inputs = _resident(name)
-    module = optimize(model, inputs, device="cuda", scheduler="est", cost="analytic", verify=False)
+    module = optimize(model, inputs, scheduler="est", cost="analytic", verify=False)
+    assert module.device.type == "cuda"
     with torch.no_grad():
         expected = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
         got = [t for t in torch.utils._pytree.tree_leaves(module(*inputs)) if isinstance(t, torch.Tensor)]

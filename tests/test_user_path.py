@@ -3,6 +3,7 @@ edges. Every model here is checked against eager PyTorch on fresh inputs, not on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import subprocess
 import sys
@@ -961,3 +962,29 @@ def test_arguments_are_checked_before_any_work(tmp_path: Path, capsys: pytest.Ca
     assert "not JSON, so not a schedule" in capsys.readouterr().err
     assert main(["cache", "export", "--cache-dir", str(tmp_path / "c"), str(tmp_path / "e.jsonl")]) == 0
     assert "wrote 0 measurements" in capsys.readouterr().out
+
+
+def test_a_plan_runs_where_the_model_is_unless_told() -> None:
+    """``optimize()`` and ``load()`` without ``device``: the device of the model's weights, else
+    of its inputs (a model of no weights), else the CPU; weights split across devices are
+    refused, naming them. Meta stands in for a GPU: it is refused as a device to run on, by name,
+    which shows it was the one taken."""
+    from opsched.api import home_device
+
+    model, x = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval(), torch.randn(1, 3, 8, 8)
+    meta = copy.deepcopy(model).to("meta")
+    assert home_device(model, x) == torch.device("cpu")
+    assert home_device(meta, x) == torch.device("meta")
+    assert home_device(nn.ReLU(), {"input": x.to("meta")}) == torch.device("meta")
+    assert home_device(nn.ReLU()) == torch.device("cpu")
+    program = torch.export.export(nn.Linear(3, 2).to("meta"), (torch.randn(1, 3, device="meta"),))
+    assert home_device(program) == torch.device("meta")
+    split = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3).to("meta"))
+    with pytest.raises(OpschedError, match=r"Sequential's weights are on 2 devices \(cpu, meta\); its plan runs on "
+                                           r"one: pass device="):
+        opsched.optimize(split, torch.randn(1, 3), **ANALYTIC)
+    with pytest.raises(OpschedError, match="device 'meta' is not supported by this opsched"):
+        opsched.optimize(meta, x.to("meta"), **ANALYTIC)
+    module = opsched.optimize(model, x, **ANALYTIC)
+    assert module.device == torch.device("cpu")
+    equal_on_fresh_inputs(model, module, (x,))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import time
@@ -65,6 +66,26 @@ def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch
     return OutputStructure.of(out, (args, kwargs), copies)
 
 
+def home_device(model: Model, example_inputs: ExampleInputs | None = None) -> torch.device:
+    """Where ``model`` runs, the device :func:`optimize` and :func:`load` place a plan on unless
+    told: that of its weights (parameters and buffers), else of its example inputs' tensors, else
+    the CPU. A model whose weights lie on several devices (split across GPUs) is refused: its
+    plan runs on one, named by ``device``."""
+    if isinstance(model, torch.export.ExportedProgram):
+        weights: Iterator[Any] = iter(model.state_dict.values())
+    elif isinstance(model, nn.Module):
+        weights = itertools.chain(model.parameters(), model.buffers())
+    else:
+        weights = iter(())
+    devices = sorted({t.device for t in weights}, key=str) or [
+        t.device for t in torch.utils._pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor)][:1]
+    if len(devices) > 1:
+        raise OpschedError(f"{type(model).__name__}'s weights are on {len(devices)} devices "
+                           f"({', '.join(map(str, devices))}); its plan runs on one: pass device=, and the "
+                           f"weights go there")
+    return devices[0] if devices else torch.device("cpu")
+
+
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[None]:
     """``model`` in eval mode (inference: running statistics, no dropout) for the duration, then
@@ -79,9 +100,10 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
-             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
-             graphs: bool = True, scheduler: str | Sequence[str] = "ios", cost: str | CostModel = "measured",
-             backend: str | Sequence[str] = "auto", cache_dir: str | None = None, verify: bool = True,
+             device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+             channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
+             cost: str | CostModel = "measured", backend: str | Sequence[str] = "auto", cache_dir: str | None = None,
+             verify: bool = True,
              leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
              progress: bool | Phases | None = None, memory_budget: int | None = None,
              **options: Any) -> ScheduledModule:
@@ -113,6 +135,7 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     backend on an H200, and ran RandWire-small 0.90x as fast; compiling them takes about a
     minute a plan there.
 
+    ``device`` is where the plan runs, by default where the model is (:func:`home_device`).
     ``device="cuda"`` runs the plan's lanes on CUDA streams, captured into one CUDA graph
     (``graphs=False``: eagerly on the streams). ``dtype`` (``"float16"``, ``"bfloat16"``, ...)
     and ``channels_last`` place the model's weights: the returned module then behaves like
@@ -146,7 +169,8 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
                "sizes), or opsched.optimize_per_shape(path, inputs): a schedule per input shape met")
         raise FrontendError(f"optimize() takes a torch.nn.Module or a torch.export program, got the path "
                             f"{os.fspath(model)!r}: {way}")
-    request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
+    request = check_request(device=home_device(model, example_inputs) if device is None else device,
+                            scheduler=scheduler, backend=backend, dtype=dtype, **options)
     model, example_inputs, name = as_module(model, example_inputs, "optimize()")
     call, inputs = _example_inputs(model, example_inputs)
     start = time.perf_counter()
@@ -317,7 +341,7 @@ def _within(options: Any, memory_budget: int | None) -> Any:
 
 
 def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs | None = None, *,
-         device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, channels_last: bool = False,
+         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
          tracer: Tracer = "auto", retarget: bool = False, verify: bool = False) -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` (``path``, or the schedule itself)
@@ -336,9 +360,10 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     shapes it was made at (Inception V3's batch-128 schedule ran batch 1 at 1.20x the time of
     batch 1's own on the H100 preset: ``docs/results/specialization.md``). A schedule of
     another model is still refused, naming the first operator it lacks or misorders.
-    ``verify`` checks the module against the model as :func:`optimize` does.
+    ``verify`` checks the module against the model as :func:`optimize` does. ``device``, by default
+    where the model is, is :func:`optimize`'s.
     """
-    dev = check_device(device)
+    dev = check_device(home_device(model, example_inputs) if device is None else device)
     model, example_inputs, name = as_module(model, example_inputs, "load()")
     call, inputs = _example_inputs(model, example_inputs)
     saved = path if isinstance(path, Schedule) else Schedule.load(path)

@@ -105,8 +105,8 @@ def check_device(device: str | torch.device) -> torch.device:
     except (RuntimeError, TypeError):
         dev = None
     if dev is None or dev.type not in DEVICES:
-        raise OpschedError(f"device {device!r} is not supported by this opsched; supported: {', '.join(DEVICES)}")
+        raise OpschedError(f"device {str(device)!r} is not supported by this opsched; supported: {', '.join(DEVICES)}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise OpschedError(f"device {device!r}: CUDA is not available on this machine (torch {torch.__version__}, "
+        raise OpschedError(f"device {str(device)!r}: CUDA is not available on this machine (torch {torch.__version__}, "
                            f"torch.cuda.is_available() is False)")
     return dev
