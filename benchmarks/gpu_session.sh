@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
 #   stages: setup tests tests-hetero tests-inductor compile compile-b compile-c compile32 compile32-b
-#           compile32-c compile-max dynamo-overhead
+#           compile32-c compile-max compile-max-b compile32-max compile32-max-b dynamo-overhead
 #           hetero memory memory-b corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
@@ -113,14 +113,18 @@ tests_inductor() {
 
 # compile_gpu STAGE PAGE [--resume] MODEL...: issue 22's contenders on MODELs in PAGE's precision
 # (compile32-gpu: float32), written to docs/results/PAGE; with --resume added to the rows there
-# (this session's, where an earlier call on this machine wrote them: see keep above)
+# (this session's, where an earlier call on this machine wrote them: see keep above). The
+# compile*-max-gpu pages hold torch.compile's max-autotune mode alone beside the graph, the base
+# through which it compares with the compile*-gpu pages' contenders: its autotuning takes minutes
+# a model (over 150 s on GoogLeNet), too long to run beside them in one stage.
 compile_gpu() {
-    local name=$1 page=$2 dtype=float16 resume=()
+    local name=$1 page=$2 dtype=float16 resume=() contenders=(graph compile compile-ro ios opsched-compile)
     shift 2
     [[ $page == compile32* ]] && dtype=float32
+    [[ $page == *-max-gpu ]] && contenders=(graph compile-max)
     [[ $1 == --resume ]] && { resume=(--resume); shift; }
-    stage "$name" 300 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders graph compile \
-        compile-ro ios opsched-compile --budget 10 --rounds 20 --profile --name "$page" "${resume[@]}" --models "$@"
+    stage "$name" 300 python3 benchmarks/gpu.py --batches 1 --dtypes "$dtype" --contenders "${contenders[@]}" \
+        --budget 10 --rounds 20 --profile --name "$page" "${resume[@]}" --models "$@"
 }
 
 export -f setup gpu_pytest tests tests_hetero tests_inductor
@@ -138,9 +142,10 @@ for s in "$@"; do
         compile32) compile_gpu compile32 compile32-gpu squeezenet1_1 googlenet randwire_small ;;
         compile32-b) compile_gpu compile32-b compile32-gpu --resume inception_v3 resnet50 ;;
         compile32-c) compile_gpu compile32-c compile32-gpu --resume nasnet_mobile ;;
-        compile-max) stage compile-max 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
-            --models squeezenet1_1 googlenet randwire_small inception_v3 --contenders graph compile-max \
-            --rounds 20 --name compile-max-gpu ;;
+        compile-max) compile_gpu compile-max compile-max-gpu squeezenet1_1 googlenet randwire_small ;;
+        compile-max-b) compile_gpu compile-max-b compile-max-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
+        compile32-max) compile_gpu compile32-max compile32-max-gpu squeezenet1_1 googlenet randwire_small ;;
+        compile32-max-b) compile_gpu compile32-max-b compile32-max-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
         # issue 22: what a call through torch.compile(backend="opsched") costs beyond the plan, where
         # the plans run in a fraction of a millisecond (on this CPU: 0.3-4.2 ms of Dynamo's a call)
         dynamo-overhead) stage dynamo-overhead 300 python3 benchmarks/dynamo_overhead.py --device cuda \
