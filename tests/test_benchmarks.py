@@ -220,3 +220,39 @@ def test_the_cost_of_a_call_through_the_backend_is_measured_with_one_graph_and_n
     assert set(row["median_ms"]) == {"optimize()", "backend", "backend, guards skipped", "optimize() + Dynamo",
                                      "optimize() + Dynamo, guards skipped", "Dynamo, warm"}
     assert all(t > 0 for t in row["median_ms"].values())
+
+
+def _gpu_page(path: Path, rows: dict[str, dict[str, float]]) -> None:
+    """A results page as benchmarks/gpu.py writes it: batch-1 rows of median ms by contender."""
+    path.write_text(json.dumps({"environment": {"gpu": "a GPU"}, "command": "python benchmarks/gpu.py",
+                                "rows": [{"model": m, "batch": 1, "dtype": "float16", "median_ms": ms}
+                                         for m, ms in rows.items()]}))
+
+
+def test_compile_targets_compare_max_autotune_through_the_graph_timed_beside_it(tmp_path: Path) -> None:
+    """``benchmarks/compile_targets.py``: a mode from another page counts as its speedup over
+    that page's graph, the best mode per model, the issue's targets met or missed, and what was
+    not measured said."""
+    _gpu_page(tmp_path / "compile-gpu.json", {
+        "googlenet": {"graph": 1.0, "compile": 4.0, "compile-ro": 0.8, "ios": 0.5, "opsched-compile": 0.4},
+        "resnet50": {"graph": 1.0, "compile": 2.0, "compile-ro": 0.9, "ios": 0.9, "opsched-compile": 0.6}})
+    # max-autotune's session had a slower graph: 2.0 ms against 1.0, so its 0.8 ms is a 2.5x speedup
+    _gpu_page(tmp_path / "compile-max-gpu.json", {"resnet50": {"graph": 2.0, "compile-max": 0.8}})
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "compile_targets.py"), "--pages", str(tmp_path),
+           "--out", str(tmp_path), "--name", "targets"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+    data = json.loads((tmp_path / "targets.json").read_text())
+    rows = {r["model"]: r for r in data["rows"]}
+    assert rows["googlenet"]["best_mode"] == "compile-ro" and rows["googlenet"]["vs_best_mode"] == pytest.approx(2.0)
+    assert rows["resnet50"]["speedups"]["compile-max"] == pytest.approx(2.5)
+    assert rows["resnet50"]["best_mode"] == "compile-max"
+    assert rows["resnet50"]["vs_best_mode"] == pytest.approx((1 / 0.6) / 2.5)
+    targets = data["targets"]
+    assert targets["float16: opsched-compile vs the best torch.compile mode, geomean"]["value"] == pytest.approx(
+        (2.0 * (1 / 0.6) / 2.5) ** 0.5)
+    assert not targets["float16: opsched-compile vs the best torch.compile mode, worst model"]["met"]
+    assert targets["float16: opsched-compile vs the single-stream CUDA graph, geomean"]["met"]  # sqrt(2.5 * 1.67)
+    page = (tmp_path / "targets.md").read_text()
+    assert "- float16: max-autotune not measured on googlenet:" in page
+    assert "- float16: not measured on squeezenet1_1, randwire_small, inception_v3, nasnet_mobile" in page
+    assert "- float32: not measured (no compile32-gpu page)" in page
