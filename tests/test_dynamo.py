@@ -227,6 +227,35 @@ def test_new_weights_and_another_instance_are_never_served_stale_results() -> No
     assert reasons == [["first call", "new weights", "new weights"], ["first call", "new weights"]]
 
 
+def test_a_graph_dynamo_hands_over_again_reapplies_its_twins_schedule_and_no_other() -> None:
+    """Calling under ``inference_mode`` after ``no_grad`` makes Dynamo capture the same graph anew
+    (its guards differ): the new graph reapplies the first's schedule, with no search. A graph of
+    as many operators whose import differs (a kernel size) is searched for itself."""
+    model, x = Branchy().eval(), torch.randn(1, 3, 16, 16)
+    compiled = _compiled(model, scheduler="ios")
+    with torch.no_grad():
+        expected = _leaves(model(x))
+        assert_close(_leaves(compiled(x)), expected, "no_grad")
+    with torch.inference_mode():
+        assert_close(_leaves(compiled(x)), expected, "inference_mode")
+    graphs = od.compiled_graphs()
+    assert len(graphs) == 4, od.report()  # two graphs either side of the break, under each mode
+    assert [(b.schedule_of, b.graph_of) for g in graphs for b in g.buckets] == [
+        (None, None), (None, None), (0, 0), (0, 1)]
+    assert [g.buckets[0].schedule for g in graphs[2:]] == [g.buckets[0].schedule for g in graphs[:2]]
+    assert "graph 0's bucket 0's schedule" in od.report()
+
+    other = Branchy().eval()
+    other.a = nn.Conv2d(3, 8, 5, padding=2)  # as many operators, another convolution
+    torch._dynamo.reset()  # Dynamo forgets; the backend's graphs stay, twins for the new ones
+    with torch.no_grad():
+        assert_close(_leaves(_compiled(other, scheduler="ios")(x)), _leaves(other(x)), "another structure")
+    first, second = od.compiled_graphs()[4:]
+    assert (first.buckets[0].schedule_of, first.buckets[0].graph_of) == (None, None)  # searched: a 5x5 kernel
+    # after the break the same graph: the schedule reapplied is the one searched, graph 1's
+    assert (second.buckets[0].schedule_of, second.buckets[0].graph_of) == (0, 1)
+
+
 @pytest.mark.parametrize("skipped", ["stance", "filter"])
 def test_with_dynamos_guards_skipped_new_weights_are_never_stale_and_a_new_shape_is_refused(skipped: str) -> None:
     """Dynamo's guards skipped, by ``set_stance(skip_guard_eval_unsafe=True)`` or by

@@ -29,6 +29,12 @@ What Dynamo hands over and how it is met:
   those guards were skipped (a ``guard_filter_fn``), another shape is refused, since the graph's
   sizes are constants in it. :func:`compiled_graphs` lists every graph, its buckets and its
   recompiles.
+- **Graphs handed over again.** Dynamo captures a graph anew where only its guards differ (a
+  call under ``inference_mode`` after ``no_grad``, the model compiled again after
+  ``torch._dynamo.reset()``). Such a graph reapplies the schedule another graph of this process
+  searched at the same inputs with the same options, where the two imports are the same to the
+  last type (the schedule's own check), with no search: GoogLeNet's second graph took 1.2 s on
+  this repository's CPU, against 5.0 s searched again.
 - **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:
   0.3-4.2 ms on the zoo's CPU models right after a run (``benchmarks/dynamo_overhead.py``).
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
@@ -51,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx, nn
@@ -101,13 +107,25 @@ class Bucket:
     #: The bucket (its place in its graph's) whose schedule this one reapplies, with no search
     #: (None: searched for this one).
     schedule_of: int | None = None
+    #: The graph (its number in this process) of that bucket, where it is another graph's.
+    graph_of: int | None = None
 
     def __str__(self) -> str:
         ints = f" ints {list(self.ints)}" if self.ints else ""
-        reused = "" if self.schedule_of is None else f", bucket {self.schedule_of}'s schedule"
+        graph = "" if self.graph_of is None else f"graph {self.graph_of}'s "
+        reused = "" if self.schedule_of is None else f", {graph}bucket {self.schedule_of}'s schedule"
         how = (f"eager ({self.fallback})" if self.schedule is None
                else f"{self.schedule.scheduler} on {self.backend}: {self.schedule}")
         return f"{_shapes(self.shapes)}{ints} ({self.reason}, {self.seconds:.1f} s{reused}): {how}"
+
+
+class _Source(NamedTuple):
+    """A searched bucket whose schedule a new bucket reapplies: its module, its place in its
+    graph's buckets, and that graph's number where it is another graph (None: the same one)."""
+
+    module: ScheduledModule
+    bucket: int
+    graph: int | None = None
 
 
 def _shapes(shapes: Sequence[Sequence[int]]) -> str:
@@ -355,7 +373,7 @@ class OpschedGraph:
         if why is None:
             template = self._template(key)
             try:
-                scheduled = None if template is None else self._retarget(module, inputs, template[0])
+                scheduled = None if template is None else self._retarget(module, inputs, template)
                 if scheduled is None:
                     scheduled = self._optimize(module, inputs)
                     template = None
@@ -366,7 +384,8 @@ class OpschedGraph:
             else:
                 bucket = Bucket(shapes, ints, time.perf_counter() - start, scheduled.report().schedule,
                                 scheduled.backend.name, reason=reason,
-                                schedule_of=None if template is None else template[1])
+                                schedule_of=None if template is None else template.bucket,
+                                graph_of=None if template is None else template.graph)
                 self._buckets[key] = (scheduled, bucket)
                 return self._buckets[key]
         if why != _OVER or not any(b.fallback == _OVER for _, b in self._buckets.values()):  # said once a graph
@@ -375,29 +394,54 @@ class OpschedGraph:
         self._buckets[key] = (module, bucket)
         return self._buckets[key]
 
-    def _template(self, key: tuple[Any, ...]) -> tuple[ScheduledModule, int] | None:
-        """The searched bucket whose schedule a new one reapplies, and its place: one of the same
-        shapes (new weights), else, for a dynamic graph under ``specialize="graph"``, the first."""
-        searched = [(k, run, i) for i, (k, (run, b)) in enumerate(self._buckets.items())
-                    if isinstance(run, ScheduledModule) and b.schedule_of is None]
-        same = [(run, i) for k, run, i in searched if k[1:] == key[1:]]
+    def _template(self, key: tuple[Any, ...]) -> _Source | None:
+        """The searched bucket whose schedule a new one reapplies: one of the same shapes (new
+        weights), else, for a dynamic graph under ``specialize="graph"``, the first, else a twin's
+        (:meth:`_twin`)."""
+        searched = self._searched()
+        same = [_Source(run, i) for i, k, run in searched if k[1:] == key[1:]]
         if same:
             return same[0]
         if self.dynamic and self.settings["specialize"] == "graph" and searched:
-            return searched[0][1:]
+            return _Source(searched[0][2], searched[0][0])
+        return self._twin(key)
+
+    def _searched(self) -> list[tuple[int, tuple[Any, ...], ScheduledModule]]:
+        """This graph's buckets searched for themselves: (place, key, module), in order. The
+        buckets are copied in one C call, so another graph's thread may read them while this one
+        adds."""
+        return [(i, k, run) for i, (k, (run, b)) in enumerate(tuple(self._buckets.items()))
+                if isinstance(run, ScheduledModule) and b.schedule_of is None]
+
+    def _twin(self, key: tuple[Any, ...]) -> _Source | None:
+        """A bucket searched by another graph of this process at the same inputs, with as many
+        operators and the same options, the latest first: Dynamo hands over a graph anew where
+        only its guards differ (a call under ``inference_mode`` after ``no_grad``, another instance
+        of the model's class, the same model compiled again), and its schedule is that graph's.
+        It is reapplied only to a graph whose import is the same to the last type (the schedule's
+        own check); any other is searched."""
+        with _LOCK:
+            twins = [g for g in reversed(_GRAPHS) if g is not self and g.operators == self.operators
+                     and g.settings == self.settings]
+        for graph in twins:
+            for i, k, run in graph._searched():
+                if k[1:] == key[1:]:
+                    return _Source(run, i, graph.index)
         return None
 
     def _retarget(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-                  template: ScheduledModule) -> ScheduledModule | None:
+                  template: _Source) -> ScheduledModule | None:
         """``template``'s schedule on ``module`` at these inputs, with no search; None where it
-        does not fit (the import at these shapes differs) or its plan exceeds the memory budget."""
+        does not fit (the import at these shapes differs, or, from another graph, at all) or its
+        plan exceeds the memory budget."""
         from opsched.api import load
 
-        s = self.settings
+        s, source = self.settings, template.module
         where = f"graph {self.index} of the opsched backend at {_shapes([t.shape for t in inputs])}"
-        return reapplied(lambda: load(module, template.schedule, inputs, device=inputs[0].device,
-                                      backend=template.backend.name, graphs=s.get("graphs", True),
-                                      tracer=s.get("tracer", "auto"), retarget=True, verify=s.get("verify", True)),
+        return reapplied(lambda: load(module, source.schedule, inputs, device=inputs[0].device,
+                                      backend=source.backend.name, graphs=s.get("graphs", True),
+                                      tracer=s.get("tracer", "auto"), retarget=template.graph is None,
+                                      verify=s.get("verify", True)),
                          s.get("memory_budget"), where)
 
     def _check_captured(self, inputs: Sequence[torch.Tensor]) -> None:
