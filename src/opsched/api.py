@@ -103,8 +103,7 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
              device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
              channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
              cost: str | CostModel = "measured", backend: str | Sequence[str] = "auto", cache_dir: str | None = None,
-             verify: bool = True,
-             leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
+             verify: bool = True, leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
              progress: bool | Phases | None = None, memory_budget: int | None = None,
              **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that computes what

@@ -403,7 +403,8 @@ class OpschedGraph:
         if same:
             return same[0]
         if self.dynamic and self.settings["specialize"] == "graph" and searched:
-            return _Source(searched[0][2], searched[0][0])
+            place, _, run = searched[0]
+            return _Source(run, place)
         return self._twin(key)
 
     def _searched(self) -> list[tuple[int, tuple[Any, ...], ScheduledModule]]:
@@ -416,8 +417,8 @@ class OpschedGraph:
     def _twin(self, key: tuple[Any, ...]) -> _Source | None:
         """A bucket searched by another graph of this process at the same inputs, with as many
         operators and the same options, the latest first: Dynamo hands over a graph anew where
-        only its guards differ (a call under ``inference_mode`` after ``no_grad``, another instance
-        of the model's class, the same model compiled again), and its schedule is that graph's.
+        only its guards differ (a call under ``inference_mode`` after ``no_grad``, the same model
+        compiled again after ``torch._dynamo.reset()``), and its schedule is that graph's.
         It is reapplied only to a graph whose import is the same to the last type (the schedule's
         own check); any other is searched."""
         with _LOCK:

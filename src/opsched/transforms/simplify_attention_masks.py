@@ -48,10 +48,10 @@ def _simplified(graph: Graph, node: Node) -> Node | None:
     if query is None or key is None:
         return None
     length, source = query[-2], key[-2]
-    lower = torch.ones(length, source, dtype=torch.bool, device=mask.device).tril()
     if (mask.dtype == torch.bool and bool(mask.all())) or (mask.is_floating_point() and not bool(mask.any())):
         causal = False
-    elif mask.dtype == torch.bool and bool((mask == lower).all()):
+    elif mask.dtype == torch.bool and bool(
+            (mask == torch.ones(length, source, dtype=torch.bool, device=mask.device).tril()).all()):
         causal = True
     else:
         return None
