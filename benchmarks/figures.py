@@ -8,7 +8,7 @@ redrawn after any rerun; a figure whose results are not there is skipped with a 
 * ``corpus-gpu.png``: the Hugging Face corpus on a GPU, batch 1: eager PyTorch, opsched's
   sequential plan and ``optimize()`` against the model captured into one CUDA graph;
 * ``compile-gpu.png``: torch.compile's modes, IOS and IOS with Inductor segments on streams
-  against the single-stream CUDA graph, per zoo model at batch 1;
+  against the single-stream CUDA graph, per zoo model at batch 1 (``compile_targets.py``'s page);
 * ``cpu.png``: speedup over ONNX Runtime's sequential session on this repository's CPU, batch 1;
 * ``schedules.png``: the simulated IOS table (each schedule against sequential) beside IOS's
   measured V100 figures;
@@ -107,30 +107,35 @@ def draw_corpus_gpu(plt, corpus: Results) -> None:  # type: ignore[no-untyped-de
                  fontsize=10)
 
 
-COMPILE_GPU = {"compile": "#d62728", "compile-ro": "#ff9896", "ios": "#1f77b4", "opsched-compile": "#2ca02c"}
-COMPILE_LABELS = {"compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead", "ios": "opsched IOS",
+COMPILE_GPU = {"compile": "#d62728", "compile-ro": "#ff9896", "compile-max": "#8c564b", "ios": "#1f77b4",
+               "opsched-compile": "#2ca02c"}
+COMPILE_LABELS = {"compile": "torch.compile", "compile-ro": "torch.compile reduce-overhead",
+                  "compile-max": "torch.compile max-autotune", "ios": "opsched IOS",
                   "opsched-compile": "opsched IOS, Inductor segments"}
 
 
-@figure("compile-gpu", "compile-gpu", "compile32-gpu?")
-def draw_compile_gpu(plt, *pages: Results | None) -> None:  # type: ignore[no-untyped-def]
-    present = [page for page in pages if page is not None]
-    fig, axes = plt.subplots(len(present), 1, figsize=(9, 3.4 * len(present)), squeeze=False)
-    for ax, page in zip(axes[:, 0], present):
-        rows = [r for r in page["rows"] if "graph" in r["median_ms"]]
-        series = _over_graph(rows, COMPILE_GPU)
+@figure("compile-gpu", "compile-targets")
+def draw_compile_gpu(plt, targets: Results) -> None:  # type: ignore[no-untyped-def]
+    """From ``benchmarks/compile_targets.py``'s page: each contender's speedup over the graph
+    timed beside it, max-autotune's from its own pages."""
+    dtypes = [d for d in ("float16", "float32") if any(r["dtype"] == d for r in targets["rows"])]
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(9, 3.4 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        rows = [r for r in targets["rows"] if r["dtype"] == dtype]
+        series = {c: [r["speedups"].get(c, 0.0) for r in rows] for c in COMPILE_GPU
+                  if any(c in r["speedups"] for r in rows)}
         _grouped_bars(ax, [r["model"] for r in rows], series, COMPILE_GPU)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        if rows and rows[0]["dtype"] == "float16":
+        if dtype == "float16":
             ax.axhline(1.8, color="red", linestyle="--", linewidth=0.8, label="target 1.8x (geomean)")
         ax.set_ylabel("speedup over the\nsingle-stream CUDA graph")
         _legend(ax, COMPILE_LABELS, fontsize=7, ncol=3, loc="upper left")
         ax.set_ylim(0, 1.35 * max((v for vs in series.values() for v in vs), default=1.0))  # room for the legend
-        both = [v for v in series.get("opsched-compile", []) if v > 0]
-        ax.set_title(f"{rows[0]['dtype'] if rows else ''}, batch 1: Inductor segments on streams "
-                     f"{geomean(both):.2f}x the single-stream graph (geomean)" if both else "", fontsize=10)
-    fig.suptitle(f"{present[0]['environment'].get('gpu', 'GPU').split(' sm_')[0]}: opsched against torch.compile",
-                 fontsize=11)
+        ax.set_title(f"{dtype}, batch 1: Inductor segments {geomean(r['vs_graph'] for r in rows):.2f}x the graph, "
+                     f"{geomean(r['vs_best_mode'] for r in rows):.2f}x the best torch.compile mode (geomeans)",
+                     fontsize=10)
+    gpus = sorted({s["gpu"].split(" sm_")[0] for s in targets["sources"].values() if s.get("gpu")})
+    fig.suptitle(f"{' and '.join(gpus) or 'GPU'}: opsched against torch.compile", fontsize=11)
 
 
 @figure("gpu", "gpu-NVIDIA_H100_80GB_HBM3")

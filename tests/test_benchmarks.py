@@ -159,8 +159,8 @@ def test_figures_are_drawn_from_the_committed_results_and_skip_what_is_missing(t
         sys.path.remove(str(ROOT / "benchmarks"))
     results = tmp_path / "results"
     results.mkdir()
-    # stage-counts can do without the IOS-wiring run, compile-gpu without a float32 page
-    for name in ("cpu", "stage-floor", "corpus-gpu", "compile-gpu"):
+    # stage-counts can do without the IOS-wiring run
+    for name in ("cpu", "stage-floor", "corpus-gpu", "compile-targets"):
         (results / f"{name}.json").write_text((ROOT / "docs" / "results" / f"{name}.json").read_text())
     monkeypatch.setattr(figures, "RESULTS", results)
     monkeypatch.setattr(sys, "argv", ["figures.py", "--out", str(tmp_path / "png")])
