@@ -36,7 +36,7 @@ What Dynamo hands over and how it is met:
   last type (the schedule's own check), with no search: GoogLeNet's second graph took 1.2 s on
   this repository's CPU, against 5.0 s searched again.
 - **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:
-  0.3-4.2 ms on the zoo's CPU models right after a run (``benchmarks/dynamo_overhead.py``).
+  0.3-4.2 ms on the zoo's CPU models right after a run, in two runs (``benchmarks/dynamo_overhead.py``).
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
   ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
   the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
