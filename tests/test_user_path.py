@@ -965,9 +965,9 @@ def test_arguments_are_checked_before_any_work(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_plan_runs_where_the_model_is_unless_told() -> None:
-    """``optimize()`` and ``load()`` without ``device``: the device of the model's weights, else
-    of its inputs (a model of no weights), else the CPU; weights split across devices are
-    refused, naming them. Meta stands in for a GPU: it is refused as a device to run on, by name,
+    """``optimize()``, ``load()`` and their graph forms without ``device``: the device of the
+    model's weights, else of its inputs (a model of no weights), else the CPU; weights split
+    across devices are refused, naming them. Meta stands in for a GPU: it is refused as a device to run on, by name,
     which shows it was the one taken."""
     from opsched.api import home_device
 
@@ -988,3 +988,9 @@ def test_a_plan_runs_where_the_model_is_unless_told() -> None:
     module = opsched.optimize(model, x, **ANALYTIC)
     assert module.device == torch.device("cpu")
     equal_on_fresh_inputs(model, module, (x,))
+    # an imported graph: where its weights are (an ONNX file's: the CPU)
+    graph = opsched.from_torch(meta, x.to("meta"))
+    assert home_device(graph) == torch.device("meta")
+    with pytest.raises(OpschedError, match="device 'meta' is not supported by this opsched"):
+        opsched.optimize_graph(graph, cost="analytic")
+    assert opsched.optimize_graph(module.graph, cost="analytic").device == torch.device("cpu")

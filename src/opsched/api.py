@@ -66,13 +66,16 @@ def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch
     return OutputStructure.of(out, (args, kwargs), copies)
 
 
-def home_device(model: Model, example_inputs: ExampleInputs | None = None) -> torch.device:
-    """Where ``model`` runs, the device :func:`optimize` and :func:`load` place a plan on unless
-    told: that of its weights (parameters and buffers), else of its example inputs' tensors, else
-    the CPU. A model whose weights lie on several devices (split across GPUs) is refused: its
-    plan runs on one, named by ``device``."""
-    if isinstance(model, torch.export.ExportedProgram):
-        weights: Iterator[Any] = iter(model.state_dict.values())
+def home_device(model: Model | Graph, example_inputs: ExampleInputs | None = None) -> torch.device:
+    """Where ``model`` (or an imported graph) runs, the device :func:`optimize`, :func:`load`,
+    :func:`optimize_graph` and :func:`load_graph` place a plan on unless told: that of its weights
+    (parameters and buffers), else of its example inputs' tensors, else the CPU. A model whose
+    weights lie on several devices (split across GPUs) is refused: its plan runs on one, named by
+    ``device``."""
+    if isinstance(model, Graph):
+        weights: Iterator[Any] = iter(model.params.values())
+    elif isinstance(model, torch.export.ExportedProgram):
+        weights = iter(model.state_dict.values())
     elif isinstance(model, nn.Module):
         weights = itertools.chain(model.parameters(), model.buffers())
     else:
@@ -188,7 +191,7 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     return module
 
 
-def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+def optimize_graph(graph: Graph, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                    channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
                    cost: str | CostModel = "measured", backend: str | Sequence[str] = "auto",
                    cache_dir: str | None = None,
@@ -201,8 +204,10 @@ def optimize_graph(graph: Graph, *, device: str | torch.device = "cpu", dtype: s
     prices were taken in isolation) and the faster is kept; with several schedulers, their
     plans race whatever the cost model. ``race_with`` adds schedulers whose plans only race (the
     command line's baselines); ``rounds`` is the race's. ``module.report()`` gives every
-    contender's median and which was kept; ``memory_budget`` is :func:`optimize`'s."""
-    request = check_request(device=device, scheduler=scheduler, backend=backend, dtype=dtype, **options)
+    contender's median and which was kept; ``memory_budget`` and ``device`` (by default where the
+    graph's weights are: the CPU for an ONNX file's) are :func:`optimize`'s."""
+    request = check_request(device=home_device(graph) if device is None else device, scheduler=scheduler,
+                            backend=backend, dtype=dtype, **options)
     extra = scheduler_names(race_with) if race_with else ()
     return _optimize(graph, request, channels_last=channels_last, graphs=graphs, cost=cost, cache_dir=cache_dir,
                      check=check, race_with=extra, rounds=rounds, progress=phases(progress),
@@ -387,7 +392,7 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     return module
 
 
-def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device: str | torch.device = "cpu",
+def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, channels_last: bool = False, graphs: bool = True,
                backend: str = "auto", retarget: bool = False) -> ScheduledModule:
     """:func:`load` for an imported graph: reapply a schedule that :func:`optimize_graph` (its
@@ -405,7 +410,7 @@ def load_graph(graph: Graph, path: str | os.PathLike[str] | Schedule, *, device:
                 if isinstance(graph, (str, os.PathLike))
                 else "opsched.load(model, path, example_inputs) for an nn.Module")
         raise FrontendError(f"load_graph() takes an imported Graph, got {type(graph).__name__}: {hint}")
-    dev = check_device(device)
+    dev = check_device(home_device(graph) if device is None else device)
     graph = place(graph, dev, dtype, channels_last)
     saved = path if isinstance(path, Schedule) else Schedule.load(path)
     sched = saved.retarget(graph) if retarget else saved.validate(graph)
