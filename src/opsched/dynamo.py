@@ -60,11 +60,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from opsched._text import count
 from opsched.buckets import MAX_SHAPES, SPECIALIZE, Shapes, describe, reapplied, shapes_of
 from opsched.errors import OpschedError
+from opsched.frontends.dynamo_graph import frozen_module, is_lifted_weight, weights_written
 from opsched.module import ScheduledModule
 from opsched.report import ScheduleSummary
 
@@ -244,71 +245,6 @@ def _described(signature: tuple[Shapes, tuple[str, ...]]) -> str:
     return f"[{describe(shapes)}] on {', '.join(dict.fromkeys(devices))}"
 
 
-def _static(value: Any) -> bool:
-    """Whether Dynamo passes ``value`` as a weight: a parameter or buffer it lifted."""
-    return isinstance(value, nn.Parameter) or getattr(value, "_dynamo_static_input_type", None) is not None
-
-
-def _frozen(gm: fx.GraphModule, args: Sequence[Any], tensors: Sequence[int], name: str) -> fx.GraphModule:
-    """The captured graph as a module of its dynamic tensors alone, which :func:`opsched.optimize`
-    imports like any model: each weight a buffer (read by ``get_attr``), each integer argument
-    the value it has in ``args``."""
-    root = nn.Module()
-    for target in {str(n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}:
-        *path, leaf = target.split(".")
-        owner = root
-        for atom in path:
-            if not hasattr(owner, atom):
-                owner.add_module(atom, nn.Module())
-            owner = getattr(owner, atom)
-        value = _attr(gm, target)
-        if isinstance(value, nn.Module):
-            owner.add_module(leaf, value)
-        elif isinstance(value, torch.Tensor):
-            owner.register_buffer(leaf, value)
-        else:
-            setattr(owner, leaf, value)
-    graph = fx.Graph()
-    mapped: dict[fx.Node, Any] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        if i in tensors:
-            mapped[node] = graph.placeholder(node.name)
-        elif isinstance(args[i], torch.Tensor):
-            root.register_buffer(f"_weight{i}", args[i].detach())
-            mapped[node] = graph.get_attr(f"_weight{i}")
-        else:
-            mapped[node] = args[i]
-    graph.output(graph.graph_copy(gm.graph, mapped))
-    return fx.GraphModule(root, graph, class_name=name)
-
-
-def _weights_written(gm: fx.GraphModule, weights: Sequence[int]) -> tuple[str, ...]:
-    """The weights (parameters, buffers) whose memory an in-place call of ``gm`` writes, itself or
-    through a view, told by the storages of the fake tensors Dynamo recorded; by placeholder name."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    from opsched.frontends.torch_fx import mutated_by
-
-    def storage(n: fx.Node) -> StorageWeakRef | None:
-        value = n.meta.get("example_value")
-        if not isinstance(value, torch.Tensor):
-            return None
-        return StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]  # torch's, unannotated
-
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    held = {s: p.name for i, p in enumerate(placeholders) if i in weights and (s := storage(p)) is not None}
-    written = [held[s] for n in gm.graph.nodes if (m := mutated_by(n, gm)) is not None
-               and (s := storage(m)) is not None and s in held]
-    return tuple(dict.fromkeys(written))
-
-
-def _attr(module: nn.Module, target: str) -> Any:
-    for atom in target.split("."):
-        module = getattr(module, atom)
-    return module
-
-
 class OpschedGraph:
     """One captured graph, run by scheduled modules, one per bucket (see the module docstring)."""
 
@@ -317,12 +253,12 @@ class OpschedGraph:
         self.settings = dict(settings)
         self.index = -1
         self.operators = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-        self.weights = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor) and _static(a))
+        self.weights = tuple(i for i, a in enumerate(example_inputs) if is_lifted_weight(a))
         self.tensors = tuple(i for i, a in enumerate(example_inputs)
                              if isinstance(a, torch.Tensor) and i not in self.weights)
         self.ints = tuple(i for i, a in enumerate(example_inputs) if isinstance(a, (int, torch.SymInt))
                           and not isinstance(a, bool))
-        self.writes_weights = _weights_written(gm, self.weights)
+        self.writes_weights = weights_written(gm, self.weights)
         # Dynamo made the graph dynamic: it passes sizes as symbols (a SymInt, or a tensor sized by one)
         self.dynamic = any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor)
                            and any(isinstance(d, torch.SymInt) for d in a.shape) for a in example_inputs)
@@ -366,7 +302,7 @@ class OpschedGraph:
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         self._weights_seen = key[0]
         start = time.perf_counter()
-        module = _frozen(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
+        module = frozen_module(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
         why = self._unschedulable(inputs)
