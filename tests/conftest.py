@@ -20,6 +20,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(not_now)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The profile store and the schedule cache of this test session's own: tests neither read
+    what the user's runs left nor leave anything there (subprocesses inherit it too)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPSCHED_CACHE_DIR", str(tmp_path_factory.mktemp("opsched-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _deterministic() -> None:
     torch.manual_seed(0)
