@@ -13,6 +13,7 @@ serial twin.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 from collections.abc import Collection, Sequence
@@ -50,6 +51,7 @@ def gpu_versions() -> str:
             f"driver={_driver_version()}")
 
 
+@functools.cache
 def _driver_version() -> str:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
