@@ -81,7 +81,7 @@ def run(name: str, specialize: str, tokens: int, rounds: int) -> tuple[list[obje
     searched = sum(g.searches for g in graphs)
     made_s = sum(b.seconds for b in buckets)
     reapplied = [b.seconds for b in buckets if b.schedule_of is not None]
-    by_search = [b.seconds for b in buckets if b.schedule is not None and b.schedule_of is None]
+    by_search = [b.seconds for b in buckets if b.searched]
     ratio = paired_ratio(times["eager"], times["compiled"])
     over_dynamo = paired_ratio(times["dynamo"], times["compiled"])
     ms = {k: statistics.median(v) for k, v in times.items()}

@@ -5,9 +5,12 @@ eagerly with the reason recorded (or raises, when asked)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +26,14 @@ FAST = {"cost": "analytic", "verify": False}
 
 
 @pytest.fixture(autouse=True)
-def fresh() -> None:
+def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo and the backend with nothing compiled, and a schedule cache of the test's own."""
+    monkeypatch.setenv("OPSCHED_CACHE_DIR", str(tmp_path))
+    _restart()
+
+
+def _restart() -> None:
+    """What a new process meets: neither Dynamo nor the backend holds a graph (files stay)."""
     torch._dynamo.reset()
     od.reset()
 
@@ -65,6 +75,106 @@ def test_the_backend_is_found_through_its_entry_point_with_no_import() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"
+
+
+def test_a_new_process_loads_the_schedule_an_earlier_one_searched(tmp_path: Path) -> None:
+    """Two processes compile one model: the second loads the first's schedule from the schedule
+    cache, with no search (Dynamo's graph code, and so the key, is the same in both)."""
+    code = textwrap.dedent("""
+        import torch, opsched.dynamo as od
+        from opsched.models import example_inputs, get_model
+        m, x = get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1", 1)
+        with torch.no_grad():
+            assert torch.allclose(torch.compile(m, backend="opsched", options={"cost": "analytic"})(*x), m(*x),
+                                  atol=1e-4)
+        (bucket,) = od.compiled_graphs()[0].buckets
+        print(bucket.searched, bucket.cached is not None)
+    """)
+
+    def run() -> str:
+        env = {**os.environ, "OPSCHED_CACHE_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert run() == "True False"
+    assert len(list((tmp_path / "schedules").glob("*.json"))) == 1
+    assert run() == "False True"
+
+
+def _schedule_files(cache: Path) -> dict[int, Path]:
+    """The schedule cache's files by the operator count of the graph each was searched for."""
+    return {json.loads(p.read_text())["about"]["operators"]: p for p in (cache / "schedules").glob("*.json")}
+
+
+def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_path: Path) -> None:
+    model, x = Branchy().eval(), torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        expected = _leaves(model(x))
+        assert_close(_leaves(_compiled(model)(x)), expected, "searched")
+        searched = od.compiled_graphs()
+        files = _schedule_files(tmp_path)
+        assert sorted(files) == sorted(g.operators for g in searched)  # one schedule each side of the break
+        _restart()
+        assert_close(_leaves(_compiled(model)(x)), expected, "loaded")
+    loaded = od.compiled_graphs()
+    assert [g.searches for g in searched] == [1, 1] and [g.searches for g in loaded] == [0, 0]
+    assert [g.buckets[0].cached for g in loaded] == [str(files[g.operators]) for g in loaded]
+    assert [g.buckets[0].schedule for g in loaded] == [g.buckets[0].schedule for g in searched]
+    assert "the schedule cache's" in od.report()
+
+
+def test_the_schedule_cache_serves_only_the_same_graph_inputs_and_options(tmp_path: Path) -> None:
+    def conv(width: int) -> nn.Module:  # the same code whatever the width: the weights' sizes differ
+        return nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.Conv2d(width, 4, 1)).eval()
+
+    x = torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        _compiled(conv(8))(x)
+        for model, inputs, options in [(conv(8), torch.randn(1, 3, 14, 14), {}),  # another shape
+                                       (conv(16), x, {}),                        # other weights' sizes
+                                       (conv(8), x, {"scheduler": "sequential"}),  # another option
+                                       (conv(8), x, {"schedule_cache": False})]:   # not asked to
+            _restart()
+            assert_close(_compiled(model, **options)(inputs), model(inputs), str(options))
+            assert od.compiled_graphs()[0].searches == 1, (options, od.report())
+        _restart()
+        _compiled(conv(8), verify=True)(x)  # a setting that does not change the plan: loaded
+        assert od.compiled_graphs()[0].searches == 0, od.report()
+    assert len(_schedule_files(tmp_path)) == 1 and len(list((tmp_path / "schedules").glob("*.json"))) == 4
+
+
+def test_a_corrupt_or_foreign_cache_file_is_set_aside_or_replaced_and_the_graph_searched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, x = Branchy().eval(), torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        expected = _leaves(model(x))
+        _compiled(model)(x)
+        files = _schedule_files(tmp_path)
+        first, second = (files[g.operators] for g in od.compiled_graphs())
+        foreign = json.loads(second.read_text())["schedule"]
+        data = json.loads(first.read_text())
+        first.write_text(json.dumps({**data, "schedule": foreign}))  # the other graph's schedule, under this key
+        second.write_text(second.read_text()[:100])                   # truncated
+        _restart()
+        assert_close(_leaves(_compiled(model)(x)), expected, "searched again")
+    assert [g.searches for g in od.compiled_graphs()] == [1, 1], od.report()
+    def made_for(path: Path) -> str:
+        return str(json.loads(path.read_text())["schedule"]["graph_hash"])
+
+    assert made_for(first) == data["schedule"]["graph_hash"] != foreign["graph_hash"]  # replaced by one that fits
+    assert second.with_suffix(".corrupt").exists() and made_for(second) == foreign["graph_hash"]
+    assert "cannot be used" in caplog.text and second.name in caplog.text
+
+
+def test_an_unwritable_schedule_cache_warns_once_and_loses_nothing(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "schedules").write_text("a file where the directory would be")
+    model, x = Branchy().eval(), torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert_close(_leaves(_compiled(model)(x)), _leaves(model(x)), "unwritable cache")
+    assert [g.searches for g in od.compiled_graphs()] == [1, 1]
+    assert caplog.text.count("cannot be written") == 1
 
 
 @pytest.mark.parametrize("name", list_models())

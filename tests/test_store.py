@@ -182,11 +182,16 @@ def test_export_import_round_trip_and_bad_files(tmp_path: Path) -> None:
 def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with ProfileStore(tmp_path) as store:
         store.put(CTX, "k", 1.0)
+    (tmp_path / "schedules").mkdir()
+    for name in ("a.json", "b.json", "c.corrupt"):  # two cached schedules, one file set aside
+        (tmp_path / "schedules" / name).write_text("{}")
     assert main(["cache", "status", "--cache-dir", str(tmp_path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["measurements"] == 1
+    status = json.loads(capsys.readouterr().out)
+    assert status["measurements"] == 1 and status["schedule_cache"]["schedules"] == 2
     assert main(["cache", "export", str(tmp_path / "e.jsonl"), "--cache-dir", str(tmp_path)]) == 0
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
-    assert "removed 1" in capsys.readouterr().out
+    assert "removed 1 measurements" in (out := capsys.readouterr().out) and "and 2 schedules" in out
+    assert not list((tmp_path / "schedules").iterdir())
     assert main(["cache", "import", str(tmp_path / "e.jsonl"), "--cache-dir", str(tmp_path)]) == 0
     assert main(["cache", "status", "--cache-dir", str(tmp_path)]) == 0
     assert "1 measurements" in capsys.readouterr().out

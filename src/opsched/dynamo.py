@@ -57,6 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -68,6 +69,8 @@ from opsched.errors import OpschedError
 from opsched.frontends.dynamo_graph import frozen_module, is_lifted_weight, weights_written
 from opsched.module import ScheduledModule
 from opsched.report import ScheduleSummary
+from opsched.schedule import Schedule
+from opsched.schedule_cache import CacheKey, ScheduleCache
 
 __all__ = ["backend", "OpschedGraph", "Bucket", "CompiledGraphInfo", "compiled_graphs", "report", "reset", "MODES",
            "OPTIONS"]
@@ -87,7 +90,10 @@ MODES: dict[str, dict[str, Any]] = {
 #: model takes the inputs its original takes).
 OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs", "memory_budget")
 #: The backend's own options, and their defaults.
-OWN_OPTIONS: dict[str, Any] = {"fallback": True, "specialize": "graph", "max_shapes": MAX_SHAPES}
+OWN_OPTIONS: dict[str, Any] = {"fallback": True, "specialize": "graph", "max_shapes": MAX_SHAPES,
+                               "schedule_cache": True}
+#: Settings that do not change the plan a search makes, so not part of the schedule cache's key.
+_NOT_IN_KEY = frozenset({"fallback", "specialize", "max_shapes", "schedule_cache", "cache_dir", "verify", "progress"})
 _REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
             "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
             "leaf_modules": "Dynamo traces the model, not opsched's importer"}
@@ -110,14 +116,30 @@ class Bucket:
     schedule_of: int | None = None
     #: The graph (its number in this process) of that bucket, where it is another graph's.
     graph_of: int | None = None
+    #: The schedule cache's file whose schedule this bucket loaded, with no search (None: not one).
+    cached: str | None = None
+
+    @property
+    def searched(self) -> bool:
+        """Whether its schedule was searched for it (not reapplied, not loaded, not eager)."""
+        return self.schedule is not None and self.schedule_of is None and self.cached is None
 
     def __str__(self) -> str:
         ints = f" ints {list(self.ints)}" if self.ints else ""
         graph = "" if self.graph_of is None else f"graph {self.graph_of}'s "
-        reused = "" if self.schedule_of is None else f", {graph}bucket {self.schedule_of}'s schedule"
+        reused = ("" if self.schedule_of is None else f", {graph}bucket {self.schedule_of}'s schedule") + (
+            "" if self.cached is None else f", the schedule cache's {Path(self.cached).name}")
         how = (f"eager ({self.fallback})" if self.schedule is None
                else f"{self.schedule.scheduler} on {self.backend}: {self.schedule}")
         return f"{_shapes(self.shapes)}{ints} ({self.reason}, {self.seconds:.1f} s{reused}): {how}"
+
+
+class _Origin(NamedTuple):
+    """Where a bucket's schedule came from, as :class:`Bucket` records it (all None: searched)."""
+
+    schedule_of: int | None = None
+    graph_of: int | None = None
+    cached: str | None = None
 
 
 class _Source(NamedTuple):
@@ -149,8 +171,9 @@ class CompiledGraphInfo:
 
     @property
     def searches(self) -> int:
-        """Buckets whose schedule was searched for them (the others reapply one, or run eagerly)."""
-        return sum(1 for b in self.buckets if b.schedule is not None and b.schedule_of is None)
+        """Buckets whose schedule was searched for them (the others reapply one, load one from the
+        schedule cache, or run eagerly)."""
+        return sum(1 for b in self.buckets if b.searched)
 
     def __str__(self) -> str:
         over = [b for b in self.buckets if b.fallback == _OVER]
@@ -265,6 +288,7 @@ class OpschedGraph:
         #: What a static graph was captured for: its sizes are constants in it.
         self.captured = _signature([example_inputs[i] for i in self.tensors])
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
+        self.cache = ScheduleCache(self.settings.get("cache_dir")) if self.settings["schedule_cache"] else None
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._lock = threading.Lock()
 
@@ -307,21 +331,15 @@ class OpschedGraph:
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
         why = self._unschedulable(inputs)
         if why is None:
-            template = self._template(key)
             try:
-                scheduled = None if template is None else self._retarget(module, inputs, template)
-                if scheduled is None:
-                    scheduled = self._optimize(module, inputs)
-                    template = None
+                scheduled, origin = self._schedule(module, args, inputs, key)
             except OpschedError as e:
                 if not self.settings["fallback"]:
                     raise
                 why = str(e)
             else:
                 bucket = Bucket(shapes, ints, time.perf_counter() - start, scheduled.report().schedule,
-                                scheduled.backend.name, reason=reason,
-                                schedule_of=None if template is None else template.bucket,
-                                graph_of=None if template is None else template.graph)
+                                scheduled.backend.name, reason=reason, **origin._asdict())
                 self._buckets[key] = (scheduled, bucket)
                 return self._buckets[key]
         if why != _OVER or not any(b.fallback == _OVER for _, b in self._buckets.values()):  # said once a graph
@@ -329,6 +347,41 @@ class OpschedGraph:
         bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
         self._buckets[key] = (module, bucket)
         return self._buckets[key]
+
+    def _schedule(self, module: fx.GraphModule, args: Sequence[Any], inputs: tuple[torch.Tensor, ...],
+                  key: tuple[Any, ...]) -> tuple[ScheduledModule, _Origin]:
+        """The bucket's scheduled module, and where its schedule came from: a bucket's of this
+        process reapplied (:meth:`_template`), else the schedule cache's, else searched now (and
+        then cached)."""
+        template = self._template(key)
+        if template is not None:
+            source = template.module
+            scheduled = self._load(module, inputs, source.schedule, source.backend.name, template.graph is None)
+            if scheduled is not None:
+                return scheduled, _Origin(template.bucket, template.graph)
+        cache, cache_key = self.cache, self._cache_key(args, inputs[0].device)
+        cached = None if cache is None or cache_key is None else cache.get(cache_key)
+        if cached is not None:
+            scheduled = self._load(module, inputs, cached.schedule, cached.backend, False,
+                                   f" from the schedule cache ({cached.path})")
+            if scheduled is not None:
+                return scheduled, _Origin(cached=str(cached.path))
+        start = time.perf_counter()
+        scheduled = self._optimize(module, inputs)
+        if cache is not None and cache_key is not None:
+            about = {"operators": self.operators, "inputs": [list(t.shape) for t in inputs]}
+            cache.put(cache_key, scheduled.schedule, scheduled.backend.name, time.perf_counter() - start, about)
+        return scheduled, _Origin()
+
+    def _cache_key(self, args: Sequence[Any], device: torch.device) -> CacheKey | None:
+        """The schedule cache's key of a bucket: this graph's code, every tensor it is handed
+        (weights included: the code does not hold their sizes), its integers, the settings."""
+        if self.cache is None:
+            return None
+        tensors = tuple((tuple(a.shape), str(a.dtype)) for a in args if isinstance(a, torch.Tensor))
+        ints = tuple(int(args[i]) for i in self.ints)
+        settings = {k: v for k, v in self.settings.items() if k not in _NOT_IN_KEY}
+        return CacheKey.of(self.gm.code, tensors, ints, settings, device)
 
     def _template(self, key: tuple[Any, ...]) -> _Source | None:
         """The searched bucket whose schedule a new one reapplies: one of the same shapes (new
@@ -366,20 +419,25 @@ class OpschedGraph:
                     return _Source(run, i, graph.index)
         return None
 
-    def _retarget(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-                  template: _Source) -> ScheduledModule | None:
-        """``template``'s schedule on ``module`` at these inputs, with no search; None where it
-        does not fit (the import at these shapes differs, or, from another graph, at all) or its
-        plan exceeds the memory budget."""
+    def _load(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...], schedule: Schedule, backend: str,
+              retarget: bool, source: str = "") -> ScheduledModule | None:
+        """``schedule`` on ``module`` at these inputs, with no search; None where it does not fit
+        (the import differs: at these shapes where ``retarget``, else at all), its plan exceeds
+        the memory budget, or (from the schedule cache) it cannot run here any more."""
         from opsched.api import load
 
-        s, source = self.settings, template.module
-        where = f"graph {self.index} of the opsched backend at {_shapes([t.shape for t in inputs])}"
-        return reapplied(lambda: load(module, source.schedule, inputs, device=inputs[0].device,
-                                      backend=source.backend.name, graphs=s.get("graphs", True),
-                                      tracer=s.get("tracer", "auto"), retarget=template.graph is None,
-                                      verify=s.get("verify", True)),
-                         s.get("memory_budget"), where)
+        s = self.settings
+        where = f"graph {self.index} of the opsched backend at {_shapes([t.shape for t in inputs])}{source}"
+        try:
+            return reapplied(lambda: load(module, schedule, inputs, device=inputs[0].device, backend=backend,
+                                          graphs=s.get("graphs", True), tracer=s.get("tracer", "auto"),
+                                          retarget=retarget, verify=s.get("verify", True)),
+                             s.get("memory_budget"), where)
+        except OpschedError as e:
+            if not source:
+                raise
+            log.warning("opsched backend: %s is searched: the cached schedule cannot run here (%s)", where, e)
+            return None
 
     def _check_captured(self, inputs: Sequence[torch.Tensor]) -> None:
         """Refuse inputs a static graph was not captured for. Dynamo's guards send such inputs

@@ -1,4 +1,5 @@
-"""``opsched cache status | clear | export FILE | import FILE``: the profile store."""
+"""``opsched cache status | clear | export FILE | import FILE``: the profile store, and the
+schedule cache of the ``torch.compile`` backend beside it (status and clear)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from opsched.cli.main import Handler, subcommand
 from opsched.cli.table import format_table
 
 
-@subcommand("cache", "inspect or manage the profile store of stage measurements")
+@subcommand("cache", "inspect or manage the profile store of stage measurements and the schedule cache")
 def _setup(p: argparse.ArgumentParser) -> Handler:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     parsers = {
-        "status": actions.add_parser("status", help="where the store is, and what it holds"),
-        "clear": actions.add_parser("clear", help="remove every measurement"),
+        "status": actions.add_parser("status", help="where the store and the schedule cache are, and what they hold"),
+        "clear": actions.add_parser("clear", help="remove every measurement and every cached schedule"),
         "export": actions.add_parser("export", help="write every measurement to FILE (JSON lines)"),
         "import": actions.add_parser("import", help="merge measurements exported to FILE"),
     }
@@ -26,10 +27,12 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         from opsched.cost import ProfileStore
+        from opsched.schedule_cache import ScheduleCache
 
+        schedules = ScheduleCache(args.cache_dir)
         with ProfileStore(args.cache_dir) as store:
             if args.action == "status":
-                status = store.status()
+                status = {**store.status(), "schedule_cache": schedules.status()}
                 if args.json:
                     print(json.dumps(status, indent=1))
                     return 0
@@ -39,8 +42,12 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                         for c in status["contexts"]]  # type: ignore[attr-defined]
                 if rows:
                     print(format_table(["device", "backend", "versions", "batch", "measurements"], rows))
+                cached = schedules.status()
+                print(f"schedule cache {cached['path']} (format {cached['format']}): {cached['schedules']} "
+                      f"schedules, {cached['bytes'] / 1024:.1f} KiB")
             elif args.action == "clear":
-                print(f"removed {store.clear()} measurements from {store.path}")
+                print(f"removed {store.clear()} measurements from {store.path} and {schedules.clear()} schedules "
+                      f"from {schedules.directory}")
             elif args.action == "export":
                 print(f"wrote {store.export(args.file)} measurements to {args.file}")
             else:

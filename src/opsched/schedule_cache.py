@@ -1,0 +1,191 @@
+"""The schedule cache: schedules the ``torch.compile`` backend searched, kept on disk across
+processes, so that a server that restarts (or a second run of a script) loads each graph's
+schedule instead of searching it again.
+
+One JSON file per schedule, under ``<cache_dir>/schedules/`` (the profile store's directory,
+:func:`~opsched.cost.store.default_cache_dir`), named by the hash of its :class:`CacheKey`: what Dynamo
+handed over (the graph's code, every input's shape and type, its integer arguments), the
+backend's options that shape a plan, and the device and library versions it was made on. The key
+is a fast first test; a schedule found is reapplied by :func:`opsched.load`, whose exact
+structural check refuses one made for another import (the same code with weights that fold
+differently), which is then searched and its file replaced.
+
+Nothing goes wrong because of the cache, whatever state it is in: a file that cannot be read or
+parsed is moved aside (``.corrupt``) with a warning and the graph searched; where the directory
+cannot be written, schedules are searched as without the cache (one warning); two processes that
+write one key at once each write a whole file (a unique temporary, then a rename), and the later
+one stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opsched.cost.store import default_cache_dir
+from opsched.errors import OpschedError
+from opsched.schedule import Schedule
+
+__all__ = ["CacheKey", "CachedSchedule", "ScheduleCache", "device_fingerprint", "FORMAT"]
+
+log = logging.getLogger(__name__)
+
+#: Bumped whenever what a cache file holds, or what its key means, changes (older files then miss).
+FORMAT = 1
+_PLAIN = (str, int, float, bool, type(None))
+_UNWRITABLE: set[Path] = set()  # directories warned about, once a process each
+
+
+def device_fingerprint(device: torch.device) -> str:
+    """The device a schedule was made on and the libraries whose kernels it ran, as the profile
+    store's contexts name them: a schedule raced on one GPU or CPU is not reused on another."""
+    from opsched.backends import cpu_fingerprint
+    from opsched.backends.cuda import gpu_fingerprint, gpu_versions
+
+    if device.type == "cuda":
+        return f"{gpu_fingerprint(device)} {gpu_versions()}"
+    try:
+        ort = f" onnxruntime={importlib.metadata.version('onnxruntime')}"
+    except importlib.metadata.PackageNotFoundError:
+        ort = ""
+    return f"{device.type}: {cpu_fingerprint()} torch={torch.__version__}{ort}"
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(map(_plain, value))
+    return isinstance(value, _PLAIN)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a cached schedule was made for. ``graph`` is the hash of the captured graph's code,
+    ``inputs`` every input's shape and dtype (lifted weights included), ``settings`` the options
+    that shape a plan, ``device`` :func:`device_fingerprint`."""
+
+    graph: str
+    inputs: tuple[tuple[tuple[int, ...], str], ...]
+    ints: tuple[int, ...]
+    settings: tuple[tuple[str, Any], ...]
+    device: str
+    opsched: str
+
+    @classmethod
+    def of(cls, code: str, inputs: tuple[tuple[tuple[int, ...], str], ...], ints: tuple[int, ...],
+           settings: Mapping[str, Any], device: torch.device) -> CacheKey | None:
+        """The key, or None where a setting is not plain data (a cost model object): such a
+        schedule is not cached, as nothing would tell it from another's."""
+        if not all(_plain(v) for v in settings.values()):
+            return None
+        from opsched import __version__
+
+        plain = tuple(sorted((k, list(v) if isinstance(v, tuple) else v) for k, v in settings.items()))
+        return cls(hashlib.sha256(code.encode()).hexdigest(), inputs, ints, plain, device_fingerprint(device),
+                   __version__)
+
+    @property
+    def digest(self) -> str:
+        text = json.dumps([FORMAT, dataclasses.astuple(self)], sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class CachedSchedule:
+    """A schedule found in the cache: the schedule, the backend it runs on, the file, and how
+    long the search that made it took."""
+
+    schedule: Schedule
+    backend: str
+    path: Path
+    search_seconds: float
+
+
+class ScheduleCache:
+    """The cache directory's schedules (see the module docstring). ``cache_dir`` None: the
+    default cache directory (``OPSCHED_CACHE_DIR`` or the user cache)."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.directory = Path(cache_dir or default_cache_dir()) / "schedules"
+
+    def path(self, key: CacheKey) -> Path:
+        return self.directory / f"{key.digest}.json"
+
+    def get(self, key: CacheKey) -> CachedSchedule | None:
+        """The schedule cached for ``key``, or None (never cached, or its file unreadable, which
+        is then moved aside)."""
+        path = self.path(key)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data["format"] != FORMAT or data["digest"] != key.digest:
+                raise ValueError(f"format {data['format']}, key {data['digest']}: not this key's file")
+            return CachedSchedule(Schedule.from_dict(data["schedule"], os.fspath(path)), str(data["backend"]), path,
+                                  float(data["search_seconds"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, OpschedError) as e:
+            self._move_aside(path, e)
+            return None
+
+    def put(self, key: CacheKey, schedule: Schedule, backend: str, search_seconds: float,
+            description: Mapping[str, Any]) -> Path | None:
+        """Keep ``schedule`` for ``key``; returns its file, or None where the directory cannot be
+        written (one warning a process)."""
+        data = {"format": FORMAT, "digest": key.digest, "created": time.time(), "backend": backend,
+                "search_seconds": search_seconds, "about": dict(description), "key": dataclasses.asdict(key),
+                "schedule": schedule.to_dict()}
+        path = self.path(key)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")  # this writer's own
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(data, f, indent=1, default=list)
+                    f.write("\n")
+                os.replace(tmp, path)  # a reader meets the old file or the new one, whole
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            if self.directory not in _UNWRITABLE:
+                _UNWRITABLE.add(self.directory)
+                log.warning("schedule cache %s cannot be written (%s): schedules searched now are not kept for "
+                            "another process", self.directory, e.strerror or e)
+            return None
+        return path
+
+    def files(self) -> Iterator[Path]:
+        if self.directory.is_dir():
+            yield from sorted(self.directory.glob("*.json"))
+
+    def status(self) -> dict[str, Any]:
+        files = list(self.files())
+        return {"path": str(self.directory), "format": FORMAT, "schedules": len(files),
+                "bytes": sum(p.stat().st_size for p in files)}
+
+    def clear(self) -> int:
+        """Remove every cached schedule (and any file moved aside); returns how many schedules."""
+        files = list(self.files())
+        for p in [*files, *self.directory.glob("*.corrupt")] if self.directory.is_dir() else []:
+            p.unlink(missing_ok=True)
+        return len(files)
+
+    def _move_aside(self, path: Path, error: Exception) -> None:
+        aside = path.with_suffix(".corrupt")
+        try:
+            os.replace(path, aside)
+            where = f"moved it to {aside.name}"
+        except OSError:
+            where = "left it"
+        log.warning("schedule cache file %s cannot be used (%s): %s and searching the graph again", path, error, where)
