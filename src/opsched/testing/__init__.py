@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from opsched.check import TF32_TOLERANCE, TOLERANCES, largest_difference, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
@@ -14,12 +15,16 @@ from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamPr
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "mismatch",
            "check_stream_program", "fork_join", "random_dag"]
 
-def mismatch(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[torch.Tensor] | torch.Tensor,
-             what: str = "output") -> str:
-    """How ``actual`` differs from ``expected`` (count, a shape, or ``max|a - e| > tolerance(e)``,
-    a NaN included), or ``""`` where it does not."""
-    acts = [a.detach() for a in ([actual] if isinstance(actual, torch.Tensor) else actual)]
-    exps = [e.detach() for e in ([expected] if isinstance(expected, torch.Tensor) else expected)]
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output, however nested (tuples, dicts, a Hugging Face ``ModelOutput``)."""
+    return [t.detach() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def mismatch(actual: Any, expected: Any, what: str = "output") -> str:
+    """How ``actual`` differs from ``expected``, a tensor or tensors nested in any way, compared
+    in order (count, a shape, or ``max|a - e| > tolerance(e)``, a NaN included), or ``""`` where
+    it does not."""
+    acts, exps = _tensors(actual), _tensors(expected)
     if len(acts) != len(exps):
         return f"{what}: {len(acts)} tensors, expected {len(exps)}"
     for i, (a, e) in enumerate(zip(acts, exps)):
@@ -32,8 +37,7 @@ def mismatch(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[t
     return ""
 
 
-def assert_close(actual: Sequence[torch.Tensor] | torch.Tensor, expected: Sequence[torch.Tensor] | torch.Tensor,
-                 what: str = "output") -> None:
+def assert_close(actual: Any, expected: Any, what: str = "output") -> None:
     """Assert equal shapes and ``max|a - e| <= tolerance(e)`` for each pair (:func:`mismatch`)."""
     why = mismatch(actual, expected, what)
     assert not why, why
