@@ -431,6 +431,7 @@ def test_a_graph_of_weights_alone_runs_eagerly() -> None:
     ({}, "turbo", "mode 'turbo' is not one of"),
     ({"specialize": "batch"}, None, "specialize is one of 'shape', 'graph', got 'batch'"),
     ({"max_shapes": 0}, None, "max_shapes is a positive number of input shapes, got 0"),
+    ({"schedule_cache": "off"}, None, "schedule_cache is True or False, got 'off'"),
 ])
 def test_bad_options_fail_at_compile_time_naming_what_is_accepted(options: dict[str, object], mode: str | None,
                                                                   message: str) -> None:

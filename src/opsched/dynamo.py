@@ -35,6 +35,10 @@ What Dynamo hands over and how it is met:
   searched at the same inputs with the same options, where the two imports are the same to the
   last type (the schedule's own check), with no search: GoogLeNet's second graph took 1.2 s on
   this repository's CPU, against 5.0 s searched again.
+- **Across processes** every schedule searched is kept in the schedule cache
+  (:mod:`opsched.schedule_cache`, beside the profile store), and a graph that finds its key
+  there loads it (an exact structural check, as a twin's) instead of searching:
+  ``options={"schedule_cache": False}`` searches every time.
 - **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:
   0.3-4.2 ms on the zoo's CPU models right after a run, in two runs (``benchmarks/dynamo_overhead.py``).
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
@@ -242,6 +246,10 @@ def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
             or settings["max_shapes"] < 1:
         raise OpschedError(f"torch.compile(backend='opsched', options=...): max_shapes is a positive number of "
                            f"input shapes, got {settings['max_shapes']!r}")
+    for flag in ("fallback", "schedule_cache"):
+        if not isinstance(settings[flag], bool):
+            raise OpschedError(f"torch.compile(backend='opsched', options=...): {flag} is True or False, got "
+                               f"{settings[flag]!r}")
     checked = {k: v for k, v in settings.items() if k in ("scheduler", "backend") or k not in (*OPTIONS, *OWN_OPTIONS)}
     try:
         check_request(**checked)  # unknown schedulers, backends and options fail here, before any work

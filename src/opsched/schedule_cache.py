@@ -103,13 +103,11 @@ class CacheKey:
 
 @dataclass(frozen=True)
 class CachedSchedule:
-    """A schedule found in the cache: the schedule, the backend it runs on, the file, and how
-    long the search that made it took."""
+    """A schedule found in the cache: the schedule, the backend it runs on, and its file."""
 
     schedule: Schedule
     backend: str
     path: Path
-    search_seconds: float
 
 
 class ScheduleCache:
@@ -130,8 +128,7 @@ class ScheduleCache:
             data = json.loads(path.read_text(encoding="utf-8"))
             if data["format"] != FORMAT or data["digest"] != key.digest:
                 raise ValueError(f"format {data['format']}, key {data['digest']}: not this key's file")
-            return CachedSchedule(Schedule.from_dict(data["schedule"], os.fspath(path)), str(data["backend"]), path,
-                                  float(data["search_seconds"]))
+            return CachedSchedule(Schedule.from_dict(data["schedule"], os.fspath(path)), str(data["backend"]), path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, OpschedError) as e:
@@ -140,8 +137,9 @@ class ScheduleCache:
 
     def put(self, key: CacheKey, schedule: Schedule, backend: str, search_seconds: float,
             description: Mapping[str, Any]) -> Path | None:
-        """Keep ``schedule`` for ``key``; returns its file, or None where the directory cannot be
-        written (one warning a process)."""
+        """Keep ``schedule`` for ``key`` (``search_seconds`` and ``description`` are for whoever
+        reads the file); returns its file, or None where the directory cannot be written (one
+        warning a process)."""
         data = {"format": FORMAT, "digest": key.digest, "created": time.time(), "backend": backend,
                 "search_seconds": search_seconds, "about": dict(description), "key": dataclasses.asdict(key),
                 "schedule": schedule.to_dict()}
