@@ -107,8 +107,9 @@ def _schedule_files(cache: Path) -> dict[int, Path]:
     return {json.loads(p.read_text())["about"]["operators"]: p for p in (cache / "schedules").glob("*.json")}
 
 
-def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_path: Path) -> None:
-    model, x = Branchy().eval(), torch.randn(1, 3, 16, 16)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_path: Path, device: str) -> None:
+    model, x = Branchy().eval().to(device), torch.randn(1, 3, 16, 16, device=device)
     with torch.no_grad():
         expected = _leaves(model(x))
         assert_close(_leaves(_compiled(model)(x)), expected, "searched")
@@ -122,6 +123,7 @@ def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_p
     assert [g.buckets[0].cached for g in loaded] == [str(files[g.operators]) for g in loaded]
     assert [g.buckets[0].schedule for g in loaded] == [g.buckets[0].schedule for g in searched]
     assert "the schedule cache's" in od.report()
+    assert {b.backend for g in loaded for b in g.buckets} == {"cuda" if device == "cuda" else "ort"}
 
 
 def test_the_schedule_cache_serves_only_the_same_graph_inputs_and_options(tmp_path: Path) -> None:
