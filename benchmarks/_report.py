@@ -40,6 +40,24 @@ def each_model(models: Iterable[str], run: Callable[[str], tuple[list[object], d
     return rows, records
 
 
+def placed_model(name: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, tuple[Any, ...]]:
+    """A zoo or corpus (wide corpus too) model in eval mode, and its example inputs, on
+    ``device`` in ``dtype`` (its floating-point tensors): how the torch.compile benchmarks hand a
+    model over, since the backend runs a model where, and in the precision, it is given."""
+    import torch
+
+    from opsched.models import MODELS, example_inputs, get_model
+    from opsched.testing.corpus import corpus, wide_corpus
+
+    if name in MODELS:
+        model, inputs = get_model(name), tuple(example_inputs(name))
+    else:
+        model, inputs = {**corpus(), **wide_corpus()}[name].build()
+    kind = getattr(torch, dtype)
+    inputs = tuple(t.to(device, kind if t.is_floating_point() else t.dtype) for t in inputs)
+    return model.eval().to(device, kind), inputs
+
+
 def environment() -> dict[str, str]:
     import numpy
     import torch

@@ -47,25 +47,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _report import RESULTS, each_model, geomean, write_table  # noqa: E402
-from torch import fx, nn  # noqa: E402
+from _report import RESULTS, each_model, geomean, placed_model, write_table  # noqa: E402
+from torch import fx  # noqa: E402
 
 import opsched  # noqa: E402
 import opsched.dynamo as od  # noqa: E402
-from opsched.models import MODELS, example_inputs, get_model  # noqa: E402
-from opsched.testing.corpus import corpus  # noqa: E402
 from opsched.timing import interleave, paired_ratio, synchronized, wall_ms  # noqa: E402
-
-
-def _build(name: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:
-    """The model and its inputs on ``device``, in ``dtype`` (its floating-point tensors): the
-    backend runs a model in the precision and on the device it is given."""
-    if name in MODELS:
-        model, inputs = get_model(name), tuple(example_inputs(name))
-    else:
-        model, inputs = corpus()[name].build()
-    inputs = tuple(t.to(device, dtype if t.is_floating_point() else t.dtype) for t in inputs)
-    return model.eval().to(device, dtype), inputs
 
 
 def _outputs_once(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -88,8 +75,8 @@ def _plan(summary: object, backend: str | None) -> str:
 
 
 def run(name: str, rounds: int, block: int, budget: float, cost: str | None, device: torch.device,
-        dtype: torch.dtype) -> tuple[list[object], dict[str, object]]:
-    model, inputs = _build(name, device, dtype)
+        dtype: str) -> tuple[list[object], dict[str, object]]:
+    model, inputs = placed_model(name, str(device), dtype)
     weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     torch._dynamo.reset()
     od.reset()
@@ -147,9 +134,9 @@ def main() -> None:
     p.add_argument("--name", default="dynamo-overhead")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
     args = p.parse_args()
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device = torch.device(args.device)
     rows, records = each_model(args.models, lambda name: run(name, args.rounds, args.block, args.budget, args.cost,
-                                                             device, dtype))
+                                                             device, args.dtype))
     headers = ["model", "weights", "graphs", "plan", "optimize() ms", "backend ms", "backend",
                "backend, guards skipped", "optimize() + Dynamo", "optimize() + Dynamo, guards skipped",
                "Dynamo after a run ms", "guards skipped ms", "Dynamo, warm ms"]

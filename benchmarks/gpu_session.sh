@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
 #   stages: setup tests tests-hetero tests-inductor compile compile-b compile-c compile32 compile32-b
 #           compile32-c compile-max compile-max-b compile32-max compile32-max-b dynamo-overhead
-#           hetero memory memory-b corpus standing
+#           restart hetero memory memory-b corpus standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
@@ -146,6 +146,10 @@ for s in "$@"; do
         compile-max-b) compile_gpu compile-max-b compile-max-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
         compile32-max) compile_gpu compile32-max compile32-max-gpu squeezenet1_1 googlenet randwire_small ;;
         compile32-max-b) compile_gpu compile32-max-b compile32-max-gpu --resume inception_v3 resnet50 nasnet_mobile ;;
+        # the backend's first call in a new process: cold, with the measurements, with the schedule
+        # cache; Inductor segments, whose compiles a loaded schedule does once (the kept plan's)
+        restart) stage restart 400 python3 benchmarks/compile_restart.py --device cuda --dtype float16 \
+            --backend cuda cuda-inductor --models googlenet --name compile-restart-gpu ;;
         # issue 22: what a call through torch.compile(backend="opsched") costs beyond the plan, where
         # the plans run in a fraction of a millisecond (on this CPU: 0.3-4.2 ms of Dynamo's a call)
         dynamo-overhead) stage dynamo-overhead 300 python3 benchmarks/dynamo_overhead.py --device cuda \

@@ -222,6 +222,20 @@ def test_the_cost_of_a_call_through_the_backend_is_measured_with_one_graph_and_n
     assert all(t > 0 for t in row["median_ms"].values())
 
 
+def test_a_restart_loads_the_cold_processs_schedule_and_the_measurements_alone_search_again(tmp_path: Path) -> None:
+    """``benchmarks/compile_restart.py`` (it stops where the cached process searched a graph):
+    three processes on one cache directory; the cold and measured ones search, the cached one
+    loads the cold one's plan."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "compile_restart.py"), "--models", "squeezenet1_1", "--budget",
+           "1", "--cost", "analytic", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (row,) = json.loads((tmp_path / "smoke.json").read_text())["rows"]
+    assert [(row[p]["searched"], row[p]["cached"], row[p]["eager"]) for p in ("cold", "measured", "cached")] == [
+        (1, 0, 0), (1, 0, 0), (0, 1, 0)]
+    assert row["same_plan"] and row["cached"]["plans"] == row["cold"]["plans"]
+    assert all(row[p]["first_call_s"] >= row[p]["backend_s"] > 0 for p in ("cold", "measured", "cached"))
+
+
 def _gpu_page(path: Path, rows: dict[str, dict[str, float]]) -> None:
     """A results page as benchmarks/gpu.py writes it: batch-1 rows of median ms by contender."""
     path.write_text(json.dumps({"environment": {"gpu": "a GPU"}, "command": "python benchmarks/gpu.py",
