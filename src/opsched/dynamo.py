@@ -405,9 +405,9 @@ class OpschedGraph:
         return self._twin(key)
 
     def _searched(self) -> list[tuple[int, tuple[Any, ...], ScheduledModule]]:
-        """This graph's buckets searched for themselves: (place, key, module), in order. The
-        buckets are copied in one C call, so another graph's thread may read them while this one
-        adds."""
+        """This graph's buckets whose schedule is their own (searched for them, or loaded from the
+        schedule cache): (place, key, module), in order. The buckets are copied in one C call, so
+        another graph's thread may read them while this one adds."""
         return [(i, k, run) for i, (k, (run, b)) in enumerate(tuple(self._buckets.items()))
                 if isinstance(run, ScheduledModule) and b.schedule_of is None]
 
