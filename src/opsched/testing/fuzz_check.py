@@ -132,7 +132,8 @@ def _compiled(model: nn.Module, scheduler: str, backend: str) -> Callable[[], An
     """How a configuration through the ``torch.compile`` backend is made: the model compiled with
     the scheduler and backend as options (analytic costs, so no race: the plan is the scheduler's),
     every graph scheduled or the call raising (no fallback), in a fresh Dynamo (no configuration
-    meets another's graphs, or Dynamo's limit of recompiles)."""
+    meets another's graphs, or Dynamo's limit of recompiles), searched every time (no schedule
+    cache: a second run of a seed tests the scheduler again, not a file the first one left)."""
     def make() -> Any:
         import opsched.dynamo
 
@@ -140,7 +141,7 @@ def _compiled(model: nn.Module, scheduler: str, backend: str) -> Callable[[], An
         opsched.dynamo.reset()
         return torch.compile(model, backend="opsched", options={
             "scheduler": scheduler, "backend": backend, "cost": "analytic", "verify": False, "fallback": False,
-            "progress": False, **_search_options(scheduler)})
+            "progress": False, "schedule_cache": False, **_search_options(scheduler)})
     return make
 
 
