@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 import opsched.dynamo as od
+from opsched.cli.main import main
 from opsched.errors import OpschedError
 from opsched.models import example_inputs, get_model, list_models
+from opsched.schedule import Schedule
 from opsched.testing import assert_close
 from opsched.testing.corpus import corpus, corpus_available, wide_corpus
 
@@ -104,11 +106,13 @@ def test_a_new_process_loads_the_schedule_an_earlier_one_searched(tmp_path: Path
 
 def _schedule_files(cache: Path) -> dict[int, Path]:
     """The schedule cache's files by the operator count of the graph each was searched for."""
-    return {json.loads(p.read_text())["about"]["operators"]: p for p in (cache / "schedules").glob("*.json")}
+    return {json.loads(p.read_text())["cached"]["about"]["operators"]: p
+            for p in (cache / "schedules").glob("*.json")}
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_path: Path, device: str) -> None:
+def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(
+        tmp_path: Path, device: str, capsys: pytest.CaptureFixture[str]) -> None:
     model, x = Branchy().eval().to(device), torch.randn(1, 3, 16, 16, device=device)
     with torch.no_grad():
         expected = _leaves(model(x))
@@ -123,6 +127,14 @@ def test_a_schedule_searched_once_is_loaded_after_a_restart_equal_to_eager(tmp_p
     assert [g.buckets[0].cached for g in loaded] == [str(files[g.operators]) for g in loaded]
     assert [g.buckets[0].schedule for g in loaded] == [g.buckets[0].schedule for g in searched]
     assert "the schedule cache's" in od.report()
+    for graph in loaded:  # a cached file is a schedule file: Schedule.load, opsched.load and opsched show read it
+        saved, summary = Schedule.load(files[graph.operators]), graph.buckets[0].schedule
+        assert summary is not None and (saved.scheduler, saved.estimated_ms) == (summary.scheduler,
+                                                                               summary.estimated_ms)
+    assert main(["cache", "list", "--cache-dir", str(tmp_path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted((e["about"]["operators"], e["scheduler"], e["backend"]) for e in listed) == sorted(
+        (g.operators, "ios", g.buckets[0].backend) for g in loaded)
     assert {b.backend for g in loaded for b in g.buckets} == {"cuda" if device == "cuda" else "ort"}
 
 
@@ -154,17 +166,18 @@ def test_a_corrupt_or_foreign_cache_file_is_set_aside_or_replaced_and_the_graph_
         _compiled(model)(x)
         files = _schedule_files(tmp_path)
         first, second = (files[g.operators] for g in od.compiled_graphs())
-        foreign = json.loads(second.read_text())["schedule"]
+        foreign = json.loads(second.read_text())
         data = json.loads(first.read_text())
-        first.write_text(json.dumps({**data, "schedule": foreign}))  # the other graph's schedule, under this key
-        second.write_text(second.read_text()[:100])                   # truncated
+        first.write_text(json.dumps({**foreign, "cached": data["cached"]}))  # the other graph's schedule, this key
+        second.write_text(second.read_text()[:100])                           # truncated
         _restart()
         assert_close(_leaves(_compiled(model)(x)), expected, "searched again")
     assert [g.searches for g in od.compiled_graphs()] == [1, 1], od.report()
-    def made_for(path: Path) -> str:
-        return str(json.loads(path.read_text())["schedule"]["graph_hash"])
 
-    assert made_for(first) == data["schedule"]["graph_hash"] != foreign["graph_hash"]  # replaced by one that fits
+    def made_for(path: Path) -> str:
+        return str(json.loads(path.read_text())["graph_hash"])
+
+    assert made_for(first) == data["graph_hash"] != foreign["graph_hash"]  # replaced by one that fits
     assert second.with_suffix(".corrupt").exists() and made_for(second) == foreign["graph_hash"]
     assert "cannot be used" in caplog.text and second.name in caplog.text
 

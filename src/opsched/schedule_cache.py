@@ -2,8 +2,11 @@
 processes, so that a server that restarts (or a second run of a script) loads each graph's
 schedule instead of searching it again.
 
-One JSON file per schedule, under ``<cache_dir>/schedules/`` (the profile store's directory,
-:func:`~opsched.cost.store.default_cache_dir`), named by the hash of its :class:`CacheKey`: what Dynamo
+One file per schedule, under ``<cache_dir>/schedules/`` (the profile store's directory,
+:func:`~opsched.cost.store.default_cache_dir`): a schedule file as :meth:`Schedule.save` writes it
+(``opsched show`` prints it, :func:`opsched.load` applies it), with a ``"cached"`` entry beside
+(the key, the backend, when, how long the search took). It is named by the hash of its
+:class:`CacheKey`: what Dynamo
 handed over (the graph's code, every input's shape and type, its integer arguments), the
 backend's options that shape a plan, and the device and library versions it was made on. The key
 is a fast first test; a schedule found is reapplied by :func:`opsched.load`, whose exact
@@ -126,9 +129,10 @@ class ScheduleCache:
         path = self.path(key)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            if data["format"] != FORMAT or data["digest"] != key.digest:
-                raise ValueError(f"format {data['format']}, key {data['digest']}: not this key's file")
-            return CachedSchedule(Schedule.from_dict(data["schedule"], os.fspath(path)), str(data["backend"]), path)
+            cached = data["cached"]
+            if cached["format"] != FORMAT or cached["digest"] != key.digest:
+                raise ValueError(f"format {cached['format']}, key {cached['digest']}: not this key's file")
+            return CachedSchedule(Schedule.from_dict(data, os.fspath(path)), str(cached["backend"]), path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, OpschedError) as e:
@@ -140,9 +144,9 @@ class ScheduleCache:
         """Keep ``schedule`` for ``key`` (``search_seconds`` and ``description`` are for whoever
         reads the file); returns its file, or None where the directory cannot be written (one
         warning a process)."""
-        data = {"format": FORMAT, "digest": key.digest, "created": time.time(), "backend": backend,
-                "search_seconds": search_seconds, "about": dict(description), "key": dataclasses.asdict(key),
-                "schedule": schedule.to_dict()}
+        data = {**schedule.to_dict(), "cached": {
+            "format": FORMAT, "digest": key.digest, "created": time.time(), "backend": backend,
+            "search_seconds": search_seconds, "about": dict(description), "key": dataclasses.asdict(key)}}
         path = self.path(key)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -166,6 +170,19 @@ class ScheduleCache:
     def files(self) -> Iterator[Path]:
         if self.directory.is_dir():
             yield from sorted(self.directory.glob("*.json"))
+
+    def entries(self) -> list[dict[str, Any]]:
+        """What each file holds, for a listing: its name, its ``"cached"`` entry and the
+        schedule's scheduler and estimate (files that cannot be read are left out)."""
+        out = []
+        for path in self.files():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                out.append({"file": path.name, **data["cached"], "scheduler": data.get("scheduler"),
+                            "estimated_ms": data.get("estimated_ms")})
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
 
     def status(self) -> dict[str, Any]:
         files = list(self.files())

@@ -1,13 +1,18 @@
-"""``opsched cache status | clear | export FILE | import FILE``: the profile store, and the
-schedule cache of the ``torch.compile`` backend beside it (status and clear)."""
+"""``opsched cache status | list | clear | export FILE | import FILE``: the profile store, and
+the schedule cache of the ``torch.compile`` backend beside it (status, list and clear)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from typing import TYPE_CHECKING
 
 from opsched.cli.main import Handler, subcommand
 from opsched.cli.table import format_table
+
+if TYPE_CHECKING:
+    from opsched.schedule_cache import ScheduleCache
 
 
 @subcommand("cache", "inspect or manage the profile store of stage measurements and the schedule cache")
@@ -15,6 +20,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     parsers = {
         "status": actions.add_parser("status", help="where the store and the schedule cache are, and what they hold"),
+        "list": actions.add_parser("list", help="every schedule torch.compile(backend='opsched') cached, one a line "
+                                   "(each file is a schedule: opsched show FILE)"),
         "clear": actions.add_parser("clear", help="remove every measurement and every cached schedule"),
         "export": actions.add_parser("export", help="write every measurement to FILE (JSON lines)"),
         "import": actions.add_parser("import", help="merge measurements exported to FILE"),
@@ -23,13 +30,17 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         sub.add_argument("--cache-dir", help="the cache directory (default: $OPSCHED_CACHE_DIR or the user cache)")
         if action in ("export", "import"):
             sub.add_argument("file", help="a JSON-lines file")
-    parsers["status"].add_argument("--json", action="store_true", help="status as JSON")
+    for action in ("status", "list"):
+        parsers[action].add_argument("--json", action="store_true", help=f"{action} as JSON")
 
     def run(args: argparse.Namespace) -> int:
         from opsched.cost import ProfileStore
         from opsched.schedule_cache import ScheduleCache
 
         schedules = ScheduleCache(args.cache_dir)
+        if args.action == "list":
+            _list(schedules, args.json)
+            return 0
         with ProfileStore(args.cache_dir) as store:
             if args.action == "status":
                 status = {**store.status(), "schedule_cache": schedules.status()}
@@ -54,3 +65,22 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                 print(f"merged {store.import_(args.file)} measurements from {args.file} into {store.path}")
         return 0
     return run
+
+
+def _list(schedules: ScheduleCache, as_json: bool) -> None:
+    entries = schedules.entries()
+    if as_json:
+        print(json.dumps(entries, indent=1))
+        return
+    print(f"schedule cache {schedules.directory}: {len(entries)} schedules")
+    rows = []
+    for e in entries:
+        about = e["about"]
+        inputs = " ".join("x".join(map(str, shape)) for shape in about.get("inputs", []))
+        estimate = "" if e["estimated_ms"] is None else f"{e['estimated_ms']:.3f}"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["created"]))
+        rows.append([e["file"], about.get("operators", ""), inputs, e["scheduler"], e["backend"], estimate,
+                     f"{e['search_seconds']:.1f}", created])
+    if rows:
+        print(format_table(["file", "operators", "inputs", "scheduler", "backend", "estimated ms", "search s",
+                            "created"], rows))
