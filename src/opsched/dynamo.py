@@ -181,8 +181,10 @@ class CompiledGraphInfo:
 
     def __str__(self) -> str:
         over = [b for b in self.buckets if b.fallback == _OVER]
+        loaded = sum(b.cached is not None for b in self.buckets)
+        cached = f", {loaded} from the schedule cache" if loaded else ""
         lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')} "
-                 f"({self.searches} searched), {count(self.recompiles, 'recompile')}"]
+                 f"({self.searches} searched{cached}), {count(self.recompiles, 'recompile')}"]
         lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets) if b.fallback != _OVER]
         if over:  # a decoding loop's every length: one line
             lines.append(f"  {count(len(over), 'more shape')} past max_shapes={self.max_shapes}, eagerly: "
