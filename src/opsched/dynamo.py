@@ -77,7 +77,7 @@ from opsched.schedule import Schedule
 from opsched.schedule_cache import CacheKey, ScheduleCache
 
 __all__ = ["backend", "OpschedGraph", "Bucket", "CompiledGraphInfo", "compiled_graphs", "report", "reset", "MODES",
-           "OPTIONS"]
+           "OPTIONS", "OWN_OPTIONS", "OwnOption", "REFUSED"]
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,31 @@ MODES: dict[str, dict[str, Any]] = {
 #: too). The device is the inputs'; the precision and layout are the model's own (a compiled
 #: model takes the inputs its original takes).
 OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs", "memory_budget")
-#: The backend's own options, and their defaults.
-OWN_OPTIONS: dict[str, Any] = {"fallback": True, "specialize": "graph", "max_shapes": MAX_SHAPES,
-                               "schedule_cache": True}
+
+
+@dataclass(frozen=True)
+class OwnOption:
+    """An option of the backend's own (not :func:`opsched.optimize`'s): its default and meaning."""
+
+    default: Any
+    help: str
+
+
+#: The backend's own options (``opsched options`` lists them).
+OWN_OPTIONS: dict[str, OwnOption] = {
+    "fallback": OwnOption(True, "a graph opsched cannot schedule runs as Dynamo captured it, with a warning that "
+                                "says why; False raises instead"),
+    "specialize": OwnOption("graph", "'graph': a graph Dynamo made dynamic searches its first shape and reapplies "
+                                     "that schedule at every later one; 'shape': each shape is searched"),
+    "max_shapes": OwnOption(MAX_SHAPES, "input shapes a graph holds a plan for; further shapes run as Dynamo "
+                                        "captured them"),
+    "schedule_cache": OwnOption(True, "keep every schedule searched on disk beside the profile store "
+                                      "(opsched cache list), and load it in a later process instead of searching"),
+}
 #: Settings that do not change the plan a search makes, so not part of the schedule cache's key.
 _NOT_IN_KEY = frozenset({"fallback", "specialize", "max_shapes", "schedule_cache", "cache_dir", "verify", "progress"})
-_REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
+#: :func:`opsched.optimize`'s arguments the backend does not take, and why.
+REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
             "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
             "leaf_modules": "Dynamo traces the model, not opsched's importer"}
 
@@ -236,11 +255,11 @@ def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
     mode = mode or "default"
     if mode not in MODES:
         raise OpschedError(f"torch.compile mode {mode!r} is not one of the opsched backend's: {', '.join(MODES)}")
-    refused = sorted(k for k in options if k in _REFUSED)
+    refused = sorted(k for k in options if k in REFUSED)
     if refused:
-        raise OpschedError("; ".join(f"option {k!r} is not taken by the opsched backend: {_REFUSED[k]}"
+        raise OpschedError("; ".join(f"option {k!r} is not taken by the opsched backend: {REFUSED[k]}"
                                      for k in refused))
-    settings = {**OWN_OPTIONS, **MODES[mode], **options}
+    settings = {**{k: o.default for k, o in OWN_OPTIONS.items()}, **MODES[mode], **options}
     if settings["specialize"] not in SPECIALIZE:
         raise OpschedError(f"torch.compile(backend='opsched', options=...): specialize is one of "
                            f"{', '.join(map(repr, SPECIALIZE))}, got {settings['specialize']!r}")

@@ -96,6 +96,7 @@ def reference(markdown: bool = False) -> str:
         backend = get_backend(name)
         doc = (type(backend).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         lines.append(f"| `{name}` | {backend.device_type} | {doc} |")
+    lines += _compile_backend()
     lines += ["", "## Analytic device presets", "", "`opsched schedule --device NAME`, "
               "`opsched.cost.AnalyticCostModel(NAME)`.", "", "| preset | kind | peak GFLOP/s | memory GB/s | units |",
               "|---|---|---:|---:|---:|"]
@@ -110,6 +111,22 @@ def reference(markdown: bool = False) -> str:
     if markdown:
         return text
     return text.replace("`", "").replace("\\|", "|").replace("### ", "").replace("## ", "").replace("# ", "")
+
+
+def _compile_backend() -> list[str]:
+    """The ``torch.compile`` backend's modes and options, as the reference lists them."""
+    from opsched.dynamo import MODES, OPTIONS, OWN_OPTIONS, REFUSED
+
+    lines = ["", "## `torch.compile(model, backend=\"opsched\")`", "",
+             "`options={...}` takes `optimize()`'s " + ", ".join(f"`{k}`" for k in OPTIONS) + " and any scheduler "
+             "option above; the device is the inputs'. Its own options:", "",
+             "| option | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{k}` | `{o.default!r}` | {o.help} |" for k, o in OWN_OPTIONS.items()]
+    lines += ["", "Not taken: " + "; ".join(f"`{k}` ({why})" for k, why in REFUSED.items()) + ".", "",
+              "`mode=` (torch.compile takes a mode or options, not both) adds:", "", "| mode | options |", "|---|---|"]
+    lines += [f"| `{mode}` | {', '.join(f'`{k}={v!r}`' for k, v in adds.items()) or 'nothing'} |"
+              for mode, adds in MODES.items()]
+    return lines
 
 
 def _cpu_default(defaults: Callable[[str, int], dict[str, Any]], name: str) -> str:
