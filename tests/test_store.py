@@ -183,7 +183,7 @@ def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with ProfileStore(tmp_path) as store:
         store.put(CTX, "k", 1.0)
     (tmp_path / "schedules").mkdir()
-    for name in ("a.json", "b.json", "c.corrupt"):  # two cached schedules, one file set aside
+    for name in ("a.json", "b.json", "c.corrupt", ".d.json.1.2.tmp"):  # two schedules, one set aside, one half-written
         (tmp_path / "schedules" / name).write_text("{}")
     assert main(["cache", "status", "--cache-dir", str(tmp_path), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)

@@ -232,7 +232,8 @@ def report() -> str:
 
 
 def reset() -> None:
-    """Forget the graphs compiled so far (``torch._dynamo.reset()`` forgets Dynamo's side)."""
+    """Forget the graphs compiled so far (``torch._dynamo.reset()`` forgets Dynamo's side; the
+    schedule cache on disk stays: ``opsched cache clear`` empties it)."""
     with _LOCK:
         _GRAPHS.clear()
 

@@ -190,10 +190,12 @@ class ScheduleCache:
                 "bytes": sum(p.stat().st_size for p in files)}
 
     def clear(self) -> int:
-        """Remove every cached schedule (and any file moved aside); returns how many schedules."""
+        """Remove every cached schedule, any file moved aside and any a killed writer left
+        half-written; returns how many schedules."""
         files = list(self.files())
-        for p in [*files, *self.directory.glob("*.corrupt")] if self.directory.is_dir() else []:
-            p.unlink(missing_ok=True)
+        if self.directory.is_dir():
+            for p in [*files, *self.directory.glob("*.corrupt"), *self.directory.glob(".*.tmp")]:
+                p.unlink(missing_ok=True)
         return len(files)
 
     def _move_aside(self, path: Path, error: Exception) -> None:
