@@ -1,4 +1,5 @@
-"""The profile store: persistence, sharing, concurrency, corruption, interruption."""
+"""The profile store: persistence, sharing, concurrency, corruption, interruption; and the schedule
+cache beside it: its command line, and whole files under concurrent writers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
 from opsched.cli.main import main
 from opsched.cost import AnalyticCostModel, MeasuredCostModel, SegmentCut, StageTiming, TimingPolicy
@@ -20,7 +22,8 @@ from opsched.cost.store import ProfileContext, ProfileStore
 from opsched.errors import ProfileStoreError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, stage_key
-from opsched.schedule import Stage
+from opsched.schedule import Schedule, Stage
+from opsched.schedule_cache import CacheKey, ScheduleCache
 from opsched.schedulers import schedule
 from opsched.testing import random_dag
 
@@ -312,3 +315,38 @@ def test_a_foreign_sqlite_file_is_named_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(ProfileStoreError, match="is an SQLite database but not an opsched profile store"):
         ProfileStore(tmp_path)
     assert sqlite3.connect(db).execute("SELECT value FROM measurements").fetchone() == (1.0,)
+
+
+# --- the schedule cache beside the store --------------------------------------------------------
+def _write_and_read(cache_dir: str, key: CacheKey, schedules: list[dict[str, object]], rounds: int,
+                    seen: mp.Queue[list[object]]) -> None:
+    """One process of the race below: writes its schedules under ``key`` and reads back, by turns."""
+    cache, mine = ScheduleCache(cache_dir), [Schedule.from_dict(s) for s in schedules]
+    read: set[object] = set()
+    for i in range(rounds):
+        cache.put(key, mine[i % len(mine)], "ort", 0.0, {})
+        got = cache.get(key)
+        read.add("missing" if got is None else got.schedule.estimated_ms)
+    seen.put(sorted(read, key=str))
+
+
+def test_processes_writing_one_schedule_key_at_once_each_leave_a_whole_file(tmp_path: Path) -> None:
+    """Two processes put and get one key 200 times each: every read finds a whole schedule, one of
+    the two written (never a torn file, which would be moved aside as corrupt, never none)."""
+    graph = random_dag(6, seed=1)
+    made = [schedule(graph, name, AnalyticCostModel("V100")) for name in ("sequential", "greedy")]
+    key = CacheKey.of("code", (((1, 4, 8, 8), "torch.float32"),), (), {"scheduler": "ios"}, torch.device("cpu"))
+    assert key is not None
+    seen: mp.Queue[list[object]] = mp.get_context("spawn").Queue()
+    procs = [mp.get_context("spawn").Process(target=_write_and_read,
+                                             args=(str(tmp_path), key, [s.to_dict() for s in made[i:] + made[:i]],
+                                                   200, seen)) for i in range(2)]
+    for p in procs:
+        p.start()
+    results = [seen.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in procs)
+    estimates = {s.estimated_ms for s in made}
+    assert all(set(r) <= estimates for r in results), results  # never "missing": no torn file was read
+    assert not list((tmp_path / "schedules").glob("*.corrupt")) and not list((tmp_path / "schedules").glob(".*.tmp"))
