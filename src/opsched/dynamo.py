@@ -44,7 +44,8 @@ What Dynamo hands over and how it is met:
 - **Options** are :func:`opsched.optimize`'s keyword arguments, given as
   ``torch.compile(model, backend="opsched", options={"scheduler": "ios", "cost": "analytic"})``;
   the device is the inputs'. The profile store is the one :func:`opsched.optimize` uses (its
-  ``cache_dir``). ``mode`` ``"max-autotune"`` races more schedulers (:data:`MODES`).
+  ``cache_dir``). ``mode`` ``"max-autotune"`` races more schedulers (:data:`MODES`). What the
+  backend takes, and its check at compile time, is :mod:`opsched.dynamo_options`.
 - **What cannot be scheduled** (a graph opsched cannot import, a graph with nothing to compute)
   runs as Dynamo captured it, eagerly, with a warning that says why; ``options={"fallback": False}``
   raises instead.
@@ -68,7 +69,8 @@ import torch
 from torch import fx
 
 from opsched._text import count
-from opsched.buckets import MAX_SHAPES, SPECIALIZE, Shapes, describe, reapplied, shapes_of
+from opsched.buckets import MAX_SHAPES, Shapes, describe, reapplied, shapes_of
+from opsched.dynamo_options import MODES, OPTIONS, OWN_OPTIONS, PLAN_NEUTRAL, REFUSED, OwnOption, checked_settings
 from opsched.errors import OpschedError
 from opsched.frontends.dynamo_graph import frozen_module, is_lifted_weight, weights_written
 from opsched.module import ScheduledModule
@@ -80,46 +82,6 @@ __all__ = ["backend", "OpschedGraph", "Bucket", "CompiledGraphInfo", "compiled_g
            "OPTIONS", "OWN_OPTIONS", "OwnOption", "REFUSED"]
 
 log = logging.getLogger(__name__)
-
-#: What ``torch.compile``'s ``mode`` adds to the options (the user's own options win).
-MODES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "reduce-overhead": {"graphs": True},            # CUDA graphs, opsched's default on a GPU anyway
-    "max-autotune": {"scheduler": ("ios", "est")},  # race the dynamic program's plan and the list scheduler's
-    "max-autotune-no-cudagraphs": {"scheduler": ("ios", "est"), "graphs": False},
-}
-
-#: :func:`opsched.optimize`'s keyword arguments that the backend passes on (any scheduler option
-#: too). The device is the inputs'; the precision and layout are the model's own (a compiled
-#: model takes the inputs its original takes).
-OPTIONS = ("scheduler", "cost", "backend", "cache_dir", "verify", "tracer", "progress", "graphs", "memory_budget")
-
-
-@dataclass(frozen=True)
-class OwnOption:
-    """An option of the backend's own (not :func:`opsched.optimize`'s): its default and meaning."""
-
-    default: Any
-    help: str
-
-
-#: The backend's own options (``opsched options`` lists them).
-OWN_OPTIONS: dict[str, OwnOption] = {
-    "fallback": OwnOption(True, "a graph opsched cannot schedule runs as Dynamo captured it, with a warning that "
-                                "says why; False raises instead"),
-    "specialize": OwnOption("graph", "'graph': a graph Dynamo made dynamic searches its first shape and reapplies "
-                                     "that schedule at every later one; 'shape': each shape is searched"),
-    "max_shapes": OwnOption(MAX_SHAPES, "input shapes a graph holds a plan for; further shapes run as Dynamo "
-                                        "captured them"),
-    "schedule_cache": OwnOption(True, "keep every schedule searched on disk beside the profile store "
-                                      "(opsched cache list), and load it in a later process instead of searching"),
-}
-#: Settings that do not change the plan a search makes, so not part of the schedule cache's key.
-_NOT_IN_KEY = frozenset({"fallback", "specialize", "max_shapes", "schedule_cache", "cache_dir", "verify", "progress"})
-#: :func:`opsched.optimize`'s arguments the backend does not take, and why.
-REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
-            "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
-            "leaf_modules": "Dynamo traces the model, not opsched's importer"}
 
 
 @dataclass(frozen=True)
@@ -242,43 +204,12 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | No
             options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """The ``torch.compile`` backend: ``gm`` as an :class:`OpschedGraph`. Options are checked now,
     so a misspelt one fails at compile time, naming what is accepted."""
-    settings = _settings(mode, dict(options or {}))
+    settings = checked_settings(mode, dict(options or {}))
     graph = OpschedGraph(gm, example_inputs, settings)
     with _LOCK:
         graph.index = len(_GRAPHS)
         _GRAPHS.append(graph)
     return graph
-
-
-def _settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
-    from opsched.request import check_request
-
-    mode = mode or "default"
-    if mode not in MODES:
-        raise OpschedError(f"torch.compile mode {mode!r} is not one of the opsched backend's: {', '.join(MODES)}")
-    refused = sorted(k for k in options if k in REFUSED)
-    if refused:
-        raise OpschedError("; ".join(f"option {k!r} is not taken by the opsched backend: {REFUSED[k]}"
-                                     for k in refused))
-    settings = {**{k: o.default for k, o in OWN_OPTIONS.items()}, **MODES[mode], **options}
-    if settings["specialize"] not in SPECIALIZE:
-        raise OpschedError(f"torch.compile(backend='opsched', options=...): specialize is one of "
-                           f"{', '.join(map(repr, SPECIALIZE))}, got {settings['specialize']!r}")
-    if not isinstance(settings["max_shapes"], int) or isinstance(settings["max_shapes"], bool) \
-            or settings["max_shapes"] < 1:
-        raise OpschedError(f"torch.compile(backend='opsched', options=...): max_shapes is a positive number of "
-                           f"input shapes, got {settings['max_shapes']!r}")
-    for flag in ("fallback", "schedule_cache"):
-        if not isinstance(settings[flag], bool):
-            raise OpschedError(f"torch.compile(backend='opsched', options=...): {flag} is True or False, got "
-                               f"{settings[flag]!r}")
-    checked = {k: v for k, v in settings.items() if k in ("scheduler", "backend") or k not in (*OPTIONS, *OWN_OPTIONS)}
-    try:
-        check_request(**checked)  # unknown schedulers, backends and options fail here, before any work
-    except OpschedError as e:
-        raise OpschedError(f"torch.compile(backend='opsched', options=...): {e} (the backend also takes "
-                           f"{', '.join((*OPTIONS, *OWN_OPTIONS))})") from e
-    return settings
 
 
 _VERSION = operator.attrgetter("_version")
@@ -410,7 +341,7 @@ class OpschedGraph:
             return None
         tensors = tuple((tuple(a.shape), str(a.dtype)) for a in args if isinstance(a, torch.Tensor))
         ints = tuple(int(args[i]) for i in self.ints)
-        settings = {k: v for k, v in self.settings.items() if k not in _NOT_IN_KEY}
+        settings = {k: v for k, v in self.settings.items() if k not in PLAN_NEUTRAL}
         return CacheKey.of(self.gm.code, tensors, ints, settings, device)
 
     def _template(self, key: tuple[Any, ...]) -> _Source | None:

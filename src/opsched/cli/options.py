@@ -115,7 +115,7 @@ def reference(markdown: bool = False) -> str:
 
 def _compile_backend() -> list[str]:
     """The ``torch.compile`` backend's modes and options, as the reference lists them."""
-    from opsched.dynamo import MODES, OPTIONS, OWN_OPTIONS, REFUSED
+    from opsched.dynamo_options import MODES, OPTIONS, OWN_OPTIONS, REFUSED
 
     lines = ["", "## `torch.compile(model, backend=\"opsched\")`", "",
              "`options={...}` takes `optimize()`'s " + ", ".join(f"`{k}`" for k in OPTIONS) + " and any scheduler "
