@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -52,18 +51,16 @@ _UNWRITABLE: set[Path] = set()  # directories warned about, once a process each
 
 
 def device_fingerprint(device: torch.device) -> str:
-    """The device a schedule was made on and the libraries whose kernels it ran, as the profile
-    store's contexts name them: a schedule raced on one GPU or CPU is not reused on another."""
-    from opsched.backends import cpu_fingerprint
-    from opsched.backends.cuda import gpu_fingerprint, gpu_versions
+    """The device a schedule was made on and the libraries whose kernels it may run, as the
+    backends that run plans there name them for their measurements (each available backend's
+    :meth:`~opsched.backends.Backend.fingerprint` and :meth:`~opsched.backends.Backend.versions`):
+    a schedule raced on one GPU or CPU, or with other kernels, is not reused on another."""
+    from opsched.backends import backend_names, get_backend
+    from opsched.execution import RunOptions
 
-    if device.type == "cuda":
-        return f"{gpu_fingerprint(device)} {gpu_versions()}"
-    try:
-        ort = f" onnxruntime={importlib.metadata.version('onnxruntime')}"
-    except importlib.metadata.PackageNotFoundError:
-        ort = ""
-    return f"{device.type}: {cpu_fingerprint()} torch={torch.__version__}{ort}"
+    run = RunOptions(device)
+    here = [b for b in map(get_backend, backend_names()) if b.device_type == device.type and b.unavailable() is None]
+    return " | ".join(dict.fromkeys(part for b in here for part in (b.fingerprint(run), b.versions())))
 
 
 def _plain(value: Any) -> bool:
