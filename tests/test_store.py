@@ -19,7 +19,7 @@ from opsched.cli.main import main
 from opsched.cost import AnalyticCostModel, MeasuredCostModel, SegmentCut, StageTiming, TimingPolicy
 from opsched.cost.measured import Calibrations
 from opsched.cost.store import ProfileContext, ProfileStore
-from opsched.errors import ProfileStoreError
+from opsched.errors import OpschedError, ProfileStoreError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, stage_key
 from opsched.schedule import Schedule, Stage
@@ -350,3 +350,49 @@ def test_processes_writing_one_schedule_key_at_once_each_leave_a_whole_file(tmp_
     estimates = {s.estimated_ms for s in made}
     assert all(set(r) <= estimates for r in results), results  # never "missing": no torn file was read
     assert not list((tmp_path / "schedules").glob("*.corrupt")) and not list((tmp_path / "schedules").glob(".*.tmp"))
+
+
+def _cache_key(n: int) -> CacheKey:
+    key = CacheKey.of(f"code {n}", (((1, 4, 8, 8), "torch.float32"),), (), {"scheduler": "ios"}, torch.device("cpu"))
+    assert key is not None
+    return key
+
+
+def test_the_schedule_cache_keeps_the_most_recently_used_schedules(tmp_path: Path) -> None:
+    """Past its bound, a write removes the least recently used files; a file read counts as used."""
+    made = schedule(random_dag(6, seed=1), "sequential", AnalyticCostModel("V100"))
+    cache = ScheduleCache(tmp_path, max_schedules=3)
+    paths = [cache.put(_cache_key(n), made, "ort", 0.0, {}) for n in range(3)]
+    for age, p in enumerate(paths):  # written long ago, oldest first (a file system's clock may be coarse)
+        assert p is not None
+        os.utime(p, (1000.0 + age, 1000.0 + age))
+    assert cache.get(_cache_key(0)) is not None  # used now: key 1 is the least recently used
+    cache.put(_cache_key(3), made, "ort", 0.0, {})
+    assert [cache.get(_cache_key(n)) is not None for n in range(4)] == [True, False, True, True]
+    cache.put(_cache_key(3), made, "ort", 0.0, {})  # written again: nothing more to remove
+    assert len(list(cache.files())) == 3
+    assert ScheduleCache(tmp_path).status()["max_schedules"] == 1000
+
+
+def test_the_schedule_cache_bound_comes_from_the_environment_and_is_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCHED_SCHEDULE_CACHE_MAX", "2")
+    assert ScheduleCache(tmp_path).max_schedules == 2
+    for bad in ("0", "many"):
+        monkeypatch.setenv("OPSCHED_SCHEDULE_CACHE_MAX", bad)
+        with pytest.raises(OpschedError, match=f"OPSCHED_SCHEDULE_CACHE_MAX .* at least 1; got '{bad}'"):
+            ScheduleCache(tmp_path)
+    with pytest.raises(OpschedError, match="max_schedules=0"):
+        ScheduleCache(tmp_path, max_schedules=0)
+
+
+def test_a_schedule_cache_key_names_the_code_that_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other source at the same version number is another key: a schedule searched by older code
+    is searched again, not reused."""
+    from opsched import __version__, schedule_cache
+
+    assert schedule_cache.code_version().startswith(f"{__version__}+")
+    assert _cache_key(0).opsched == schedule_cache.code_version()
+    before = _cache_key(0).digest
+    monkeypatch.setattr(schedule_cache, "code_version", lambda: f"{__version__}+other")
+    assert _cache_key(0).digest != before

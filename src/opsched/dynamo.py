@@ -36,7 +36,7 @@ What Dynamo hands over and how it is met:
   last type (the schedule's own check), with no search: GoogLeNet's second graph took 1.2 s on
   this repository's CPU, against 5.0 s searched again.
 - **Across processes** every schedule searched is kept in the schedule cache
-  (:mod:`opsched.schedule_cache`, beside the profile store), and a graph that finds its key
+  (:mod:`opsched.schedule_cache`, beside the profile store; the 1000 used last), and a graph that finds its key
   there loads it (an exact structural check, as a twin's) instead of searching:
   ``options={"schedule_cache": False}`` searches every time.
 - **Each call** pays Dynamo's guards and its gathering of the lifted weights before the plan runs:

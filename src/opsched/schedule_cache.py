@@ -18,11 +18,18 @@ parsed is moved aside (``.corrupt``) with a warning and the graph searched; wher
 cannot be written, schedules are searched as without the cache (one warning); two processes that
 write one key at once each write a whole file (a unique temporary, then a rename), and the later
 one stays.
+
+The cache is bounded: past ``max_schedules`` files (:data:`MAX_SCHEDULES`, or
+``OPSCHED_SCHEDULE_CACHE_MAX``), a write removes the least recently used (a file found is marked
+used), so a server that meets a new shape every call (``specialize="shape"`` in a decoding loop)
+keeps the schedules it uses and not every one it ever made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -40,12 +47,15 @@ from opsched.cost.store import default_cache_dir
 from opsched.errors import OpschedError
 from opsched.schedule import Schedule
 
-__all__ = ["CacheKey", "CachedSchedule", "ScheduleCache", "device_fingerprint", "FORMAT"]
+__all__ = ["CacheKey", "CachedSchedule", "ScheduleCache", "code_version", "device_fingerprint", "FORMAT",
+           "MAX_SCHEDULES"]
 
 log = logging.getLogger(__name__)
 
 #: Bumped whenever what a cache file holds, or what its key means, changes (older files then miss).
 FORMAT = 1
+#: How many schedules a cache directory keeps unless told otherwise (each file is 5-50 KB).
+MAX_SCHEDULES = 1000
 _PLAIN = (str, int, float, bool, type(None))
 _UNWRITABLE: set[Path] = set()  # directories warned about, once a process each
 
@@ -63,6 +73,23 @@ def device_fingerprint(device: torch.device) -> str:
     return " | ".join(dict.fromkeys(part for b in here for part in (b.fingerprint(run), b.versions())))
 
 
+@functools.cache
+def code_version() -> str:
+    """opsched's version and a digest of its source: a schedule searched by other code, even at
+    the same version number (an editable install a commit later), is not reused, since today's
+    search may pick another plan. Read once a process (under 10 ms)."""
+    from opsched import __version__
+
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    except OSError:  # an install without its sources (a zip): the version alone
+        return __version__
+    return f"{__version__}+{digest.hexdigest()[:12]}"
+
+
 def _plain(value: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return all(map(_plain, value))
@@ -73,7 +100,7 @@ def _plain(value: Any) -> bool:
 class CacheKey:
     """What a cached schedule was made for. ``graph`` is the hash of the captured graph's code,
     ``inputs`` every input's shape and dtype (lifted weights included), ``settings`` the options
-    that shape a plan, ``device`` :func:`device_fingerprint`."""
+    that shape a plan, ``device`` :func:`device_fingerprint`, ``opsched`` :func:`code_version`."""
 
     graph: str
     inputs: tuple[tuple[tuple[int, ...], str], ...]
@@ -89,11 +116,9 @@ class CacheKey:
         schedule is not cached, as nothing would tell it from another's."""
         if not all(_plain(v) for v in settings.values()):
             return None
-        from opsched import __version__
-
         plain = tuple(sorted((k, list(v) if isinstance(v, tuple) else v) for k, v in settings.items()))
         return cls(hashlib.sha256(code.encode()).hexdigest(), inputs, ints, plain, device_fingerprint(device),
-                   __version__)
+                   code_version())
 
     @property
     def digest(self) -> str:
@@ -110,12 +135,30 @@ class CachedSchedule:
     path: Path
 
 
+def _max_schedules() -> int:
+    text = os.environ.get("OPSCHED_SCHEDULE_CACHE_MAX")
+    if not text:
+        return MAX_SCHEDULES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise OpschedError(f"OPSCHED_SCHEDULE_CACHE_MAX is how many schedules the cache keeps, a whole number of at "
+                           f"least 1; got {text!r}")
+    return value
+
+
 class ScheduleCache:
     """The cache directory's schedules (see the module docstring). ``cache_dir`` None: the
-    default cache directory (``OPSCHED_CACHE_DIR`` or the user cache)."""
+    default cache directory (``OPSCHED_CACHE_DIR`` or the user cache); ``max_schedules`` None:
+    ``OPSCHED_SCHEDULE_CACHE_MAX``, else :data:`MAX_SCHEDULES`."""
 
-    def __init__(self, cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, max_schedules: int | None = None) -> None:
         self.directory = Path(cache_dir or default_cache_dir()) / "schedules"
+        if max_schedules is not None and max_schedules < 1:
+            raise OpschedError(f"a schedule cache keeps at least 1 schedule; got max_schedules={max_schedules}")
+        self.max_schedules = _max_schedules() if max_schedules is None else max_schedules
 
     def path(self, key: CacheKey) -> Path:
         return self.directory / f"{key.digest}.json"
@@ -129,12 +172,15 @@ class ScheduleCache:
             cached = data["cached"]
             if cached["format"] != FORMAT or cached["digest"] != key.digest:
                 raise ValueError(f"format {cached['format']}, key {cached['digest']}: not this key's file")
-            return CachedSchedule(Schedule.from_dict(data, os.fspath(path)), str(cached["backend"]), path)
+            found = CachedSchedule(Schedule.from_dict(data, os.fspath(path)), str(cached["backend"]), path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, OpschedError) as e:
             self._move_aside(path, e)
             return None
+        with contextlib.suppress(OSError):  # used now: the last a bounded cache removes (read-only: as it was)
+            os.utime(path)
+        return found
 
     def put(self, key: CacheKey, schedule: Schedule, backend: str, search_seconds: float,
             description: Mapping[str, Any]) -> Path | None:
@@ -162,7 +208,26 @@ class ScheduleCache:
                 log.warning("schedule cache %s cannot be written (%s): schedules searched now are not kept for "
                             "another process", self.directory, e.strerror or e)
             return None
+        self._evict(keep=path)
         return path
+
+    def _evict(self, keep: Path) -> None:
+        """Remove the least recently used schedules past ``max_schedules`` (never ``keep``, just
+        written). Another process may remove the same files at once: each removal may find its
+        file gone."""
+        files = [p for p in self.files() if p != keep]
+        extra = len(files) + 1 - self.max_schedules
+        if extra <= 0:
+            return
+        used = {}
+        for p in files:
+            with contextlib.suppress(OSError):
+                used[p] = p.stat().st_mtime
+        for p in sorted(used, key=used.__getitem__)[:extra]:
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+        log.info("schedule cache %s: removed %d least recently used schedules (it keeps %d)", self.directory,
+                 min(extra, len(used)), self.max_schedules)
 
     def files(self) -> Iterator[Path]:
         if self.directory.is_dir():
@@ -184,7 +249,7 @@ class ScheduleCache:
     def status(self) -> dict[str, Any]:
         files = list(self.files())
         return {"path": str(self.directory), "format": FORMAT, "schedules": len(files),
-                "bytes": sum(p.stat().st_size for p in files)}
+                "max_schedules": self.max_schedules, "bytes": sum(p.stat().st_size for p in files)}
 
     def clear(self) -> int:
         """Remove every cached schedule, any file moved aside and any a killed writer left

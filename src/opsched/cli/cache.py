@@ -55,7 +55,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
                     print(format_table(["device", "backend", "versions", "batch", "measurements"], rows))
                 cached = schedules.status()
                 print(f"schedule cache {cached['path']} (format {cached['format']}): {cached['schedules']} "
-                      f"schedules, {cached['bytes'] / 1024:.1f} KiB")
+                      f"schedules (it keeps at most {cached['max_schedules']}), {cached['bytes'] / 1024:.1f} KiB")
             elif args.action == "clear":
                 print(f"removed {store.clear()} measurements from {store.path} and {schedules.clear()} schedules "
                       f"from {schedules.directory}")
