@@ -61,6 +61,11 @@ def test_untraceable_module_names_the_construct_and_the_fix(capsys: pytest.Captu
     with pytest.raises(UntraceableModuleError) as info:  # the whole model: keeping it whole is no fix
         from_torch(DataDependent(), torch.randn(1, 3, 8, 8))
     assert "leaf_modules" not in str(info.value) and "torch.compile" in str(info.value)
+    # torch.export alone (or a model torch.fx cannot be tried on: a detector called with a list of images)
+    with pytest.raises(FrontendError, match=r"GuardOnDataDependentSymNode.*\[the model's sizes or control flow "
+                                            r"depend on its tensors' values .* torch.compile\(model, "
+                                            r"backend='opsched'\) schedules the graphs"):
+        from_torch(DataDependent(), torch.randn(1, 3, 8, 8), tracer="export")
 
 
 class _Keypoints(nn.Module):
@@ -75,7 +80,8 @@ def test_a_tensor_whose_size_depends_on_the_data_is_named_with_its_node() -> Non
     """torch.export traces nonzero with a size it leaves unknown; the conversion reached it as a
     bare GuardOnDataDependentSymNode from the depth of the IR."""
     with pytest.raises(FrontendError, match=r"node 'nonzero' \(aten::nonzero.default\) gives a tensor "
-                                                     r"whose size \(u\d+\) depends on the values it reads"):
+                                                     r"whose size \(u\d+\) depends on the values it reads.*"
+                                                     r"torch.compile\(model, backend='opsched'\)"):
         from_torch(_Keypoints(), torch.rand(1, 16, 16), tracer="export")
 
 

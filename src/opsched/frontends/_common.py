@@ -116,7 +116,9 @@ def held_type(value: Any, what: str) -> TensorType:
     if unknown:
         raise FrontendError(f"{what} gives a tensor whose size ({', '.join(unknown)}) depends on the values it reads "
                             f"(as nonzero's or a boolean mask's does); a static graph cannot hold it: compute it "
-                            f"outside the model, or keep its module whole with leaf_modules")
+                            f"outside the model, keep its module whole with leaf_modules, or use "
+                            f"torch.compile(model, backend='opsched'), which runs it between the graphs it "
+                            f"schedules")
     return tensor_type(value)
 
 

@@ -94,6 +94,10 @@ def _hint(reason: str) -> str:
                f"return its tensors instead, or register it (torch.export.register_dataclass({kind}) for a dataclass, "
                f"which opsched.optimize does itself)")
         return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
+    if re.search(r"data.dependent", reason, re.IGNORECASE):
+        return (" [the model's sizes or control flow depend on its tensors' values (a detector's non-maximum "
+                "suppression, say), which one traced graph cannot hold: torch.compile(model, backend='opsched') "
+                "schedules the graphs Dynamo captures between those places]")
     return ""
 
 
