@@ -68,6 +68,13 @@ def environment() -> dict[str, str]:
     env = {"machine": f"{cpu_model_name()}, {os.cpu_count()} cores", "python": platform.python_version(),
            "torch": torch.__version__, "numpy": numpy.__version__, "opsched": opsched.__version__,
            "platform": platform.platform()}
+    if "torchvision" in sys.modules:  # the vision corpus's models were run: whose definitions, and how whole
+        import torchvision.extension
+
+        env["torchvision"] = torchvision.__version__ + ("" if torchvision.extension._has_ops() else
+                                                        " (its compiled ops did not load: its models' Python alone)")
+    if "timm" in sys.modules:
+        env["timm"] = sys.modules["timm"].__version__
     if torch.cuda.is_available():
         from opsched.backends.cuda import gpu_fingerprint, gpu_versions
 

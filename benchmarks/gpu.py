@@ -30,6 +30,7 @@ interrupted run keeps what it measured (``--resume`` skips rows already in the J
     python benchmarks/gpu.py --batches 16 64 128 --contenders graph ios graphturbo --name memory-gpu --profile
     python benchmarks/gpu.py --corpus --batches 1 --contenders eager graph compile sequential optimize \
         --name corpus-gpu                                              # the corpus against the graph
+    python benchmarks/gpu.py --models timm/inception_v4 torchvision/googlenet --batches 1 --name vision-gpu
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
+from opsched.testing.vision import vision_corpus  # noqa: E402
 from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
@@ -180,9 +182,11 @@ def kernel_profile(fn: Callable[[], Any], calls: int = PROFILE_CALLS) -> dict[st
 
 
 def load(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """A zoo model, or a corpus one (``corpus:bert``: its batch-1 inputs repeated to ``batch``)."""
-    if name.startswith("corpus:"):
-        model, inputs = corpus()[name.removeprefix("corpus:")].build()
+    """A zoo model, a corpus one (``corpus:bert``) or a vision one (``timm/dpn68``,
+    ``torchvision/googlenet``), a corpus or vision model's batch-1 inputs repeated to ``batch``."""
+    if name.startswith("corpus:") or "/" in name:
+        entry = corpus()[name.removeprefix("corpus:")] if name.startswith("corpus:") else vision_corpus()[name]
+        model, inputs = entry.build()
         return model.eval(), tuple(t.repeat(batch, *[1] * (t.dim() - 1)) for t in inputs)
     return get_model(name).eval(), example_inputs(name, batch)
 
@@ -343,9 +347,12 @@ def where_time_goes(records: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="*", help="zoo names, or corpus:NAME (default: the zoo)")
+    p.add_argument("--models", nargs="*", help="zoo names, corpus:NAME, or torchvision/NAME and timm/NAME (the "
+                                               "vision models, opsched.testing.vision) (default: the zoo)")
     p.add_argument("--corpus", action="store_true", help="the real-model corpus (opsched.testing.corpus) but its "
                                                          "slow models, as corpus:NAME models")
+    p.add_argument("--vision", action="store_true", help="torchvision's and timm's models (opsched.testing.vision) "
+                                                         "but the slow ones")
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16, 128])
     p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
     p.add_argument("--contenders", nargs="*", default=list(CONTENDERS), choices=CONTENDERS)
@@ -361,7 +368,10 @@ def main() -> None:
     p.add_argument("--name", help="results name (default gpu-<device name>)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
+    if args.vision and not vision_corpus():
+        raise SystemExit("--vision needs torchvision (and timm for its models), which do not import here")
     args.models = args.models or ([f"corpus:{n}" for n, e in corpus().items() if not e.slow] if args.corpus
+                                  else [n for n, e in vision_corpus().items() if not e.slow] if args.vision
                                   else list_models())
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh SECONDS STAGE...
 #   stages: setup tests tests-hetero tests-inductor compile compile-b compile-c compile32 compile32-b
 #           compile32-c compile-max compile-max-b compile32-max compile32-max-b dynamo-overhead
-#           restart hetero memory memory-b corpus standing
+#           restart hetero memory memory-b corpus tests-vision vision vision-b standing
 #
 # The lent machine's image has its own PyTorch (not this project's pin) and nothing can be
 # installed from a registry there: `setup` installs the wheels carried in .whl/ (platformdirs,
@@ -99,7 +99,7 @@ gpu_pytest() {
 }
 
 tests() {
-    gpu_pytest -n 8 -m gpu -k "not inductor" tests
+    gpu_pytest -n 8 -m gpu -k "not inductor" --ignore tests/test_vision_corpus.py tests  # its own stage: tests-vision
     gpu_pytest tests/test_hetero.py -k measured_once
 }
 
@@ -109,6 +109,10 @@ tests_hetero() {
 
 tests_inductor() {
     gpu_pytest -n 6 -m gpu -k inductor tests
+}
+
+tests_vision() {
+    gpu_pytest -n 8 -m gpu tests/test_vision_corpus.py
 }
 
 # compile_gpu STAGE PAGE [--resume] MODEL...: issue 22's contenders on MODELs in PAGE's precision
@@ -127,7 +131,7 @@ compile_gpu() {
         --budget 10 --rounds 20 --profile --name "$page" "${resume[@]}" --models "$@"
 }
 
-export -f setup gpu_pytest tests tests_hetero tests_inductor
+export -f setup gpu_pytest tests tests_hetero tests_inductor tests_vision
 for s in "$@"; do
     case $s in
         setup) stage setup 60 setup ;;
@@ -167,6 +171,18 @@ for s in "$@"; do
         # issue 18: the real-model corpus against the single-stream CUDA graph
         corpus) stage corpus 400 python3 benchmarks/gpu.py --corpus --batches 1 --dtypes float16 \
             --contenders eager graph sequential optimize --budget 10 --rounds 15 --name corpus-gpu ;;
+        # the models users bring (torchvision's and timm's, opsched.testing.vision), which only this
+        # machine's image has: each in float16 on CUDA equal to eager; then the branchy ones (and two
+        # chains for contrast) against the single-stream CUDA graph
+        tests-vision) stage tests-vision 240 tests_vision ;;
+        vision) stage vision 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
+            --contenders eager graph ios optimize --budget 10 --rounds 15 --name vision-gpu --models \
+            torchvision/googlenet torchvision/inception_v3 torchvision/densenet121 timm/inception_v4 \
+            timm/hrnet_w18_small timm/dpn68 ;;
+        vision-b) stage vision-b 300 python3 benchmarks/gpu.py --batches 1 --dtypes float16 \
+            --contenders eager graph ios optimize --budget 10 --rounds 15 --name vision-gpu --resume --models \
+            timm/res2net50_14w_8s timm/resnest14d timm/crossvit_tiny_240 timm/inception_resnet_v2 \
+            torchvision/resnet18 torchvision/mobilenet_v3_small ;;
         # ../shared/GPU.md item 2: optimize() racing the IOS and est plans
         standing) stage standing 400 python3 benchmarks/gpu.py --batches 1 --dtypes float32 float16 \
             --contenders graph ios est optimize --budget 20 --name gpu-race ;;

@@ -1,5 +1,7 @@
 """The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 56 Hugging Face
-architectures beyond the corpus) through every way a user brings a model, on this CPU.
+architectures beyond the corpus), or with ``--corpus vision`` torchvision's and timm's models
+(:func:`opsched.testing.vision.vision_corpus`, where they import), through every way a user
+brings a model, on this CPU.
 
 Per model: ``opsched.optimize`` with its defaults (its own check against the model included) and
 the largest difference of its outputs from eager PyTorch's; ``torch.compile(model,
@@ -13,6 +15,7 @@ where opsched failed. No timings: what runs, and how exactly.
 
     python benchmarks/sweep.py
     python benchmarks/sweep.py --models bit mamba --torchscript-opset 13
+    python benchmarks/sweep.py --corpus vision --name vision-sweep     # needs torchvision and timm
 """
 
 from __future__ import annotations
@@ -38,7 +41,18 @@ from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.frontends.onnx_file import first_line  # noqa: E402
-from opsched.testing.corpus import export_onnx, wide_corpus  # noqa: E402
+from opsched.testing.corpus import CorpusModel, export_onnx, wide_corpus  # noqa: E402
+from opsched.testing.vision import vision_corpus  # noqa: E402
+
+#: What each corpus is, for the page's introduction.
+CORPORA: dict[str, tuple[Callable[[], dict[str, CorpusModel]], str, str]] = {
+    "wide": (wide_corpus, "The sweep: the wide corpus through every frontend",
+             "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
+             "random weights, shrunk configs, batch 1)"),
+    "vision": (vision_corpus, "The sweep: torchvision's and timm's models through every frontend",
+               "torchvision's and timm's own model definitions, whole (`opsched.testing.vision.vision_corpus`, "
+               "random weights made to look trained, batch 1, each at its library's input size)"),
+}
 
 
 def tensors(value: Any) -> list[torch.Tensor]:
@@ -111,12 +125,17 @@ def cell(r: dict[str, Any], text: Callable[[dict[str, Any]], str], failure: bool
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="*", default=list(wide_corpus()))
+    p.add_argument("--corpus", choices=CORPORA, default="wide")
+    p.add_argument("--models", nargs="*", help="default: the corpus's models, its slow ones too")
     p.add_argument("--torchscript-opset", type=int, default=17)
     p.add_argument("--budget", type=float, default=2.0, help="seconds of IOS search per model in optimize()")
     p.add_argument("--name", default="sweep")
     args = p.parse_args()
-    entries = wide_corpus()
+    models, title, about = CORPORA[args.corpus]
+    entries = models()
+    if not entries:
+        raise SystemExit(f"the {args.corpus} corpus is empty here: it needs torchvision (and timm for its models)")
+    args.models = args.models or list(entries)
     rows, records = [], []
     for name in args.models:
         model, inputs = entries[name].build()
@@ -152,9 +171,8 @@ def main() -> None:
                f"({exporter} that torch.onnx could not write or wrote so that ONNX Runtime refuses the file, "
                f"{len(records) - ok['torchscript'] - exporter} that opsched failed).")
     md = "\n".join([
-        "# The sweep: the wide corpus through every frontend", "",
-        "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
-        "random weights, shrunk configs, batch 1). *torch*: `opsched.optimize` with its defaults (an IOS budget "
+        f"# {title}", "",
+        f"{about}. *torch*: `opsched.optimize` with its defaults (an IOS budget "
         f"of {args.budget:g} s; its own check against the model passed) and the largest output difference from "
         "eager; *torch.compile*: `torch.compile(model, backend=\"opsched\")` with the same budget, the graphs "
         "Dynamo captured and how many of them run eagerly (with the first one's reason), and the largest "
@@ -162,7 +180,8 @@ def main() -> None:
         "`opsched.from_onnx` and the sequential plan on ONNX Runtime against ONNX Runtime's own session of the "
         "file; *TorchScript*: the same for the TorchScript exporter at an older opset. A failure shows whose it "
         "is and the first line of its error.", "", format_table(headers, rows, markdown=True), "", summary])
-    md_path, js_path = write(args.name, md, {"rows": records, "torchscript_opset": args.torchscript_opset})
+    md_path, js_path = write(args.name, md, {"corpus": args.corpus, "rows": records,
+                                             "torchscript_opset": args.torchscript_opset})
     print(summary)
     print(f"wrote {md_path} and {js_path}")
 
