@@ -7,7 +7,8 @@ ResNeSt's and SKNet's split attention, CrossViT's two token streams, next to the
 (VGG, MobileNet) and the vision transformers (ViT, Swin, MaxViT) that give it little to do.
 Each entry is a :class:`~opsched.testing.corpus.CorpusModel` named ``torchvision/NAME`` or
 ``timm/NAME``, at the input size its library gives it (224 pixels for most), its weights random
-but made to look trained (no zeroed head, batch-norm statistics away from 0 and 1).
+but made to look trained (no zeroed head; batch-norm statistics of the model's own activations,
+away from 0 and 1).
 
 :func:`vision_corpus` lists the models of whichever of the two libraries import. Neither does on
 this repository's CPU development machine: the torchvision wheels built for its torch pin are
@@ -80,39 +81,46 @@ def _image(shape: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: (torch.randn(1, *shape),)
 
 
-def _trained_looking(model: nn.Module) -> nn.Module:
+def _trained_looking(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
     """``model`` with the state a freshly built model lacks and a trained one has, so that a wrong
     result cannot hide: the parameters its initialiser zeroes (classifier heads of ViT, Mixer
     and ResMLP, whose outputs are then all zero; the last batch norm of each residual branch,
-    which silences the branch) drawn at random, and its batch norms' running statistics away
-    from 0 and 1 (which folding a batch norm into a convolution must then get right)."""
+    which silences the branch) drawn at random, and its batch norms' running statistics those of
+    its own activations (a training-mode pass over a random batch of two), away from 0 and 1 as
+    a trained model's are, which folding a batch norm into a convolution must then get right.
+    (Statistics drawn at random instead leave activations unnormalised: Inception V3's outputs
+    reached 6.5e12.)"""
     with torch.no_grad():
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
-        for m in model.modules():  # torch's batch norms, and torchvision's frozen ones
-            mean, var = getattr(m, "running_mean", None), getattr(m, "running_var", None)
-            if isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
-                mean.normal_(0.0, 0.1)
-                var.uniform_(0.5, 1.5)
-    return model
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average: this pass's statistics exactly
+        if norms:
+            model.train()
+            model(torch.randn(2, *shape))
+            for m in norms:
+                m.momentum = 0.1
+    return model.eval()
 
 
-def _torchvision(name: str) -> Callable[[], nn.Module]:
+def _torchvision(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
         import torchvision
 
         # weights=None everywhere, the backbone's too: a segmentation model's default backbone is pretrained
         extra: dict[str, Any] = {"weights_backbone": None} if name in _SEGMENTATION else {}
-        return _trained_looking(torchvision.models.get_model(name, weights=None, **extra))
+        return _trained_looking(torchvision.models.get_model(name, weights=None, **extra), shape)
     return make
 
 
-def _timm(name: str) -> Callable[[], nn.Module]:
+def _timm(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
         import timm
 
-        return _trained_looking(timm.create_model(name, pretrained=False))
+        return _trained_looking(timm.create_model(name, pretrained=False), shape)
     return make
 
 
@@ -127,7 +135,7 @@ def vision_corpus() -> dict[str, CorpusModel]:
         import torchvision
 
         known = set(torchvision.models.list_models())  # an older torchvision lacks the newer models
-        entries += [CorpusModel(f"torchvision/{name}", f"torchvision.models.{name}", _torchvision(name),
+        entries += [CorpusModel(f"torchvision/{name}", f"torchvision.models.{name}", _torchvision(name, shape),
                                 _image(shape), slow) for name, shape, slow in TORCHVISION if name in known]
     if _importable("timm"):
         import timm
@@ -137,6 +145,6 @@ def vision_corpus() -> dict[str, CorpusModel]:
                 continue
             cfg = timm.models.get_pretrained_cfg(name)
             shape = tuple(cfg.input_size) if cfg is not None else (3, 224, 224)
-            entries.append(CorpusModel(f"timm/{name}", f"timm.create_model({name!r})", _timm(name), _image(shape),
-                                       slow))
+            entries.append(CorpusModel(f"timm/{name}", f"timm.create_model({name!r})", _timm(name, shape),
+                                       _image(shape), slow))
     return {e.name: e for e in entries}
