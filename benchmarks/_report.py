@@ -40,19 +40,46 @@ def each_model(models: Iterable[str], run: Callable[[str], tuple[list[object], d
     return rows, records
 
 
+#: The corpora of third-party models a benchmark may take (``--corpus``): what each is, in a
+#: results page's words.
+CORPORA = {
+    "corpus": "Hugging Face `transformers` models built from shrunk configs (random weights; `opsched.testing.corpus`)",
+    "wide": "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
+            "random weights, shrunk configs)",
+    "vision": "torchvision's and timm's own model definitions, whole (`opsched.testing.vision.vision_corpus`, "
+              "random weights made to look trained, each at its library's input size)",
+}
+
+
+def corpus_models(kind: str) -> dict[str, Any]:
+    """The :data:`CORPORA` entry ``kind``'s models (``CorpusModel``), by name; the vision corpus's
+    where torchvision imports (raises ``SystemExit`` saying so where it does not)."""
+    from opsched.testing.corpus import corpus, wide_corpus
+    from opsched.testing.vision import vision_corpus
+
+    models = {"corpus": corpus, "wide": wide_corpus, "vision": vision_corpus}[kind]()
+    if not models:
+        raise SystemExit(f"the {kind} corpus is empty here: it needs torchvision (and timm for its models)")
+    return models
+
+
+def corpus_model(name: str) -> Any:
+    """A model of any corpus by its name (the vision corpus's are ``torchvision/...``, ``timm/...``)."""
+    return corpus_models("vision" if "/" in name else "corpus" if name in corpus_models("corpus") else "wide")[name]
+
+
 def placed_model(name: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, tuple[Any, ...]]:
-    """A zoo or corpus (wide corpus too) model in eval mode, and its example inputs, on
+    """A zoo or corpus (wide or vision corpus too) model in eval mode, and its example inputs, on
     ``device`` in ``dtype`` (its floating-point tensors): how the torch.compile benchmarks hand a
     model over, since the backend runs a model where, and in the precision, it is given."""
     import torch
 
     from opsched.models import MODELS, example_inputs, get_model
-    from opsched.testing.corpus import corpus, wide_corpus
 
     if name in MODELS:
         model, inputs = get_model(name), tuple(example_inputs(name))
     else:
-        model, inputs = {**corpus(), **wide_corpus()}[name].build()
+        model, inputs = corpus_model(name).build()
     kind = getattr(torch, dtype)
     inputs = tuple(t.to(device, kind if t.is_floating_point() else t.dtype) for t in inputs)
     return model.eval().to(device, kind), inputs

@@ -1,4 +1,5 @@
-"""The corpus benchmark: third-party models (:mod:`opsched.testing.corpus`) on this CPU, batch 1.
+"""The corpus benchmark: third-party models (:mod:`opsched.testing.corpus`, or with ``--corpus
+vision`` torchvision's and timm's, :mod:`opsched.testing.vision`) on this CPU, batch 1.
 
 Per model: what the torch import made of it (operators, generic ATen nodes, opaque nodes) and
 what the ONNX import made of its ``torch.onnx`` export (operators, generic ONNX nodes, which
@@ -14,6 +15,7 @@ per-round ratios, > 1 where the second contender is faster.
 
     python benchmarks/corpus.py                       # every corpus model
     python benchmarks/corpus.py --models bert swin --rounds 21 --budget 30
+    python benchmarks/corpus.py --corpus vision --name vision-cpu     # needs torchvision and timm
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import each_model, geomean, write_table  # noqa: E402
+from _report import CORPORA, corpus_model, corpus_models, each_model, geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
@@ -40,7 +42,7 @@ from opsched.cost import ProfileStore  # noqa: E402
 from opsched.costing import measured_cost  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
-from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
+from opsched.testing.corpus import export_onnx  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 
@@ -82,7 +84,8 @@ def generic(graph: opsched.Graph, prefix: str) -> int:
 
 
 def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[object], dict[str, object]]:
-    model, inputs = corpus()[name].build()
+    entry = corpus_model(name)
+    model, inputs = entry.build()
     t = time.perf_counter()
     graph = opsched.from_torch(model, inputs)
     import_s = time.perf_counter() - t
@@ -124,7 +127,7 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
               "optimize() vs ORT": ratio("ORT own session", "optimize()"),
               "optimize() vs eager": ratio("eager", "optimize()")}
     kinds = Counter(n.op for n in graph.nodes)
-    record = {"model": name, "architecture": corpus()[name].architecture, "operators": len(graph.nodes),
+    record = {"model": name, "architecture": entry.architecture, "operators": len(graph.nodes),
               "generic_aten": generic(graph, "aten."), "opaque": kinds["opaque"], "import_s": import_s,
               "onnx_mb": proto.ByteSize() / 1e6, "onnx_import_s": onnx_import_s,
               "onnx_exporter": exporter, "onnx_operators": len(onnx_graph.nodes),
@@ -142,12 +145,15 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="*", default=list(corpus()))
+    p.add_argument("--corpus", choices=["corpus", "vision"], default="corpus",
+                   help="vision: torchvision's and timm's models (opsched.testing.vision), where they import")
+    p.add_argument("--models", nargs="*", help="default: the corpus's models")
     p.add_argument("--budget", type=float, default=10.0, help="seconds of IOS search per model in optimize()")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--cache-dir", help="profile store (default: a fresh temporary one)")
     p.add_argument("--name", default="corpus")
     args = p.parse_args()
+    args.models = args.models or list(corpus_models(args.corpus))
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="opsched-corpus-")
     rows, records = each_model(args.models, lambda name: run(name, args.budget, args.rounds, cache_dir))
     headers = ["model", "ops", "generic ATen", "opaque", "ONNX import: ops", "generic ONNX",
@@ -157,9 +163,9 @@ def main() -> None:
     geo = {key: geomean(v for r in records if not math.isnan(v := r["ratios"][key]))  # type: ignore[index]
            for key in headers if key in records[0]["ratios"]}  # type: ignore[operator]
     write_table(args.name, [
-        "# The corpus: third-party models on this CPU", "",
-        "Hugging Face `transformers` models built from shrunk configs (random weights; "
-        "`opsched.testing.corpus`), batch 1. *ops*: operators of the torch import (torch.export), of which "
+        "# The corpus: third-party models on this CPU" if args.corpus == "corpus" else
+        "# torchvision's and timm's models on this CPU", "",
+        f"{CORPORA[args.corpus]}, batch 1. *ops*: operators of the torch import (torch.export), of which "
         "*generic ATen* run as their ATen overload and *opaque* as Python calls; *ONNX import*: the "
         "exporter that produced the file (torch.onnx's default dynamo exporter, else the TorchScript one) "
         "and the operators opsched imported from it, of which *generic ONNX* run through ONNX Runtime as "

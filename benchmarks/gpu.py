@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _report import RESULTS, geomean, iqr, write  # noqa: E402
+from _report import RESULTS, corpus_model, corpus_models, geomean, iqr, write  # noqa: E402
 from torch.utils._pytree import tree_map_only  # noqa: E402
 
 import opsched  # noqa: E402
@@ -63,7 +63,6 @@ from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
-from opsched.testing.vision import vision_corpus  # noqa: E402
 from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
@@ -185,8 +184,7 @@ def load(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ..
     """A zoo model, a corpus one (``corpus:bert``) or a vision one (``timm/dpn68``,
     ``torchvision/googlenet``), a corpus or vision model's batch-1 inputs repeated to ``batch``."""
     if name.startswith("corpus:") or "/" in name:
-        entry = corpus()[name.removeprefix("corpus:")] if name.startswith("corpus:") else vision_corpus()[name]
-        model, inputs = entry.build()
+        model, inputs = corpus_model(name.removeprefix("corpus:")).build()
         return model.eval(), tuple(t.repeat(batch, *[1] * (t.dim() - 1)) for t in inputs)
     return get_model(name).eval(), example_inputs(name, batch)
 
@@ -368,10 +366,8 @@ def main() -> None:
     p.add_argument("--name", help="results name (default gpu-<device name>)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
-    if args.vision and not vision_corpus():
-        raise SystemExit("--vision needs torchvision (and timm for its models), which do not import here")
     args.models = args.models or ([f"corpus:{n}" for n, e in corpus().items() if not e.slow] if args.corpus
-                                  else [n for n, e in vision_corpus().items() if not e.slow] if args.vision
+                                  else [n for n, e in corpus_models("vision").items() if not e.slow] if args.vision
                                   else list_models())
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from _report import write  # noqa: E402
+from _report import CORPORA, corpus_models, write  # noqa: E402
 
 import opsched  # noqa: E402
 import opsched.dynamo  # noqa: E402
@@ -41,18 +41,7 @@ from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.frontends.onnx_file import first_line  # noqa: E402
-from opsched.testing.corpus import CorpusModel, export_onnx, wide_corpus  # noqa: E402
-from opsched.testing.vision import vision_corpus  # noqa: E402
-
-#: What each corpus is, for the page's introduction.
-CORPORA: dict[str, tuple[Callable[[], dict[str, CorpusModel]], str, str]] = {
-    "wide": (wide_corpus, "The sweep: the wide corpus through every frontend",
-             "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
-             "random weights, shrunk configs, batch 1)"),
-    "vision": (vision_corpus, "The sweep: torchvision's and timm's models through every frontend",
-               "torchvision's and timm's own model definitions, whole (`opsched.testing.vision.vision_corpus`, "
-               "random weights made to look trained, batch 1, each at its library's input size)"),
-}
+from opsched.testing.corpus import export_onnx  # noqa: E402
 
 
 def tensors(value: Any) -> list[torch.Tensor]:
@@ -125,17 +114,15 @@ def cell(r: dict[str, Any], text: Callable[[dict[str, Any]], str], failure: bool
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", choices=CORPORA, default="wide")
+    p.add_argument("--corpus", choices=["wide", "vision"], default="wide")
     p.add_argument("--models", nargs="*", help="default: the corpus's models, its slow ones too")
     p.add_argument("--torchscript-opset", type=int, default=17)
     p.add_argument("--budget", type=float, default=2.0, help="seconds of IOS search per model in optimize()")
     p.add_argument("--name", default="sweep")
     args = p.parse_args()
-    models, title, about = CORPORA[args.corpus]
-    entries = models()
-    if not entries:
-        raise SystemExit(f"the {args.corpus} corpus is empty here: it needs torchvision (and timm for its models)")
+    entries = corpus_models(args.corpus)
     args.models = args.models or list(entries)
+    title = "the wide corpus" if args.corpus == "wide" else "torchvision's and timm's models"
     rows, records = [], []
     for name in args.models:
         model, inputs = entries[name].build()
@@ -171,8 +158,8 @@ def main() -> None:
                f"({exporter} that torch.onnx could not write or wrote so that ONNX Runtime refuses the file, "
                f"{len(records) - ok['torchscript'] - exporter} that opsched failed).")
     md = "\n".join([
-        f"# {title}", "",
-        f"{about}. *torch*: `opsched.optimize` with its defaults (an IOS budget "
+        f"# The sweep: {title} through every frontend", "",
+        f"{CORPORA[args.corpus]}, batch 1. *torch*: `opsched.optimize` with its defaults (an IOS budget "
         f"of {args.budget:g} s; its own check against the model passed) and the largest output difference from "
         "eager; *torch.compile*: `torch.compile(model, backend=\"opsched\")` with the same budget, the graphs "
         "Dynamo captured and how many of them run eagerly (with the first one's reason), and the largest "
