@@ -1,23 +1,27 @@
 """torchvision's and timm's models (:mod:`opsched.testing.vision`), whole, as users bring them:
-the torch import leaves nothing opaque, the greedy plan on both CPU backends and the IOS plan
-equal eager, ``torch.compile(backend="opsched")`` equals eager with every graph scheduled, the
-``torch.onnx`` export imports and runs equal to ONNX Runtime's own session; on a GPU,
-``optimize()`` in float16 equals eager in float16.
+the torch import leaves nothing opaque; the greedy plan on both CPU backends, the IOS plan and
+``torch.compile(backend="opsched")`` (every graph scheduled) are as near the model's float64
+outputs as eager's own float32 ones (:func:`assert_as_true_as_eager`); the ``torch.onnx`` export
+imports and runs as near them as ONNX Runtime's own session of it; on a GPU, ``optimize()`` in float16 is as
+near float64's outputs as eager's float16 ones.
 
 Skipped where torchvision does not import (this repository's CPU machine and CI: see the corpus
 module); ``--runslow`` adds the slow models (MViT, NASNet-A large, PNASNet-5 large)."""
 
 from __future__ import annotations
 
+import copy
 import functools
+from typing import Any
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import opsched
 import opsched.dynamo
+from opsched.check import largest_difference, tolerance
 from opsched.costing import host_cpu_model
-from opsched.testing import assert_close
 from opsched.testing.corpus import export_onnx
 from opsched.testing.vision import vision_available, vision_corpus
 
@@ -29,15 +33,33 @@ CPU = host_cpu_model()
 
 
 @functools.cache
-def _built(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
+def _built(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], Any, Any]:
+    """The model, its inputs, its eager float32 outputs, and the truth: its outputs in float64."""
     model, inputs = VISION[name].build()
     with torch.no_grad():
-        return model, inputs, model(*inputs)
+        truth = copy.deepcopy(model).double()(*(t.double() for t in inputs))
+        return model, inputs, model(*inputs), truth
+
+
+def assert_as_true_as_eager(got: Any, expected: Any, truth: Any, what: str) -> None:
+    """Each output of ``got`` is as near the float64 ``truth`` as eager's own (``expected``, in
+    ``got``'s precision) is: within twice eager's error, or the precision's tolerance of the
+    output's scale. A model with trained-looking batch norms amplifies rounding (Inception-v4's
+    eager float32 output is 4.7e-4 from float64's, of a scale of 1.1), so differences from eager
+    alone of that size would say nothing; an error of a plan shows as one far beyond eager's."""
+    leaves = [[t.detach().cpu() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
+              for v in (got, expected, truth)]
+    assert len({len(v) for v in leaves}) == 1, f"{what}: {[len(v) for v in leaves]} outputs"
+    for i, (g, e, t) in enumerate(zip(*leaves, strict=True)):
+        assert g.shape == e.shape, f"{what}[{i}]: shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+        own = largest_difference(e, t)
+        bound, error = max(tolerance(e), 2 * own), largest_difference(g, t)
+        assert error <= bound, f"{what}[{i}]: {error:.3g} from float64's output, eager's {own:.3g} (bound {bound:.3g})"
 
 
 @functools.cache
 def _graph(name: str) -> opsched.Graph:
-    model, inputs, _ = _built(name)
+    model, inputs, _, _ = _built(name)
     return opsched.from_torch(model, inputs)
 
 
@@ -49,16 +71,16 @@ def test_torch_import_leaves_nothing_opaque(name: str) -> None:
 @pytest.mark.parametrize(("scheduler", "backend"), [("greedy", "torch"), ("greedy", "ort"), ("ios", "ort")])
 @pytest.mark.parametrize("name", CASES)
 def test_the_plans_equal_eager(name: str, scheduler: str, backend: str) -> None:
-    model, inputs, expected = _built(name)
+    _, inputs, expected, truth = _built(name)
     options = {"budget_s": 5.0} if scheduler == "ios" else {}
     module = opsched.optimize_graph(_graph(name), cost=CPU, scheduler=scheduler, backend=backend, check=False,
                                     progress=False, **options)
-    assert_close(module(*inputs), expected, f"{name} / {scheduler} / {backend}")
+    assert_as_true_as_eager(module(*inputs), expected, truth, f"{name} / {scheduler} / {backend}")
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_torch_compile_with_the_opsched_backend_equals_eager(name: str) -> None:
-    model, inputs, expected = _built(name)
+    model, inputs, expected, truth = _built(name)
     torch._dynamo.reset()
     opsched.dynamo.reset()
     compiled = torch.compile(model, backend="opsched", options={
@@ -66,7 +88,7 @@ def test_torch_compile_with_the_opsched_backend_equals_eager(name: str) -> None:
         "schedule_cache": False})
     with torch.no_grad():
         got = compiled(*inputs)
-    assert_close(got, expected, name)
+    assert_as_true_as_eager(got, expected, truth, name)
     graphs = opsched.dynamo.compiled_graphs()
     assert graphs and all(b.schedule is not None for g in graphs for b in g.buckets), opsched.dynamo.report()
 
@@ -74,17 +96,18 @@ def test_torch_compile_with_the_opsched_backend_equals_eager(name: str) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_the_onnx_export_imports_and_runs_equal_to_onnx_runtime(name: str) -> None:
     """The model as users ship it: ``torch.onnx.export``'s file, imported with nothing opaque, its
-    greedy plan on ONNX Runtime against ONNX Runtime's own session of the file."""
+    greedy plan on ONNX Runtime as near the model's float64 outputs as ONNX Runtime's own session
+    of the file."""
     import onnxruntime
 
-    model, inputs, _ = _built(name)
+    model, inputs, _, truth = _built(name)
     proto, exporter = export_onnx(model, inputs)
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs, strict=True)})
     graph = opsched.from_onnx(proto)
     assert [n.name for n in graph.nodes if n.op == "opaque"] == []
     module = opsched.optimize_graph(graph, cost=CPU, scheduler="greedy", backend="ort", check=False, progress=False)
-    assert_close(module(*inputs), [torch.from_numpy(w) for w in want], f"{name} ({exporter})")
+    assert_as_true_as_eager(module(*inputs), [torch.from_numpy(w) for w in want], truth, f"{name} ({exporter})")
 
 
 @pytest.mark.gpu
@@ -94,9 +117,9 @@ def test_on_a_gpu_in_float16_optimize_equals_eager(name: str) -> None:
     the same model's eager float16 run."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    model, inputs = VISION[name].build()
-    model, inputs = model.cuda().half(), tuple(t.cuda().half() for t in inputs)
+    model, inputs, _, truth = _built(name)
+    model, inputs = copy.deepcopy(model).cuda().half(), tuple(t.cuda().half() for t in inputs)
     with torch.no_grad():
         expected = model(*inputs)
     module = opsched.optimize(model, inputs, scheduler="ios", cost="analytic", verify=False, progress=False)
-    assert_close(module(*inputs), expected, name)
+    assert_as_true_as_eager(module(*inputs), expected, truth, name)
