@@ -206,6 +206,41 @@ def test_the_check_against_the_model_compares_the_inputs_it_changes() -> None:
         verify_against(forgetful, forgetful.graph, torch.device("cpu"), model, call, xs)
 
 
+class _Shifted(nn.Module):
+    """Adds ``shift`` and takes it away again: in float32, rounding to the precision of the shift
+    (ulp(1e4) is 1e-3), where float64 gives ``x`` back exactly."""
+
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + self.shift) - self.shift
+
+
+class _Off(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.01
+
+
+def test_the_check_holds_a_result_against_float64_where_the_model_itself_rounds_beyond_the_tolerance() -> None:
+    """A model that rounds badly in float32 (trained batch norms of small variance do, folded into
+    convolutions) and a module that rounds otherwise differ by more than float32's tolerance:
+    the check passes a module as near the float64 truth as the model, and still fails one further."""
+    from opsched.check import largest_difference, tolerance, verify_against
+    from opsched.structure import InputStructure
+
+    model, x = _Shifted(1e4).eval(), torch.randn(1, 4096, generator=torch.Generator().manual_seed(0))
+    rounds_otherwise = _Shifted(3e3)  # rounds to a finer grid, on other elements
+    with torch.no_grad():
+        assert largest_difference(rounds_otherwise(x), model(x)) > tolerance(model(x))  # the plain check would fail
+    graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
+    verify_against(rounds_otherwise, graph, torch.device("cpu"), model, call, (x,))
+    with pytest.raises(ExecutionError, match=r"output 0 differs from the model's .* against the model run in "
+                                             r"float64, the module is 0.01 off and the model itself 0.000\d+"):
+        verify_against(_Off(), graph, torch.device("cpu"), model, call, (x,))
+
+
 class Stateful(nn.Module):
     """Counts its calls in a buffer; with ``accumulate``, its output reads a running sum too."""
 

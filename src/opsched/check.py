@@ -122,13 +122,45 @@ def _draws(node: Node) -> bool:
     return not (given.get("dropout_p", 1) == 0 or given.get("p", 1) == 0 or given.get("train", True) is False)
 
 
+def _in_float64(model: nn.Module, call: InputStructure, xs: Sequence[torch.Tensor]) -> list[object] | None:
+    """What ``model`` returns, run in float64 on ``xs`` (its floating-point tensors widened), as
+    leaves: the truth float32 or float16 results are held against; None where the model cannot
+    run so (an op without a float64 kernel, a dtype fixed inside the model, the memory of a
+    float64 copy)."""
+    try:
+        wide = copy.deepcopy(model).double()
+        args, kwargs = call.call([t.double() if t.is_floating_point() else t.clone() for t in xs])
+        with torch.no_grad():
+            return [t.detach() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(wide(*args, **kwargs))]
+    except Exception as e:  # noqa: BLE001 (whatever the model raises in float64: then no arbiter)
+        log.debug("the model does not run in float64 (%s: %s)", type(e).__name__, str(e).splitlines()[0][:200])
+        return None
+
+
+def _as_true(actual: torch.Tensor, expected: torch.Tensor, truth: object, tol: float) -> tuple[bool, str]:
+    """Whether ``actual``, apart from ``expected`` (the model's) by more than ``tol``, is as near
+    the float64 ``truth`` as ``expected`` is (within twice its error, or ``tol``): a model whose
+    weights amplify rounding (trained batch norms of small variance, folded into convolutions)
+    sets two float32 computations apart by more than the precision's tolerance though neither is
+    wrong; and what the comparison found, for a message."""
+    if not (isinstance(truth, torch.Tensor) and truth.shape == expected.shape):
+        return False, ""
+    own, off = largest_difference(expected, truth), largest_difference(actual, truth)
+    return off <= max(tol, 2 * own), f"; against the model run in float64, the module is {off:.3g} off and the " \
+                                     f"model itself {own:.3g}"
+
+
 def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module, call: InputStructure,
                    inputs: tuple[torch.Tensor, ...], progress: Progress | None = None,
                    dtype: str | None = None) -> None:
     """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device`` in
     ``dtype``) returns what ``model`` returns, placed alike, leaf by leaf within :func:`tolerance`,
     both called as ``call`` on ``inputs`` and on fresh random inputs (a module that replayed a
-    value recorded at import would pass the first)."""
+    value recorded at import would pass the first). An output further apart than that is held
+    against the model run in float64, and passes where it is as near that as the model's own
+    (within twice the model's error): Inception-v4 with trained-looking batch norms is 4.7e-4
+    from its float64 output in float32, and a plan with its batch norms folded 5.1e-4, while the
+    two are 6.5e-4 apart, beyond float32's 1e-4 of the scale of 1.1."""
     placed = placed_inputs(graph, inputs, device)
     model = placed_model(model, device, dtype, any(p.device != t.device for p, t in zip(placed, inputs)))
     cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
@@ -159,15 +191,27 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                                  f"{len(expected)}; please report this with the model")
         written = {i.name: k for k, i in enumerate(graph.inputs) if i.name in graph.writes or not
                    torch.equal(theirs[k], xs[k])}  # what the model wrote, and what the module should have
-        compared = [(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected))
-                    if isinstance(e, torch.Tensor)]
-        compared += [(f"input {name!r} after the call", mine[k], theirs[k]) for name, k in written.items()]
-        for what, a, e in compared:
+        compared: list[tuple[str, torch.Tensor, torch.Tensor, int | None]] = [
+            (f"output {i}", a, e, i) for i, (a, e) in enumerate(zip(actual, expected)) if isinstance(e, torch.Tensor)]
+        compared += [(f"input {name!r} after the call", mine[k], theirs[k], None) for name, k in written.items()]
+        truth: list[object] | None = None  # the model in float64: no arbiter where it draws random numbers
+        arbitrable = not any(map(_draws, graph.nodes))
+        for what, a, e, leaf in compared:
             tol = tolerance(e, computed_in)
             err = largest_difference(a, e) if a.shape == e.shape else 0.0
             if a.shape != e.shape or a.dtype != e.dtype or err > tol:
+                arbiter = ""
+                if arbitrable and a.shape == e.shape and a.dtype == e.dtype and leaf is not None \
+                        and e.is_floating_point() and e.dtype != torch.float64:
+                    truth = truth if truth is not None else _in_float64(model, call, xs) or []
+                    fine, arbiter = _as_true(a, e, truth[leaf] if leaf < len(truth) else None, tol)
+                    if fine:
+                        log.info("on %s, the scheduled module's %s is %.3g from the model's, beyond the tolerance "
+                                 "%.3g, and as near the model's float64 output as the model%s", which, what, err, tol,
+                                 arbiter)
+                        continue
                 raise ExecutionError(f"on {which}, the scheduled module's {what} differs from the model's "
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, dtype "
                                      f"{str(a.dtype).removeprefix('torch.')} against "
                                      f"{str(e.dtype).removeprefix('torch.')}, largest difference {err:.3g}, "
-                                     f"tolerance {tol:.3g}): {_why_apart(graph)}")
+                                     f"tolerance {tol:.3g}{arbiter}): {_why_apart(graph)}")
