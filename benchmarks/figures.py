@@ -7,6 +7,8 @@ redrawn after any rerun; a figure whose results are not there is skipped with a 
   at batch 1 (float32 and float16), with the critical-path bound and the 1.5x target;
 * ``corpus-gpu.png``: the Hugging Face corpus on a GPU, batch 1: eager PyTorch, opsched's
   sequential plan and ``optimize()`` against the model captured into one CUDA graph;
+* ``vision-gpu.png``: the same for torchvision's and timm's models (``gpu.py --vision``), with
+  the IOS plan;
 * ``compile-gpu.png``: torch.compile's modes, IOS and IOS with Inductor segments on streams
   against the single-stream CUDA graph, per zoo model at batch 1 (``compile_targets.py``'s page);
 * ``cpu.png``: speedup over ONNX Runtime's sequential session on this repository's CPU, batch 1;
@@ -75,16 +77,19 @@ def _legend(ax, labels: dict[str, str], **options: Any) -> None:  # type: ignore
     ax.legend(handles, [labels.get(k, k) for k in keys], **options)
 
 
-CORPUS_GPU = {"eager": "#d62728", "sequential": "#7f7f7f", "optimize": "#2ca02c"}
+AGAINST_GRAPH = {"eager": "#d62728", "sequential": "#7f7f7f", "ios": "#1f77b4", "optimize": "#2ca02c"}
+AGAINST_GRAPH_LABELS = {"eager": "eager PyTorch", "sequential": "opsched sequential (captured)",
+                        "ios": "opsched IOS (captured)", "optimize": "opsched optimize()"}
 
 
-@figure("corpus-gpu", "corpus-gpu")
-def draw_corpus_gpu(plt, corpus: Results) -> None:  # type: ignore[no-untyped-def]
-    rows = [r for r in corpus["rows"] if "graph" in r["median_ms"]]
+def _against_graph(plt, results: Results, what: str) -> None:  # type: ignore[no-untyped-def]
+    """A ``gpu.py`` page of third-party models at one batch and precision: each contender's
+    speedup over the model captured into one CUDA graph, log scale, whiskers its spread."""
+    rows = [r for r in results["rows"] if "graph" in r["median_ms"]]
     models = [r["model"].removeprefix("corpus:") for r in rows]
-    series = _over_graph(rows, CORPUS_GPU)
+    series = _over_graph(rows, AGAINST_GRAPH)
     fig, ax = plt.subplots(figsize=(12, 4.2))
-    _grouped_bars(ax, models, series, CORPUS_GPU)
+    _grouped_bars(ax, models, series, AGAINST_GRAPH)
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.8)
     # each contender's spread: the graph's median over the contender's quartiles
@@ -97,14 +102,23 @@ def draw_corpus_gpu(plt, corpus: Results) -> None:  # type: ignore[no-untyped-de
                 ax.plot([x, x], [r["median_ms"]["graph"] / (med + iqr / 2), r["median_ms"]["graph"] / (med - iqr / 2)],
                         color="black", linewidth=0.8)
     ax.set_ylabel("speedup over the model captured\ninto one single-stream CUDA graph")
-    _legend(ax, {"eager": "eager PyTorch", "sequential": "opsched sequential (captured)",
-                 "optimize": "opsched optimize()"}, fontsize=7, ncol=3, loc="lower right")
+    _legend(ax, AGAINST_GRAPH_LABELS, fontsize=7, ncol=len(series), loc="lower right")
     ax.tick_params(axis="x", labelrotation=30)
     opt = [v for v in series.get("optimize", []) if v > 0]
     dtype = rows[0]["dtype"] if rows else ""
-    ax.set_title(f"{corpus['environment'].get('gpu', 'GPU').split(' sm_')[0]}, Hugging Face models, batch 1, {dtype}: "
+    ax.set_title(f"{results['environment'].get('gpu', 'GPU').split(' sm_')[0]}, {what}, batch 1, {dtype}: "
                  f"optimize() {geomean(opt):.2f}x the captured model (geomean); whiskers: interquartile range",
                  fontsize=10)
+
+
+@figure("corpus-gpu", "corpus-gpu")
+def draw_corpus_gpu(plt, corpus: Results) -> None:  # type: ignore[no-untyped-def]
+    _against_graph(plt, corpus, "Hugging Face models")
+
+
+@figure("vision-gpu", "vision-gpu")
+def draw_vision_gpu(plt, vision: Results) -> None:  # type: ignore[no-untyped-def]
+    _against_graph(plt, vision, "torchvision and timm models")
 
 
 COMPILE_GPU = {"compile": "#d62728", "compile-ro": "#ff9896", "compile-max": "#8c564b", "ios": "#1f77b4",
