@@ -62,7 +62,6 @@ from opsched.ir.analysis import critical_path  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedule import Stage  # noqa: E402
 from opsched.schedulers import UnitGraph  # noqa: E402
-from opsched.testing.corpus import corpus  # noqa: E402
 from opsched.timing import cuda_events_ms, interleave, wall_ms  # noqa: E402
 
 BASELINE = "CUDA graph (1 stream)"
@@ -366,7 +365,8 @@ def main() -> None:
     p.add_argument("--name", help="results name (default gpu-<device name>)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default docs/results)")
     args = p.parse_args()
-    args.models = args.models or ([f"corpus:{n}" for n, e in corpus().items() if not e.slow] if args.corpus
+    args.models = args.models or ([f"corpus:{n}" for n, e in corpus_models("corpus").items() if not e.slow]
+                                  if args.corpus
                                   else [n for n, e in corpus_models("vision").items() if not e.slow] if args.vision
                                   else list_models())
     device = torch.device(args.device)

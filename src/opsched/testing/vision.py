@@ -95,14 +95,15 @@ def _trained_looking(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
             if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
         norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        momenta = [m.momentum for m in norms]
         for m in norms:
             m.reset_running_stats()
             m.momentum = None  # a cumulative average: this pass's statistics exactly
         if norms:
             model.train()
             model(torch.randn(2, *shape))
-            for m in norms:
-                m.momentum = 0.1
+        for m, momentum in zip(norms, momenta, strict=True):  # the model's own again (MNASNet's is 3e-4)
+            m.momentum = momentum
     return model.eval()
 
 
