@@ -85,6 +85,34 @@ def test_a_tensor_whose_size_depends_on_the_data_is_named_with_its_node() -> Non
         from_torch(_Keypoints(), torch.rand(1, 16, 16), tracer="export")
 
 
+class _SmallBoxes(nn.Module):
+    """torchvision's ``remove_small_boxes``, with its threshold a tensor read by ``.item()``."""
+
+    def forward(self, boxes: torch.Tensor, min_size: torch.Tensor) -> torch.Tensor:
+        widths = boxes[:, 2] - boxes[:, 0]
+        return (widths >= min_size.item()) & (widths.size(0) > 1)  # the size: a constant of these shapes
+
+
+def test_a_number_read_from_a_tensors_values_is_refused_not_frozen_into_the_graph() -> None:
+    """torch.fx's recording run gives ``.item()`` the example inputs' number, and the graph held
+    it as a constant: at another threshold it was silently wrong. Both tracers refuse it, naming
+    the node and the input it reads; a size read by ``.size()`` stays a constant."""
+    model, boxes = _SmallBoxes(), torch.rand(32, 4) * 4
+    with pytest.raises(FrontendError, match=r"node 'item' \(Tensor.item\) reads the values of 'min_size' into "
+                                            r"Python \(0.5 for the example inputs\).*wrong for inputs of other "
+                                            r"values.*torch.compile\(model, backend='opsched'\)"):
+        from_torch(model, (boxes, torch.tensor(0.5)), tracer="fx")
+    with pytest.raises(FrontendError, match=r"depends on tensor data.*; and .* reads the values of 'min_size'"):
+        from_torch(model, (boxes, torch.tensor(0.5)))
+
+    class Sized(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(x.size(0), x.shape[1] * x.shape[2]) * x.dim() * x.numel()
+
+    x = torch.randn(2, 3, 4)
+    assert_close(run_graph(from_torch(Sized(), x, tracer="fx"), [x]), [Sized()(x)])
+
+
 class _UnbatchedPools(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, 3, stride=1, padding=1) + F.avg_pool2d(x, 2).repeat_interleave(2, -1) \

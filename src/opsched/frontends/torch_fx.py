@@ -174,6 +174,31 @@ def _record(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], name: str)
 
 
 # --- conversion ---------------------------------------------------------------------------
+#: Calls that give a tensor's metadata, not its values: what they give is fixed by the example
+#: inputs' shapes, dtypes and devices, as the specialised graph is.
+_METADATA_METHODS = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "storage_offset", "is_contiguous",
+    "is_floating_point", "is_complex", "is_signed", "get_device", "type", "__len__"})
+_METADATA_FUNCTIONS = frozenset({
+    getattr, len, isinstance, torch.numel, torch.is_tensor, torch.is_floating_point, torch.is_complex,
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.stride, torch.Tensor.element_size,
+    torch.Tensor.is_contiguous, torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default})
+
+
+def _reads_metadata(n: torch.fx.Node) -> bool:
+    """Whether the call ``n`` reads only its tensor arguments' metadata (sizes, dtype, device)."""
+    if n.op == "call_method":
+        return str(n.target) in _METADATA_METHODS
+    return n.op == "call_function" and n.target in _METADATA_FUNCTIONS
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+
 class _FxConverter:
     def __init__(self, gm: torch.fx.GraphModule, values: dict[torch.fx.Node, Any], name: str) -> None:
         self.gm = gm
@@ -250,6 +275,7 @@ class _FxConverter:
         if n.target is operator.setitem:
             return self._opaque(n, like=self.values[n.args[0]])  # type: ignore[index]
         if not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value)):
+            self._check_not_read_from_data(n, value)
             return value  # ints, shapes, dtypes, None: constants of this specialised graph
         args = [self._arg(a) for a in n.args]
         kwargs = {k: self._arg(v) for k, v in n.kwargs.items()}
@@ -260,6 +286,25 @@ class _FxConverter:
             except Unsupported:
                 pass
         return self._opaque(n)
+
+    def _check_not_read_from_data(self, n: torch.fx.Node, value: Any) -> None:
+        """Refuse a number the model reads from a tensor's values (``.item()``, ``.tolist()``,
+        ``torch.equal``) and goes on computing with: the specialised graph would hold the example
+        inputs' number as a constant, and compute wrongly for inputs of other values. A number of
+        a tensor's metadata (``x.size(0)``, ``x.shape``, ``len(x)``) is a constant of the graph's
+        shapes, as intended."""
+        if not n.users or not any(isinstance(v, (bool, int, float, complex)) for v in pytree.tree_leaves(value)):
+            return
+        read = [a for a in n.all_input_nodes if isinstance(self.values.get(a), torch.Tensor)]
+        if not read or _reads_metadata(n):
+            return
+        _, target = self._callable(n)
+        raise FrontendError(
+            f"{self.ctx.b.name}: node {n.name!r} ({target}) reads the values of {read[0].name!r} into Python "
+            f"({_short(value)} for the example inputs), which the model computes with: a graph specialised to the "
+            f"example inputs would hold that number as a constant, wrong for inputs of other values; compute it "
+            f"with tensor ops instead (torch.where, a comparison with the tensor itself), or use "
+            f"torch.compile(model, backend='opsched'), which runs it between the graphs it schedules")
 
     def _converter_for(self, n: torch.fx.Node) -> Converter | None:
         """A converter for the call, its in-place form converted as its out-of-place one (the
