@@ -381,6 +381,38 @@ def test_a_graph_dynamo_hands_over_again_reapplies_its_twins_schedule_and_no_oth
     assert (second.buckets[0].schedule_of, second.buckets[0].graph_of) == (0, 1)
 
 
+class _Anchored(nn.Module):
+    """torchvision's anchor generator: a list of tensors the model assigns anew at each call
+    (``.to()``, which under Dynamo makes new tensors), plus ``step`` (0: the same values)."""
+
+    def __init__(self, step: float) -> None:
+        super().__init__()
+        self.conv, self.step = nn.Conv2d(3, 8, 3, padding=1), step
+        self.anchors = [torch.arange(8.0).view(1, 8, 1, 1)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.anchors = [a.to(dtype=x.dtype, device=x.device) + self.step for a in self.anchors]
+        return self.conv(x) * self.anchors[0]
+
+
+@pytest.mark.parametrize("step", [0.0, 1.0])
+def test_a_weight_assigned_anew_at_each_call_keeps_its_plan_where_its_values_do(step: float) -> None:
+    """A new tensor in a weight's place is compared by value with the one the plan was made
+    with: Faster R-CNN's region proposals rebuilt their plan at every call (a second a call
+    on this CPU), and past max_shapes ran eagerly. Values that do change get a plan of their
+    own, never a stale one."""
+    model = _Anchored(step).eval()
+    twin = _Anchored(step).eval()
+    twin.load_state_dict(model.state_dict())
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(1, 3, 8, 8)
+            assert_close(compiled(x), twin(x), f"call {i}")
+    (graph,) = od.compiled_graphs()
+    assert [b.reason for b in graph.buckets] == ["first call"] + ["new weights"] * 3 * bool(step), od.report()
+
+
 @pytest.mark.parametrize("skipped", ["stance", "filter"])
 def test_with_dynamos_guards_skipped_new_weights_are_never_stale_and_a_new_shape_is_refused(skipped: str) -> None:
     """Dynamo's guards skipped, by ``set_stance(skip_guard_eval_unsafe=True)`` or by

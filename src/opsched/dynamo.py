@@ -13,7 +13,10 @@ What Dynamo hands over and how it is met:
   that batch norms fold and convolutions merge. Dynamo does not guard on them, so every call
   checks that they are the very tensors, unchanged (``Tensor._version``), that the schedule was
   made with; another instance of the same class, or weights loaded in place, get a schedule of
-  their own (counted as a recompile, with that reason).
+  their own (counted as a recompile, with that reason). A new tensor in a weight's place with
+  the values the plan was made with keeps the plan: torchvision's detectors assign their anchors
+  anew at every call (a comparison of their values, a device sync on a GPU, instead of a plan
+  rebuilt per call).
 - **Shapes.** A plan is specialised to its input shapes: each concrete shape a graph is called
   with gets a plan of its own, a *bucket*. A graph that Dynamo made dynamic (after it saw a
   second shape) searches a schedule at its first shape and reapplies it at every later one
@@ -219,6 +222,15 @@ _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions 
          "generation), or raise options={'max_shapes': ...}")
 
 
+def _same_value(new: torch.Tensor, was: torch.Tensor, version: int) -> bool:
+    """Whether the weight ``new`` holds what ``was`` held when a bucket was made from it at
+    ``version``: the very tensor unchanged, or another of equal metadata and values."""
+    if new is was:
+        return new._version == version
+    return (was._version == version and new.shape == was.shape and new.dtype == was.dtype
+            and new.device == was.device and bool(torch.equal(new, was)))
+
+
 def _signature(tensors: Sequence[torch.Tensor]) -> tuple[Shapes, tuple[str, ...]]:
     """Tensors' sizes and dtypes (a size may be a symbol, in a dynamic graph), and devices."""
     return shapes_of(tensors), tuple(str(t.device) for t in tensors)
@@ -251,6 +263,8 @@ class OpschedGraph:
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self.cache = ScheduleCache(self.settings.get("cache_dir")) if self.settings["schedule_cache"] else None
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
+        self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
 
     def info(self) -> CompiledGraphInfo:
@@ -268,7 +282,7 @@ class OpschedGraph:
         found = self._buckets.get(key)
         if found is None:
             with self._lock:
-                found = self._buckets.get(key) or self._specialize(args, key)
+                found = self._buckets.get(key) or self._same_values(args, key) or self._specialize(args, key)
         run, _ = found
         return run(*(args[i] for i in self.tensors))
 
@@ -280,12 +294,32 @@ class OpschedGraph:
                 tuple((tuple(args[i].shape), args[i].dtype, args[i].device) for i in self.tensors),
                 tuple(int(args[i]) for i in self.ints))
 
+    def _same_values(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket] | None:
+        """The bucket made at these inputs' shapes whose weights hold the values these do, where
+        only tensors' identities changed, now under ``key``; None if there is none. A model that
+        assigns a tensor attribute anew at each call, from the same values (torchvision's anchor
+        generator moves its anchors with ``.to()`` on every call, which under Dynamo gives new
+        tensors), would otherwise rebuild its plan at every call. A tensor changed in place (a
+        new version of the very tensor a bucket holds) is never compared: its old values are gone."""
+        weights = tuple(args[i] for i in self.weights)
+        for old, held in self._made_with.items():
+            if old[1:] == key[1:] and all(_same_value(new, was, version)
+                                          for new, was, version in zip(weights, held, old[0][1], strict=True)):
+                # re-keyed, not added: a bucket per call would pile up
+                self._buckets = {key if k == old else k: v for k, v in self._buckets.items()}
+                del self._made_with[old]
+                self._made_with[key] = weights
+                self._weights_seen = key[0]
+                return self._buckets[key]
+        return None
+
     def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket]:
         inputs = tuple(args[i] for i in self.tensors)
         self._check_captured(inputs)
         reason = "first call" if not self._buckets else (
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         self._weights_seen = key[0]
+        self._made_with[key] = tuple(args[i] for i in self.weights)
         start = time.perf_counter()
         module = frozen_module(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
