@@ -113,6 +113,37 @@ def test_a_number_read_from_a_tensors_values_is_refused_not_frozen_into_the_grap
     assert_close(run_graph(from_torch(Sized(), x, tracer="fx"), [x]), [Sized()(x)])
 
 
+class _Hooked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, 8, 1), nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stem(x)).mean((2, 3))
+
+
+@pytest.mark.parametrize("where", ["stem", "head", "head.0"])
+@pytest.mark.parametrize("kind", ["hook", "pre-hook"])
+def test_module_hooks_are_imported_by_either_tracer(where: str, kind: str) -> None:
+    """A forward hook (or pre-hook) changes what a module's call computes. torch.fx traced a
+    leaf module (a convolution) by its type and left its hook out, silently; the module now runs
+    whole (opaque), with its hooks. A hook on the model itself, which torch.fx cannot see, is
+    refused by torch.fx alone."""
+    model, x = _Hooked().eval(), torch.randn(1, 3, 8, 8)
+    module = model.get_submodule(where)
+    if kind == "hook":
+        module.register_forward_hook(lambda m, args, out: out * 2 - 1)
+    else:
+        module.register_forward_pre_hook(lambda m, args: (args[0].flip(-1),))
+    for tracer in ("export", "fx"):
+        assert_close(run_graph(from_torch(model, x, tracer=tracer), [x]), [model(x)], f"{where} ({tracer})")
+    model = _Hooked().eval()
+    model.register_forward_hook(lambda m, args, out: out * 2)
+    with pytest.raises(UntraceableModuleError, match=r"not the forward hooks registered on _Hooked itself"):
+        from_torch(model, x, tracer="fx")
+    assert_close(run_graph(from_torch(model, x), [x]), [model(x)], "the model's own hook, through torch.export")
+
+
 class _UnbatchedPools(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, 3, stride=1, padding=1) + F.avg_pool2d(x, 2).repeat_interleave(2, -1) \

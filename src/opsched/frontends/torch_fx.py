@@ -4,7 +4,9 @@ recording run on the example inputs, converters.
 The recording run gives every fx node its concrete value, so shapes are known and non-tensor
 values (``x.size(0)``, shape tuples) become constants of a graph specialised to the example
 inputs' shapes. A call without a converter becomes an ``opaque`` node that runs the original
-callable; every such node is reported once, in one log line.
+callable; every such node is reported once, in one log line. So does a module with forward
+hooks, which fx would trace by its type alone: it runs whole, as called, with its hooks. A
+number read from a tensor's values (``.item()``) is refused, not frozen into the graph.
 """
 
 from __future__ import annotations
@@ -130,7 +132,17 @@ class _Tracer(torch.fx.Tracer):
             self.path.pop()
 
 
+def _hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has forward hooks (or pre-hooks), which a call runs and its ``forward`` does not."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
 def _trace(module: nn.Module, leaves: tuple[type[nn.Module], ...]) -> torch.fx.GraphModule:
+    if _hooked(module):
+        raise UntraceableModuleError(
+            f"torch.fx traces {type(module).__name__}.forward, not the forward hooks registered on "
+            f"{type(module).__name__} itself, which would be left out: trace it with torch.export (tracer='auto' "
+            f"or 'export'), or register them on a submodule")
     tracer = _Tracer(leaves)
     try:
         fx_graph = tracer.trace(module)
@@ -310,7 +322,9 @@ class _FxConverter:
         """A converter for the call, its in-place form converted as its out-of-place one (the
         value it computes is the same; :meth:`run` rebinds the tensor it changed)."""
         if n.op == "call_module":
-            return MODULE_CONVERTERS.get(type(self.gm.get_submodule(str(n.target))))
+            module = self.gm.get_submodule(str(n.target))
+            # its hooks change what it computes: it runs whole, as called (an opaque node)
+            return None if _hooked(module) else MODULE_CONVERTERS.get(type(module))
         if n.op == "call_function":
             conv = FUNCTION_CONVERTERS.get(n.target)
             name = getattr(n.target, "__name__", "")
