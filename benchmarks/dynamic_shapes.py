@@ -1,6 +1,8 @@
 """Generation through ``torch.compile(backend="opsched")`` with Hugging Face's default dynamic cache:
 every decoding step is a new length, so a new plan. Searched per shape (``specialize="shape"``)
-against searched once per graph and reapplied (``"graph"``, the default), on this CPU.
+against searched once per graph and reapplied (``"graph"``, the default), on this CPU. Both keep
+making plans past the default ``max_new_in_a_row``, after which the backend runs new lengths as
+Dynamo captured them: the figures are what a plan at every length costs.
 
 Per model and setting, in a fresh profile store (so neither setting reuses the other's
 measurements): a first ``generate()`` (every plan made: Dynamo's tracing, opsched's imports,
@@ -61,6 +63,7 @@ def run(name: str, specialize: str, tokens: int, rounds: int) -> tuple[list[obje
         want = eager.generate(prompt, **settings)
         compiled.forward = torch.compile(compiled.forward, backend="opsched",  # type: ignore[method-assign]
                                          options={"specialize": specialize, "max_shapes": tokens + 1,
+                                                  "max_new_in_a_row": tokens + 1,  # a plan at every length
                                                   "cache_dir": store, "progress": False})
         start = time.perf_counter()
         got = compiled.generate(prompt, **settings)

@@ -284,6 +284,31 @@ def test_a_shape_past_max_shapes_runs_as_captured_and_is_reported_once(caplog: p
     assert "2 more shapes past max_shapes=2, eagerly: [4x3x8x8] to [5x3x8x8]" in od.report()
 
 
+@pytest.mark.parametrize(("batches", "planned"), [
+    ((1, 2, 3, 4, 5, 3, 6), [True, True, False, False, False]),  # 2 and 3 planned; 3 again served by its plan
+    ((1, 2, 3, 2, 4, 2, 5, 2, 6), [True] * 5),  # a shape that recurs between new ones: never in a row
+])
+def test_a_dynamic_graph_whose_shapes_are_new_at_every_call_stops_making_plans(
+        batches: tuple[int, ...], planned: list[bool], caplog: pytest.LogCaptureFixture) -> None:
+    """A plan pays off where its shape recurs. A detector's post-processing meets a new count of
+    boxes at almost every call (RetinaNet's box decoding rebuilt a plan at each, 0.6-0.9 s against
+    its 0.3 s call on this CPU): past ``max_new_in_a_row`` new shapes in a row, new shapes run as
+    captured, for good; the shapes that hold plans keep them."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    compiled = _compiled(model, scheduler="greedy", max_new_in_a_row=2)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="opsched.dynamo"):
+        for batch in batches:
+            x = torch.randn(batch, 3, 8, 8)
+            assert_close(compiled(x), model(x), f"batch {batch}")
+    static, dynamic = od.compiled_graphs()
+    assert [b.schedule is not None for b in dynamic.buckets] == planned, od.report()
+    said = [r for r in caplog.records if "max_new_in_a_row" in r.getMessage()]
+    assert len(said) == (not all(planned))
+    if not all(planned):
+        assert "3 more shapes after max_new_in_a_row new shapes in a row, eagerly: [4x3x8x8] to [6x3x8x8]" \
+            in od.report()
+
+
 class Normalizes(nn.Module):
     """Normalises its input in place before its convolutions, as preprocessing code does."""
 
@@ -478,6 +503,7 @@ def test_a_graph_of_weights_alone_runs_eagerly() -> None:
     ({}, "turbo", "mode 'turbo' is not one of"),
     ({"specialize": "batch"}, None, "specialize is one of 'shape', 'graph', got 'batch'"),
     ({"max_shapes": 0}, None, "max_shapes is a positive number of input shapes, got 0"),
+    ({"max_new_in_a_row": True}, None, "max_new_in_a_row is a positive number of calls, got True"),
     ({"schedule_cache": "off"}, None, "schedule_cache is True or False, got 'off'"),
 ])
 def test_bad_options_fail_at_compile_time_naming_what_is_accepted(options: dict[str, object], mode: str | None,
@@ -595,7 +621,9 @@ def test_generation_with_a_static_cache_is_two_schedules_made_once() -> None:
 def test_generation_with_a_growing_cache_searches_once_per_graph() -> None:
     """With the default dynamic cache every decoding step is a new length: Dynamo makes the step's
     graph dynamic at its second length, and the backend searches that graph once, reapplying its
-    schedule at each later length (a search a token, before); the tokens are eager's."""
+    schedule at each later length (a search a token, before), until max_new_in_a_row (4) lengths
+    in a row have each been new: later steps run as Dynamo captured them, as a plan would serve one
+    step; the tokens are eager's."""
     model = _llama()
     prompt = torch.randint(0, 100, (1, 5))
     settings = {"max_new_tokens": 7, "do_sample": False}
@@ -605,6 +633,7 @@ def test_generation_with_a_growing_cache_searches_once_per_graph() -> None:
     graphs = od.compiled_graphs()
     prompt_graph, first_step, steps = graphs  # the prompt; the first step; every later one, dynamic
     assert [len(g.buckets) for g in graphs] == [1, 1, 5], od.report()
-    assert all(b.schedule is not None for g in graphs for b in g.buckets), od.report()
-    assert [b.schedule_of for b in steps.buckets] == [None, 0, 0, 0, 0], od.report()
+    assert [b.schedule is not None for g in graphs for b in g.buckets] == [True] * 6 + [False], od.report()
+    assert [b.schedule_of for b in steps.buckets[:4]] == [None, 0, 0, 0], od.report()
+    assert "1 more shape after max_new_in_a_row new shapes in a row, eagerly" in od.report()
     assert [g.searches for g in graphs] == [1, 1, 1]

@@ -27,7 +27,11 @@ What Dynamo hands over and how it is met:
   1 at 1.20x the time of batch 1's own: ``docs/results/specialization.md``). New weights at a
   shape already searched reuse its schedule, whichever the setting: the search would price the
   same stages. Past ``max_shapes`` buckets (16) a graph runs further shapes as Dynamo captured
-  them, eagerly, with a warning: each plan holds its own sessions and constants. A static graph
+  them, eagerly, with a warning: each plan holds its own sessions and constants. So, for good,
+  does a dynamic graph whose shape was new at ``max_new_in_a_row`` (4) calls in a row: a plan
+  pays off where its shape recurs, and a graph whose sizes follow the data (a detector's boxes)
+  or grow a step at a time (a decoding loop's cache without padding) would build one per call;
+  the shapes that hold a plan keep it. A static graph
   is called at the shapes it was captured for (Dynamo's guards send others to a new graph); where
   those guards were skipped (a ``guard_filter_fn``), another shape is refused, since the graph's
   sizes are constants in it. :func:`compiled_graphs` lists every graph, its buckets and its
@@ -164,15 +168,17 @@ class CompiledGraphInfo:
         return sum(1 for b in self.buckets if b.searched)
 
     def __str__(self) -> str:
-        over = [b for b in self.buckets if b.fallback == _OVER]
         loaded = sum(b.cached is not None for b in self.buckets)
         cached = f", {loaded} from the schedule cache" if loaded else ""
         lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')} "
                  f"({self.searches} searched{cached}), {count(self.recompiles, 'recompile')}"]
-        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets) if b.fallback != _OVER]
-        if over:  # a decoding loop's every length: one line
-            lines.append(f"  {count(len(over), 'more shape')} past max_shapes={self.max_shapes}, eagerly: "
-                         f"{_shapes(over[0].shapes)} to {_shapes(over[-1].shapes)}")
+        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets) if b.fallback not in _SUMMARISED]
+        for reason, after in ((_CHURN, "after max_new_in_a_row new shapes in a row"),
+                              (_OVER, f"past max_shapes={self.max_shapes}")):
+            these = [b for b in self.buckets if b.fallback == reason]
+            if these:  # a decoding loop's every length, a detector's every count of boxes: one line
+                lines.append(f"  {count(len(these), 'more shape')} {after}, eagerly: "
+                             f"{_shapes(these[0].shapes)} to {_shapes(these[-1].shapes)}")
         return "\n".join(lines)
 
 
@@ -220,6 +226,13 @@ _VERSION = operator.attrgetter("_version")
 _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions and constants): this and every "
          "further new shape run as Dynamo captured them; pad inputs to a few shapes (a static cache, for "
          "generation), or raise options={'max_shapes': ...}")
+#: Why a dynamic graph runs new shapes eagerly once ``max_new_in_a_row`` calls in a row met one.
+_CHURN = ("its input shapes were new at max_new_in_a_row calls in a row: its sizes follow the data (a detector's "
+          "boxes) or grow a step at a time (a decoding loop's cache), so a plan would serve one call and cost more "
+          "than it saves; this and every further new shape run as Dynamo captured them, the shapes that hold a plan "
+          "keep it (pad inputs to a few shapes, or raise options={'max_new_in_a_row': ...})")
+#: Fallbacks said once a graph and reported on one line: each would otherwise repeat at every new shape.
+_SUMMARISED = (_OVER, _CHURN)
 
 
 def _same_value(new: torch.Tensor, was: torch.Tensor, version: int) -> bool:
@@ -263,6 +276,8 @@ class OpschedGraph:
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self.cache = ScheduleCache(self.settings.get("cache_dir")) if self.settings["schedule_cache"] else None
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._new_in_a_row = 0  # calls in a row that met a new input shape
+        self._churning = False  # a dynamic graph past max_new_in_a_row: no more plans for new shapes
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
@@ -283,6 +298,8 @@ class OpschedGraph:
         if found is None:
             with self._lock:
                 found = self._buckets.get(key) or self._same_values(args, key) or self._specialize(args, key)
+        else:
+            self._new_in_a_row = 0
         run, _ = found
         return run(*(args[i] for i in self.tensors))
 
@@ -318,13 +335,15 @@ class OpschedGraph:
         self._check_captured(inputs)
         reason = "first call" if not self._buckets else (
             "new weights" if key[0] != self._weights_seen else "new input shapes")
+        new_shape = not any(k[1:] == key[1:] for k in self._buckets)
+        self._new_in_a_row += new_shape
         self._weights_seen = key[0]
         self._made_with[key] = tuple(args[i] for i in self.weights)
         start = time.perf_counter()
         module = frozen_module(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
-        why = self._unschedulable(inputs)
+        why = self._unschedulable(inputs, new_shape)
         if why is None:
             try:
                 scheduled, origin = self._schedule(module, args, inputs, key)
@@ -337,7 +356,7 @@ class OpschedGraph:
                                 scheduled.backend.name, reason=reason, **origin._asdict())
                 self._buckets[key] = (scheduled, bucket)
                 return self._buckets[key]
-        if why != _OVER or not any(b.fallback == _OVER for _, b in self._buckets.values()):  # said once a graph
+        if why not in _SUMMARISED or not any(b.fallback == why for _, b in self._buckets.values()):  # said once
             log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
         bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
         self._buckets[key] = (module, bucket)
@@ -448,9 +467,12 @@ class OpschedGraph:
             f"its tensor guards (torch.compiler.keep_tensor_guards_unsafe) or call it with the inputs it was "
             f"captured for")
 
-    def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
+    def _unschedulable(self, inputs: Sequence[torch.Tensor], new_shape: bool) -> str | None:
         if len(self._buckets) >= self.settings["max_shapes"]:
             return _OVER
+        self._churning |= self.dynamic and self._new_in_a_row > self.settings["max_new_in_a_row"]
+        if self._churning and new_shape:
+            return _CHURN
         if not inputs:
             return "the graph reads no input tensor: it computes from its weights alone"
         if self.operators == 0:

@@ -43,11 +43,15 @@ OWN_OPTIONS: dict[str, OwnOption] = {
                                      "that schedule at every later one; 'shape': each shape is searched"),
     "max_shapes": OwnOption(MAX_SHAPES, "input shapes a graph holds a plan for; further shapes run as Dynamo "
                                         "captured them"),
+    "max_new_in_a_row": OwnOption(4, "calls in a row at a new shape after which a dynamic graph makes no more plans "
+                                     "(its sizes follow the data, or grow a step at a time: a plan would serve one "
+                                     "call); further new shapes run as Dynamo captured them"),
     "schedule_cache": OwnOption(True, "keep every schedule searched on disk beside the profile store "
                                       "(opsched cache list), and load it in a later process instead of searching"),
 }
 #: Settings that do not change the plan a search makes (so not part of the schedule cache's key).
-PLAN_NEUTRAL = frozenset({"fallback", "specialize", "max_shapes", "schedule_cache", "cache_dir", "verify", "progress"})
+PLAN_NEUTRAL = frozenset({"fallback", "specialize", "max_shapes", "max_new_in_a_row", "schedule_cache", "cache_dir",
+                          "verify", "progress"})
 #: :func:`opsched.optimize`'s arguments the backend does not take, and why.
 REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
             "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
@@ -71,10 +75,10 @@ def checked_settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any
     if settings["specialize"] not in SPECIALIZE:
         raise OpschedError(f"torch.compile(backend='opsched', options=...): specialize is one of "
                            f"{', '.join(map(repr, SPECIALIZE))}, got {settings['specialize']!r}")
-    if not isinstance(settings["max_shapes"], int) or isinstance(settings["max_shapes"], bool) \
-            or settings["max_shapes"] < 1:
-        raise OpschedError(f"torch.compile(backend='opsched', options=...): max_shapes is a positive number of "
-                           f"input shapes, got {settings['max_shapes']!r}")
+    for bound, what in (("max_shapes", "input shapes"), ("max_new_in_a_row", "calls")):
+        if not isinstance(settings[bound], int) or isinstance(settings[bound], bool) or settings[bound] < 1:
+            raise OpschedError(f"torch.compile(backend='opsched', options=...): {bound} is a positive number of "
+                               f"{what}, got {settings[bound]!r}")
     for flag in ("fallback", "schedule_cache"):
         if not isinstance(settings[flag], bool):
             raise OpschedError(f"torch.compile(backend='opsched', options=...): {flag} is True or False, got "
