@@ -27,7 +27,8 @@ What Dynamo hands over and how it is met:
   1 at 1.20x the time of batch 1's own: ``docs/results/specialization.md``). New weights at a
   shape already searched reuse its schedule, whichever the setting: the search would price the
   same stages. Past ``max_shapes`` buckets (16) a graph runs further shapes as Dynamo captured
-  them, eagerly, with a warning: each plan holds its own sessions and constants. So, for good,
+  them, eagerly, with a warning, keeping no bucket for them (:class:`AsCaptured` counts those
+  calls): each plan holds its own sessions and constants. So, for good,
   does a dynamic graph whose shape was new at ``max_new_in_a_row`` (4) calls in a row: a plan
   pays off where its shape recurs, and a graph whose sizes follow the data (a detector's boxes)
   or grow a step at a time (a decoding loop's cache without padding) would build one per call;
@@ -63,6 +64,7 @@ The backend is for inference: call the compiled model under ``torch.no_grad()`` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import threading
@@ -85,8 +87,8 @@ from opsched.report import ScheduleSummary
 from opsched.schedule import Schedule
 from opsched.schedule_cache import CacheKey, ScheduleCache
 
-__all__ = ["backend", "OpschedGraph", "Bucket", "CompiledGraphInfo", "compiled_graphs", "report", "reset", "MODES",
-           "OPTIONS", "OWN_OPTIONS", "OwnOption", "REFUSED"]
+__all__ = ["backend", "OpschedGraph", "AsCaptured", "Bucket", "CompiledGraphInfo", "compiled_graphs", "report", "reset",
+           "MODES", "OPTIONS", "OWN_OPTIONS", "OwnOption", "REFUSED"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,20 @@ class _Source(NamedTuple):
     graph: int | None = None
 
 
+@dataclass(frozen=True)
+class AsCaptured:
+    """Calls a graph ran as Dynamo captured them, at shapes it keeps no plan (nor bucket) for, and why."""
+
+    why: str  #: past ``max_shapes``, or after ``max_new_in_a_row`` new shapes in a row
+    calls: int
+    first: tuple[tuple[int, ...], ...]  #: the first such call's input shapes
+    last: tuple[tuple[int, ...], ...]
+
+    def __str__(self) -> str:
+        return f"{count(self.calls, 'call')} at new shapes {self.why}, eagerly: {_shapes(self.first)} to " \
+               f"{_shapes(self.last)}"
+
+
 def _shapes(shapes: Sequence[Sequence[int]]) -> str:
     return "[" + (", ".join("x".join(map(str, s)) for s in shapes) or "no tensors") + "]"
 
@@ -155,6 +171,8 @@ class CompiledGraphInfo:
     operators: int
     buckets: tuple[Bucket, ...]
     max_shapes: int = MAX_SHAPES
+    #: Calls at shapes past ``max_shapes``, or after ``max_new_in_a_row`` new ones in a row.
+    as_captured: tuple[AsCaptured, ...] = ()
 
     @property
     def recompiles(self) -> int:
@@ -172,13 +190,8 @@ class CompiledGraphInfo:
         cached = f", {loaded} from the schedule cache" if loaded else ""
         lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')} "
                  f"({self.searches} searched{cached}), {count(self.recompiles, 'recompile')}"]
-        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets) if b.fallback not in _SUMMARISED]
-        for reason, after in ((_CHURN, "after max_new_in_a_row new shapes in a row"),
-                              (_OVER, f"past max_shapes={self.max_shapes}")):
-            these = [b for b in self.buckets if b.fallback == reason]
-            if these:  # a decoding loop's every length, a detector's every count of boxes: one line
-                lines.append(f"  {count(len(these), 'more shape')} {after}, eagerly: "
-                             f"{_shapes(these[0].shapes)} to {_shapes(these[-1].shapes)}")
+        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets)]
+        lines += [f"  {c}" for c in self.as_captured]  # a decoding loop's every length, a detector's every count
         return "\n".join(lines)
 
 
@@ -222,17 +235,16 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | No
 
 
 _VERSION = operator.attrgetter("_version")
-#: Why a graph runs a shape eagerly once it holds ``max_shapes`` buckets.
+#: Why a graph runs a shape as captured once it holds ``max_shapes`` buckets: the warning, and the report's words.
 _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions and constants): this and every "
          "further new shape run as Dynamo captured them; pad inputs to a few shapes (a static cache, for "
-         "generation), or raise options={'max_shapes': ...}")
-#: Why a dynamic graph runs new shapes eagerly once ``max_new_in_a_row`` calls in a row met one.
+         "generation), or raise options={'max_shapes': ...}", "past max_shapes={}")
+#: Why a dynamic graph runs new shapes as captured once ``max_new_in_a_row`` calls in a row met one.
 _CHURN = ("its input shapes were new at max_new_in_a_row calls in a row: its sizes follow the data (a detector's "
           "boxes) or grow a step at a time (a decoding loop's cache), so a plan would serve one call and cost more "
           "than it saves; this and every further new shape run as Dynamo captured them, the shapes that hold a plan "
-          "keep it (pad inputs to a few shapes, or raise options={'max_new_in_a_row': ...})")
-#: Fallbacks said once a graph and reported on one line: each would otherwise repeat at every new shape.
-_SUMMARISED = (_OVER, _CHURN)
+          "keep it (pad inputs to a few shapes, or raise options={'max_new_in_a_row': ...})",
+          "after max_new_in_a_row={} new shapes in a row")
 
 
 def _same_value(new: torch.Tensor, was: torch.Tensor, version: int) -> bool:
@@ -278,13 +290,14 @@ class OpschedGraph:
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._new_in_a_row = 0  # calls in a row that met a new input shape
         self._churning = False  # a dynamic graph past max_new_in_a_row: no more plans for new shapes
+        self._as_captured: dict[str, AsCaptured] = {}  # by the report's words
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
 
     def info(self) -> CompiledGraphInfo:
         return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()),
-                                 self.settings["max_shapes"])
+                                 self.settings["max_shapes"], tuple(self._as_captured.values()))
 
     def __call__(self, *args: Any) -> Any:
         if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
@@ -298,6 +311,8 @@ class OpschedGraph:
         if found is None:
             with self._lock:
                 found = self._buckets.get(key) or self._same_values(args, key) or self._specialize(args, key)
+            if found is None:  # a shape it keeps no plan for
+                return self.gm(*args)
         else:
             self._new_in_a_row = 0
         run, _ = found
@@ -330,20 +345,26 @@ class OpschedGraph:
                 return self._buckets[key]
         return None
 
-    def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket]:
+    def _specialize(self, args: Sequence[Any], key: tuple[Any, ...]) -> tuple[Callable[..., Any], Bucket] | None:
+        """A new bucket for ``key``, or None where the graph keeps none for it and the call runs as
+        captured (past ``max_shapes``, or after ``max_new_in_a_row``)."""
         inputs = tuple(args[i] for i in self.tensors)
         self._check_captured(inputs)
         reason = "first call" if not self._buckets else (
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         new_shape = not any(k[1:] == key[1:] for k in self._buckets)
         self._new_in_a_row += new_shape
+        unplanned = self._unplanned(new_shape)
+        if unplanned is not None:
+            self._count_as_captured(unplanned, tuple(tuple(t.shape) for t in inputs))
+            return None
         self._weights_seen = key[0]
         self._made_with[key] = tuple(args[i] for i in self.weights)
         start = time.perf_counter()
         module = frozen_module(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
         shapes, ints = tuple(tuple(t.shape) for t in inputs), key[2]
-        why = self._unschedulable(inputs, new_shape)
+        why = self._unschedulable(inputs)
         if why is None:
             try:
                 scheduled, origin = self._schedule(module, args, inputs, key)
@@ -356,8 +377,7 @@ class OpschedGraph:
                                 scheduled.backend.name, reason=reason, **origin._asdict())
                 self._buckets[key] = (scheduled, bucket)
                 return self._buckets[key]
-        if why not in _SUMMARISED or not any(b.fallback == why for _, b in self._buckets.values()):  # said once
-            log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
+        log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
         bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
         self._buckets[key] = (module, bucket)
         return self._buckets[key]
@@ -467,12 +487,25 @@ class OpschedGraph:
             f"its tensor guards (torch.compiler.keep_tensor_guards_unsafe) or call it with the inputs it was "
             f"captured for")
 
-    def _unschedulable(self, inputs: Sequence[torch.Tensor], new_shape: bool) -> str | None:
+    def _unplanned(self, new_shape: bool) -> tuple[str, str] | None:
+        """Why a new bucket is not made (:data:`_OVER`, :data:`_CHURN`), or None where it is."""
         if len(self._buckets) >= self.settings["max_shapes"]:
-            return _OVER
+            return _OVER[0], _OVER[1].format(self.settings["max_shapes"])
         self._churning |= self.dynamic and self._new_in_a_row > self.settings["max_new_in_a_row"]
         if self._churning and new_shape:
-            return _CHURN
+            return _CHURN[0], _CHURN[1].format(self.settings["max_new_in_a_row"])
+        return None
+
+    def _count_as_captured(self, unplanned: tuple[str, str], shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Count a call run as captured, by why; warn at the first of each reason."""
+        warning, words = unplanned
+        seen = self._as_captured.get(words)
+        if seen is None:
+            log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), warning)
+            seen = AsCaptured(words, 0, shapes, shapes)
+        self._as_captured[words] = dataclasses.replace(seen, calls=seen.calls + 1, last=shapes)
+
+    def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
         if not inputs:
             return "the graph reads no input tensor: it computes from its weights alone"
         if self.operators == 0:
