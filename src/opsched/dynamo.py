@@ -155,8 +155,7 @@ class AsCaptured:
     last: tuple[tuple[int, ...], ...]
 
     def __str__(self) -> str:
-        return f"{count(self.calls, 'call')} at new shapes {self.why}, eagerly: {_shapes(self.first)} to " \
-               f"{_shapes(self.last)}"
+        return f"{count(self.calls, 'call')} {self.why}, eagerly: {_shapes(self.first)} to {_shapes(self.last)}"
 
 
 def _shapes(shapes: Sequence[Sequence[int]]) -> str:
