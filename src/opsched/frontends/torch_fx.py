@@ -210,7 +210,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-
 class _FxConverter:
     def __init__(self, gm: torch.fx.GraphModule, values: dict[torch.fx.Node, Any], name: str) -> None:
         self.gm = gm
