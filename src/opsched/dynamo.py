@@ -31,8 +31,8 @@ What Dynamo hands over and how it is met:
   calls): each plan holds its own sessions and constants. So, for good,
   does a dynamic graph whose shape was new at ``max_new_in_a_row`` (4) calls in a row: a plan
   pays off where its shape recurs, and a graph whose sizes follow the data (a detector's boxes)
-  or grow a step at a time (a decoding loop's cache without padding) would build one per call;
-  the shapes that hold a plan keep it. A static graph
+  or grow a step at a time (a decoding loop's cache without padding) would build one per call.
+  The shapes that hold a plan keep it, and a new shape gets one when it is met again. A static graph
   is called at the shapes it was captured for (Dynamo's guards send others to a new graph); where
   those guards were skipped (a ``guard_filter_fn``), another shape is refused, since the graph's
   sizes are constants in it. :func:`compiled_graphs` lists every graph, its buckets and its
@@ -241,9 +241,12 @@ _OVER = ("it holds max_shapes buckets already (each plan keeps its own sessions 
 #: Why a dynamic graph runs new shapes as captured once ``max_new_in_a_row`` calls in a row met one.
 _CHURN = ("its input shapes were new at max_new_in_a_row calls in a row: its sizes follow the data (a detector's "
           "boxes) or grow a step at a time (a decoding loop's cache), so a plan would serve one call and cost more "
-          "than it saves; this and every further new shape run as Dynamo captured them, the shapes that hold a plan "
-          "keep it (pad inputs to a few shapes, or raise options={'max_new_in_a_row': ...})",
+          "than it saves; this and every further new shape run as Dynamo captured them, and get a plan if met "
+          "again; the shapes that hold a plan keep it (pad inputs to a few shapes, or raise "
+          "options={'max_new_in_a_row': ...})",
           "after max_new_in_a_row={} new shapes in a row")
+#: Shapes a churning graph remembers having run once as captured (a shape met again gets its plan).
+_MET_ONCE = 1024
 
 
 def _same_value(new: torch.Tensor, was: torch.Tensor, version: int) -> bool:
@@ -288,7 +291,8 @@ class OpschedGraph:
         self.cache = ScheduleCache(self.settings.get("cache_dir")) if self.settings["schedule_cache"] else None
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._new_in_a_row = 0  # calls in a row that met a new input shape
-        self._churning = False  # a dynamic graph past max_new_in_a_row: no more plans for new shapes
+        self._churning = False  # a dynamic graph past max_new_in_a_row: a plan only for a shape met again
+        self._met_once: dict[tuple[Any, ...], bool] = {}  # shapes (and integers) run as captured once, in order
         self._as_captured: dict[str, AsCaptured] = {}  # by the report's words
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
@@ -353,7 +357,7 @@ class OpschedGraph:
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         new_shape = not any(k[1:] == key[1:] for k in self._buckets)
         self._new_in_a_row += new_shape
-        unplanned = self._unplanned(new_shape)
+        unplanned = self._unplanned(new_shape, key[1:])
         if unplanned is not None:
             self._count_as_captured(unplanned, tuple(tuple(t.shape) for t in inputs))
             return None
@@ -486,14 +490,22 @@ class OpschedGraph:
             f"its tensor guards (torch.compiler.keep_tensor_guards_unsafe) or call it with the inputs it was "
             f"captured for")
 
-    def _unplanned(self, new_shape: bool) -> tuple[str, str] | None:
-        """Why a new bucket is not made (:data:`_OVER`, :data:`_CHURN`), or None where it is."""
+    def _unplanned(self, new_shape: bool, shape: tuple[Any, ...]) -> tuple[str, str] | None:
+        """Why a new bucket is not made (:data:`_OVER`, :data:`_CHURN`), or None where it is. Once
+        the graph churns, a new shape runs as captured at its first call and gets a plan at its
+        second: a shape that recurs pays for one (a server warmed up over many batch sizes in a
+        row, a detector's common counts of boxes)."""
         if len(self._buckets) >= self.settings["max_shapes"]:
             return _OVER[0], _OVER[1].format(self.settings["max_shapes"])
         self._churning |= self.dynamic and self._new_in_a_row > self.settings["max_new_in_a_row"]
-        if self._churning and new_shape:
-            return _CHURN[0], _CHURN[1].format(self.settings["max_new_in_a_row"])
-        return None
+        if not (self._churning and new_shape):
+            return None
+        if self._met_once.pop(shape, False):
+            return None
+        self._met_once[shape] = True
+        if len(self._met_once) > _MET_ONCE:
+            del self._met_once[next(iter(self._met_once))]  # the longest ago
+        return _CHURN[0], _CHURN[1].format(self.settings["max_new_in_a_row"])
 
     def _count_as_captured(self, unplanned: tuple[str, str], shapes: tuple[tuple[int, ...], ...]) -> None:
         """Count a call run as captured, by why; warn at the first of each reason."""

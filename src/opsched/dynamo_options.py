@@ -43,9 +43,9 @@ OWN_OPTIONS: dict[str, OwnOption] = {
                                      "that schedule at every later one; 'shape': each shape is searched"),
     "max_shapes": OwnOption(MAX_SHAPES, "input shapes a graph holds a plan for; further shapes run as Dynamo "
                                         "captured them"),
-    "max_new_in_a_row": OwnOption(4, "calls in a row at a new shape after which a dynamic graph makes no more plans "
-                                     "(its sizes follow the data, or grow a step at a time: a plan would serve one "
-                                     "call); further new shapes run as Dynamo captured them"),
+    "max_new_in_a_row": OwnOption(4, "calls in a row at a new shape after which a dynamic graph makes a plan only "
+                                     "for a shape met again (its sizes follow the data, or grow a step at a time: a "
+                                     "plan would serve one call); a shape's first call runs as Dynamo captured it"),
     "schedule_cache": OwnOption(True, "keep every schedule searched on disk beside the profile store "
                                       "(opsched cache list), and load it in a later process instead of searching"),
 }
