@@ -288,7 +288,7 @@ def test_a_shape_past_max_shapes_runs_as_captured_and_is_reported_once(caplog: p
     ((1, 2, 3, 4, 5, 3, 6, 5), [2, 3, 5]),  # 3 again served by its plan; 4, 5, 6 as captured; 5 met again planned
     ((1, 2, 3, 2, 4, 2, 5, 2, 6), [2, 3, 4, 5, 6]),  # a shape that recurs between new ones: never in a row
 ])
-def test_a_dynamic_graph_whose_shapes_are_new_at_every_call_stops_making_plans(
+def test_a_dynamic_graph_whose_shapes_are_new_at_every_call_plans_only_shapes_met_again(
         batches: tuple[int, ...], planned: list[int], caplog: pytest.LogCaptureFixture) -> None:
     """A plan pays off where its shape recurs. A detector's post-processing meets a new count of
     boxes at almost every call (RetinaNet's box decoding rebuilt a plan at each, 0.4-0.9 s against
