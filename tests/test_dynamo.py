@@ -439,6 +439,20 @@ def test_a_weight_assigned_anew_at_each_call_keeps_its_plan_where_its_values_do(
     assert [b.reason for b in graph.buckets] == ["first call"] + ["new weights"] * 3 * bool(step), od.report()
 
 
+def test_a_graph_that_failed_to_schedule_fails_again_when_its_weights_are_assigned_anew() -> None:
+    """With ``fallback=False`` a graph opsched cannot hold raises; its weights were remembered as
+    though it held a plan, and the next call, its anchors assigned anew, met a KeyError."""
+    class Float8Anchored(_Anchored):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x).to(torch.float8_e4m3fn).to(torch.float32)
+
+    compiled = _compiled(Float8Anchored(0.0).eval(), fallback=False)
+    with torch.no_grad():
+        for _ in range(2):
+            with pytest.raises(OpschedError, match="float8_e4m3fn"):
+                compiled(torch.randn(1, 3, 8, 8))
+
+
 @pytest.mark.parametrize("skipped", ["stance", "filter"])
 def test_with_dynamos_guards_skipped_new_weights_are_never_stale_and_a_new_shape_is_refused(skipped: str) -> None:
     """Dynamo's guards skipped, by ``set_stance(skip_guard_eval_unsafe=True)`` or by

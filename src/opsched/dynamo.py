@@ -362,7 +362,7 @@ class OpschedGraph:
             self._count_as_captured(unplanned, tuple(tuple(t.shape) for t in inputs))
             return None
         self._weights_seen = key[0]
-        self._made_with[key] = tuple(args[i] for i in self.weights)
+        weights = tuple(args[i] for i in self.weights)
         start = time.perf_counter()
         module = frozen_module(self.gm, [int(a) if i in self.ints else a for i, a in enumerate(args)], self.tensors,
                          f"CompiledGraph{self.index}")
@@ -376,13 +376,18 @@ class OpschedGraph:
                     raise
                 why = str(e)
             else:
-                bucket = Bucket(shapes, ints, time.perf_counter() - start, scheduled.report().schedule,
-                                scheduled.backend.name, reason=reason, **origin._asdict())
-                self._buckets[key] = (scheduled, bucket)
-                return self._buckets[key]
+                return self._keep(key, weights, scheduled, Bucket(
+                    shapes, ints, time.perf_counter() - start, scheduled.report().schedule, scheduled.backend.name,
+                    reason=reason, **origin._asdict()))
         log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), why)
-        bucket = Bucket(shapes, ints, time.perf_counter() - start, None, None, fallback=why, reason=reason)
-        self._buckets[key] = (module, bucket)
+        return self._keep(key, weights, module, Bucket(shapes, ints, time.perf_counter() - start, None, None,
+                                                       fallback=why, reason=reason))
+
+    def _keep(self, key: tuple[Any, ...], weights: tuple[torch.Tensor, ...], run: Callable[..., Any],
+              bucket: Bucket) -> tuple[Callable[..., Any], Bucket]:
+        """Hold a new bucket, and the weights it was made with (:meth:`_same_values` compares them)."""
+        self._made_with[key] = weights
+        self._buckets[key] = (run, bucket)
         return self._buckets[key]
 
     def _schedule(self, module: fx.GraphModule, args: Sequence[Any], inputs: tuple[torch.Tensor, ...],
