@@ -70,20 +70,18 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import fx
 
 from opsched._text import count
-from opsched.buckets import MAX_SHAPES, Shapes, describe, reapplied, shapes_of
+from opsched.buckets import Shapes, describe, reapplied, shapes_of
 from opsched.dynamo_options import MODES, OPTIONS, OWN_OPTIONS, PLAN_NEUTRAL, REFUSED, OwnOption, checked_settings
+from opsched.dynamo_report import AsCaptured, Bucket, CompiledGraphInfo, shapes_text
 from opsched.errors import OpschedError
 from opsched.frontends.dynamo_graph import frozen_module, is_lifted_weight, weights_written
 from opsched.module import ScheduledModule
-from opsched.report import ScheduleSummary
 from opsched.schedule import Schedule
 from opsched.schedule_cache import CacheKey, ScheduleCache
 
@@ -91,41 +89,6 @@ __all__ = ["backend", "OpschedGraph", "AsCaptured", "Bucket", "CompiledGraphInfo
            "MODES", "OPTIONS", "OWN_OPTIONS", "OwnOption", "REFUSED"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """One specialisation of a graph: its inputs' shapes (and integer arguments), how long it took
-    to make, the schedule it runs (None where it runs eagerly, and ``fallback`` then says why)."""
-
-    shapes: tuple[tuple[int, ...], ...]
-    ints: tuple[int, ...]
-    seconds: float
-    schedule: ScheduleSummary | None
-    backend: str | None
-    fallback: str | None = None
-    reason: str = "first call"
-    #: The bucket (its place in its graph's) whose schedule this one reapplies, with no search
-    #: (None: searched for this one).
-    schedule_of: int | None = None
-    #: The graph (its number in this process) of that bucket, where it is another graph's.
-    graph_of: int | None = None
-    #: The schedule cache's file whose schedule this bucket loaded, with no search (None: not one).
-    cached: str | None = None
-
-    @property
-    def searched(self) -> bool:
-        """Whether its schedule was searched for it (not reapplied, not loaded, not eager)."""
-        return self.schedule is not None and self.schedule_of is None and self.cached is None
-
-    def __str__(self) -> str:
-        ints = f" ints {list(self.ints)}" if self.ints else ""
-        graph = "" if self.graph_of is None else f"graph {self.graph_of}'s "
-        reused = ("" if self.schedule_of is None else f", {graph}bucket {self.schedule_of}'s schedule") + (
-            "" if self.cached is None else f", the schedule cache's {Path(self.cached).name}")
-        how = (f"eager ({self.fallback})" if self.schedule is None
-               else f"{self.schedule.scheduler} on {self.backend}: {self.schedule}")
-        return f"{_shapes(self.shapes)}{ints} ({self.reason}, {self.seconds:.1f} s{reused}): {how}"
 
 
 class _Origin(NamedTuple):
@@ -143,55 +106,6 @@ class _Source(NamedTuple):
     module: ScheduledModule
     bucket: int
     graph: int | None = None
-
-
-@dataclass(frozen=True)
-class AsCaptured:
-    """Calls a graph ran as Dynamo captured them, at shapes it keeps no plan (nor bucket) for, and why."""
-
-    why: str  #: past ``max_shapes``, or after ``max_new_in_a_row`` new shapes in a row
-    calls: int
-    first: tuple[tuple[int, ...], ...]  #: the first such call's input shapes
-    last: tuple[tuple[int, ...], ...]
-
-    def __str__(self) -> str:
-        return f"{count(self.calls, 'call')} {self.why}, eagerly: {_shapes(self.first)} to {_shapes(self.last)}"
-
-
-def _shapes(shapes: Sequence[Sequence[int]]) -> str:
-    return "[" + (", ".join("x".join(map(str, s)) for s in shapes) or "no tensors") + "]"
-
-
-@dataclass(frozen=True)
-class CompiledGraphInfo:
-    """A graph Dynamo handed over: its number in this process, its operators, its buckets."""
-
-    index: int
-    operators: int
-    buckets: tuple[Bucket, ...]
-    max_shapes: int = MAX_SHAPES
-    #: Calls at shapes past ``max_shapes``, or after ``max_new_in_a_row`` new ones in a row.
-    as_captured: tuple[AsCaptured, ...] = ()
-
-    @property
-    def recompiles(self) -> int:
-        """Buckets made after the first (a new shape, new weights)."""
-        return max(0, len(self.buckets) - 1)
-
-    @property
-    def searches(self) -> int:
-        """Buckets whose schedule was searched for them (the others reapply one, load one from the
-        schedule cache, or run eagerly)."""
-        return sum(1 for b in self.buckets if b.searched)
-
-    def __str__(self) -> str:
-        loaded = sum(b.cached is not None for b in self.buckets)
-        cached = f", {loaded} from the schedule cache" if loaded else ""
-        lines = [f"graph {self.index}: {count(self.operators, 'operator')}, {count(len(self.buckets), 'bucket')} "
-                 f"({self.searches} searched{cached}), {count(self.recompiles, 'recompile')}"]
-        lines += [f"  {i}: {b}" for i, b in enumerate(self.buckets)]
-        lines += [f"  {c}" for c in self.as_captured]  # a decoding loop's every length, a detector's every count
-        return "\n".join(lines)
 
 
 _GRAPHS: list[OpschedGraph] = []
@@ -245,8 +159,52 @@ _CHURN = ("its input shapes were new at max_new_in_a_row calls in a row: its siz
           "again; the shapes that hold a plan keep it (pad inputs to a few shapes, or raise "
           "options={'max_new_in_a_row': ...})",
           "after max_new_in_a_row={} new shapes in a row")
-#: Shapes a churning graph remembers having run once as captured (a shape met again gets its plan).
-_MET_ONCE = 1024
+
+
+class _Admission:
+    """Which new buckets a graph makes, and the calls it runs as captured instead (counted by why).
+
+    None past ``max_shapes``. A dynamic graph whose shape was new at ``max_new_in_a_row`` calls in
+    a row churns, for good: a new shape then runs as captured at its first call and gets a plan at
+    its second, so a shape that recurs pays for one (a server warmed up over many batch sizes in a
+    row, a detector's common counts of boxes) and one met once does not (a decoding loop's every
+    length). The last ``remembered`` shapes met once are kept."""
+
+    def __init__(self, max_shapes: int, max_new_in_a_row: int, dynamic: bool, remembered: int = 1024) -> None:
+        self.max_shapes, self.max_new_in_a_row, self.dynamic = max_shapes, max_new_in_a_row, dynamic
+        self.remembered = remembered
+        self.new_in_a_row = 0  # calls in a row that met a new input shape (a call served by a bucket resets it)
+        self.churning = False
+        self.met_once: dict[tuple[Any, ...], bool] = {}  # shapes (and integers) run as captured once, in order
+        self.as_captured: dict[str, AsCaptured] = {}  # by the report's words
+
+    def admits(self, held: int, new_shape: bool, shape: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+               graph: int) -> bool:
+        """Whether graph ``graph``, holding ``held`` buckets, makes one for a call at ``shape`` (new
+        to it where ``new_shape``); a call it does not is counted, and the first of each reason warned."""
+        self.new_in_a_row += new_shape
+        refused = self._refusal(held, new_shape, shape)
+        if refused is None:
+            return True
+        warning, words = refused
+        seen = self.as_captured.get(words)
+        if seen is None:
+            log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", graph, list(shapes), warning)
+            seen = AsCaptured(words, 0, shapes, shapes)
+        self.as_captured[words] = dataclasses.replace(seen, calls=seen.calls + 1, last=shapes)
+        return False
+
+    def _refusal(self, held: int, new_shape: bool, shape: tuple[Any, ...]) -> tuple[str, str] | None:
+        """Why no bucket is made (the warning, the report's words), or None where one is."""
+        if held >= self.max_shapes:
+            return _OVER[0], _OVER[1].format(self.max_shapes)
+        self.churning |= self.dynamic and self.new_in_a_row > self.max_new_in_a_row
+        if not (self.churning and new_shape) or self.met_once.pop(shape, False):
+            return None
+        self.met_once[shape] = True
+        if len(self.met_once) > self.remembered:
+            del self.met_once[next(iter(self.met_once))]  # the longest ago
+        return _CHURN[0], _CHURN[1].format(self.max_new_in_a_row)
 
 
 def _same_value(new: torch.Tensor, was: torch.Tensor, version: int) -> bool:
@@ -290,17 +248,14 @@ class OpschedGraph:
         self._buckets: dict[tuple[Any, ...], tuple[Callable[..., Any], Bucket]] = {}
         self.cache = ScheduleCache(self.settings.get("cache_dir")) if self.settings["schedule_cache"] else None
         self._weights_seen: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        self._new_in_a_row = 0  # calls in a row that met a new input shape
-        self._churning = False  # a dynamic graph past max_new_in_a_row: a plan only for a shape met again
-        self._met_once: dict[tuple[Any, ...], bool] = {}  # shapes (and integers) run as captured once, in order
-        self._as_captured: dict[str, AsCaptured] = {}  # by the report's words
+        self._admission = _Admission(self.settings["max_shapes"], self.settings["max_new_in_a_row"], self.dynamic)
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
 
     def info(self) -> CompiledGraphInfo:
         return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()),
-                                 self.settings["max_shapes"], tuple(self._as_captured.values()))
+                                 self.settings["max_shapes"], tuple(self._admission.as_captured.values()))
 
     def __call__(self, *args: Any) -> Any:
         if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
@@ -317,7 +272,7 @@ class OpschedGraph:
             if found is None:  # a shape it keeps no plan for
                 return self.gm(*args)
         else:
-            self._new_in_a_row = 0
+            self._admission.new_in_a_row = 0
         run, _ = found
         return run(*(args[i] for i in self.tensors))
 
@@ -356,10 +311,8 @@ class OpschedGraph:
         reason = "first call" if not self._buckets else (
             "new weights" if key[0] != self._weights_seen else "new input shapes")
         new_shape = not any(k[1:] == key[1:] for k in self._buckets)
-        self._new_in_a_row += new_shape
-        unplanned = self._unplanned(new_shape, key[1:])
-        if unplanned is not None:
-            self._count_as_captured(unplanned, tuple(tuple(t.shape) for t in inputs))
+        if not self._admission.admits(len(self._buckets), new_shape, key[1:], tuple(tuple(t.shape) for t in inputs),
+                                      self.index):
             return None
         self._weights_seen = key[0]
         weights = tuple(args[i] for i in self.weights)
@@ -469,7 +422,7 @@ class OpschedGraph:
         from opsched.api import load
 
         s = self.settings
-        where = f"graph {self.index} of the opsched backend at {_shapes([t.shape for t in inputs])}{source}"
+        where = f"graph {self.index} of the opsched backend at {shapes_text([t.shape for t in inputs])}{source}"
         try:
             return reapplied(lambda: load(module, schedule, inputs, device=inputs[0].device, backend=backend,
                                           graphs=s.get("graphs", True), tracer=s.get("tracer", "auto"),
@@ -494,32 +447,6 @@ class OpschedGraph:
             f"would have captured a graph for these inputs, were skipped (torch.compile's guard_filter_fn); keep "
             f"its tensor guards (torch.compiler.keep_tensor_guards_unsafe) or call it with the inputs it was "
             f"captured for")
-
-    def _unplanned(self, new_shape: bool, shape: tuple[Any, ...]) -> tuple[str, str] | None:
-        """Why a new bucket is not made (:data:`_OVER`, :data:`_CHURN`), or None where it is. Once
-        the graph churns, a new shape runs as captured at its first call and gets a plan at its
-        second: a shape that recurs pays for one (a server warmed up over many batch sizes in a
-        row, a detector's common counts of boxes)."""
-        if len(self._buckets) >= self.settings["max_shapes"]:
-            return _OVER[0], _OVER[1].format(self.settings["max_shapes"])
-        self._churning |= self.dynamic and self._new_in_a_row > self.settings["max_new_in_a_row"]
-        if not (self._churning and new_shape):
-            return None
-        if self._met_once.pop(shape, False):
-            return None
-        self._met_once[shape] = True
-        if len(self._met_once) > _MET_ONCE:
-            del self._met_once[next(iter(self._met_once))]  # the longest ago
-        return _CHURN[0], _CHURN[1].format(self.settings["max_new_in_a_row"])
-
-    def _count_as_captured(self, unplanned: tuple[str, str], shapes: tuple[tuple[int, ...], ...]) -> None:
-        """Count a call run as captured, by why; warn at the first of each reason."""
-        warning, words = unplanned
-        seen = self._as_captured.get(words)
-        if seen is None:
-            log.warning("opsched backend: graph %d with inputs %s runs eagerly: %s", self.index, list(shapes), warning)
-            seen = AsCaptured(words, 0, shapes, shapes)
-        self._as_captured[words] = dataclasses.replace(seen, calls=seen.calls + 1, last=shapes)
 
     def _unschedulable(self, inputs: Sequence[torch.Tensor]) -> str | None:
         if not inputs:
