@@ -59,7 +59,7 @@ from _report import write  # noqa: E402
 from schedules import IOS_SEARCH, stored_graphs, zoo_model  # noqa: E402
 
 from opsched import from_torch  # noqa: E402
-from opsched._toposort import bits  # noqa: E402
+from opsched._toposort import ancestor_masks, bits  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.cost import (
     AnalyticCostModel,  # noqa: E402
@@ -69,29 +69,12 @@ from opsched.ir import Graph  # noqa: E402
 from opsched.models import example_inputs  # noqa: E402
 from opsched.models.randwire import RandWire  # noqa: E402
 from opsched.schedulers.ios_part import TIE, PartCuts, PartSolver, SearchStats, to_stage  # noqa: E402 (the DP's own, examined)
-from opsched.schedulers.partition import partition  # noqa: E402
+from opsched.schedulers.partition import down_sets, partition  # noqa: E402
 from opsched.schedulers.units import UnitGraph  # noqa: E402
 
 #: The IOS paper's DP states on its RandWire's four random stage graphs (WS(16, 4, 0.75), then
 #: three WS(32, 4, 0.75)): each block's states are all the down-sets of its DAG.
 IOS_RANDWIRE_STATES = (235, 4_276, 5_420, 4_799)
-
-
-def down_sets(preds: Sequence[Sequence[int]]) -> int:
-    """How many sets of a DAG's nodes (predecessor lists, in topological order) are closed under
-    predecessors: the DP's states on it, unpartitioned."""
-    need = [sum(1 << q for q in ps) for ps in preds]
-    count = 0
-    stack = [(0, 0)]  # (next node, set so far)
-    while stack:
-        i, chosen = stack.pop()
-        if i == len(need):
-            count += 1
-            continue
-        stack.append((i + 1, chosen))
-        if need[i] & chosen == need[i]:
-            stack.append((i + 1, chosen | 1 << i))
-    return count
 
 
 def components(mask: int, adj: Sequence[int]) -> tuple[int, ...]:
@@ -270,7 +253,7 @@ def main() -> None:
         title, model = zoo_model(name, args.randwire_graphs)
         graph = from_torch(model, example_inputs(name), name=name)
         if isinstance(model, RandWire):
-            ours = [down_sets(stage.preds) for stage in model.stages]
+            ours = [down_sets(ancestor_masks(stage.preds)) for stage in model.stages]
             wiring.append(f"The stage graphs of {title} have {' / '.join(f'{n:,}' for n in ours)} down-sets "
                           f"({sum(ours):,} in all) against {' / '.join(f'{n:,}' for n in IOS_RANDWIRE_STATES)} "
                           f"({sum(IOS_RANDWIRE_STATES):,}) in the IOS paper's RandWire (its DP states per block): "

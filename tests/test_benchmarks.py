@@ -114,17 +114,6 @@ def test_the_dp_never_prices_fewer_stages_than_the_floor_says_any_proof_needs() 
     assert f["dp distinct"] < f["by node set"]
 
 
-def test_down_sets_count_what_the_dp_would_visit_on_an_unpartitioned_dag() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from stage_floor import down_sets
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    assert down_sets([[], [0], [0], [1, 2]]) == 6  # a diamond: {}, a, ab, ac, abc, abcd
-    assert down_sets([[], [0], [1], [2], [3]]) == 6  # a chain of 5: its prefixes
-    assert down_sets([[]] * 10) == 2 ** 10  # independent nodes: every subset
-
-
 def test_schedulers_benchmark_measured_section_runs(tmp_path: Path) -> None:
     """The measured part of ``benchmarks/schedulers.py`` (the CPU column; the GPU column is the
     same function on another device) runs end to end and reports every contender."""

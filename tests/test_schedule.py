@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from opsched import from_torch
+from opsched._toposort import ancestor_masks
 from opsched.cost import AnalyticCostModel, RandomCostModel, SegmentCut
 from opsched.cost import estimate_stages as estimate
 from opsched.cost.coster import StageCoster
@@ -34,7 +35,8 @@ from opsched.schedulers import schedule
 from opsched.schedulers.endings import parallel_endings
 from opsched.schedulers.ios import ios_stages
 from opsched.schedulers.ios_memory import PartMemory, chain_bytes
-from opsched.schedulers.partition import cut_units, partition
+from opsched.schedulers.ios_part import PartSolver, SearchStats, summarize
+from opsched.schedulers.partition import cut_units, down_sets, partition, split_to_fit, state_count
 from opsched.schedulers.units import UnitGraph
 from opsched.testing import fork_join, random_dag
 
@@ -612,6 +614,85 @@ def test_constants_no_longer_multiply_the_states_of_a_part() -> None:
     assert len(ug) == 1 and all(not ps for ps in ug.preds)
     sched = schedule(graph, "ios", V100)
     assert sched.stats["states"] <= 2 and not sched.stats["budget_exhausted"]
+
+
+def fan(branches: int, depth: int) -> Graph:
+    """``branches`` chains of ``depth`` dense 1x1 convolutions over one input, summed: each
+    convolution its own unit (two dense ones never contract), (depth + 1) ** branches down-sets
+    before the sum, and no cut inside (the shape of a detector's per-level heads)."""
+    b = GraphBuilder(f"fan{branches}x{depth}")
+    x = b.input("x", (1, 4, 8, 8))
+    gen = torch.Generator().manual_seed(branches * 100 + depth)
+    ends = []
+    for i in range(branches):
+        v = x
+        for k in range(depth):
+            w = b.param(f"w{i}_{k}", torch.randn(4, 4, 1, 1, generator=gen) * 0.5)
+            v = b.add("conv2d", [v], name=f"c{i}_{k}", params=[w])
+        ends.append(v)
+    return b.build([b.add("add", ends, name="sum")]).verify()
+
+
+def brute_force_down_sets(ug: UnitGraph, part: list[int]) -> int:
+    inside = set(part)
+    return sum(1 for k in range(len(part) + 1) for sub in itertools.combinations(part, k)
+               if all(p in sub or p not in inside for u in sub for p in ug.preds[u]))
+
+
+def test_down_sets_by_hand() -> None:
+    assert down_sets(ancestor_masks([[], [0], [0], [1, 2]])) == 6  # a diamond: {}, a, ab, ac, abc, abcd
+    assert down_sets(ancestor_masks([[], [0], [1], [2], [3]])) == 6  # a chain of 5: its prefixes
+    assert down_sets(ancestor_masks([[]] * 10)) == 2 ** 10  # independent nodes: every subset
+    assert down_sets(ancestor_masks([[]] * 10), cap=100) == 101
+    assert down_sets([]) == 1  # the empty set alone
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_state_count_is_the_number_of_down_sets_and_of_the_dps_states(seed: int) -> None:
+    graph = random_dag(12, seed, edge_prob=0.2)
+    ug = UnitGraph.build(graph, contract=False)
+    part = list(range(len(ug)))
+    want = brute_force_down_sets(ug, part)
+    assert state_count(ug, part) == want
+    assert state_count(ug, part, cap=want) == want and state_count(ug, part, cap=want - 1) == want
+    assert state_count(ug, part[3:9]) == brute_force_down_sets(ug, part[3:9])  # a part of the graph, alone
+    stats = SearchStats()
+    PartSolver(ug, part, StageCoster(graph, V100), ("parallel",), 3, 2, lambda: None, stats, None).solve()
+    assert stats.states + 1 == want  # every down-set but the empty one (solved from the start), once
+
+
+def test_a_part_with_more_states_than_max_states_is_split_until_each_piece_fits() -> None:
+    graph = fan(8, 3)
+    ug = UnitGraph.build(graph)
+    (block,) = (p for p in partition(ug, 50) if len(p) > 1)
+    assert state_count(ug, block) == 4 ** 8 + 1  # the sum's unit adds the whole
+    for bound in (2, 50, 1000, 4 ** 8 + 1):
+        pieces = split_to_fit(ug, block, bound)
+        assert [u for p in pieces for u in p] == block  # ranges of the order, in order
+        assert all(state_count(ug, p) <= bound for p in pieces)
+        assert (len(pieces) == 1) == (bound >= 4 ** 8 + 1)
+    with pytest.raises(ValueError, match="max_states must be at least 2"):
+        split_to_fit(ug, block, 1)
+
+
+def test_max_states_bounds_a_wide_parts_search_and_keeps_it_exact_within_each_piece() -> None:
+    """Twelve branches of three convolutions: 4 ** 12 (16.8 million) down-sets, past any search
+    budget. Split, the DP solves each piece to its optimum in a fraction of a second and never
+    falls back to a heuristic; the bound costs a small graph nothing the unbounded search finds."""
+    graph = fan(12, 3)
+    sched = schedule(graph, "ios", CPU2, max_lanes=2)
+    stats = sched.stats
+    assert stats["parts_split"] == 1 and not stats["budget_exhausted"] and stats["parts_fallback"] == 0
+    assert stats["states"] < 20_000 * stats["parts"]
+    assert sched.estimated_ms < schedule(graph, "sequential", CPU2).estimated_ms
+    assert "(1 part over max_states split)" in summarize(stats)
+    small = fan(3, 2)  # 28 down-sets: bounded at 4, split; unbounded, the exact optimum, no worse
+    bounded = schedule(small, "ios", V100, max_states=4, max_lanes=3)
+    exact = schedule(small, "ios", V100, max_states=None, max_lanes=3)
+    assert bounded.stats["parts_split"] == 1 and exact.stats["parts_split"] == 0
+    assert exact.estimated_ms <= bounded.estimated_ms + 1e-12
+    with pytest.raises(ScheduleError, match="option max_states of scheduler 'ios' must be at least 2"):
+        schedule(small, "ios", V100, max_states=1)
 
 
 def test_inception_blocks_are_cut_at_module_outputs(inception: Graph) -> None:

@@ -1,13 +1,14 @@
-"""Kahn's algorithm over named items, shared by the graph and lane-schedule checkers and the ONNX reader."""
+"""Kahn's algorithm over named items, shared by the graph and lane-schedule checkers and the ONNX reader;
+bitmasks of sets of indexed items, shared by the schedulers."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Mapping, Set
+from collections.abc import Callable, Hashable, Mapping, Sequence, Set
 from typing import TypeVar
 
-__all__ = ["kahn", "bits", "topological_order"]
+__all__ = ["kahn", "ancestor_masks", "bits", "topological_order"]
 
 H = TypeVar("H", bound=Hashable)
 
@@ -60,3 +61,12 @@ def bits(mask: int) -> list[int]:
         out.append(low.bit_length() - 1)
         mask ^= low
     return out
+
+
+def ancestor_masks(preds: Sequence[Sequence[int]]) -> list[int]:
+    """Bitmasks of each node's ancestors in a DAG given as predecessor lists in topological order."""
+    anc = [0] * len(preds)
+    for i, ps in enumerate(preds):
+        for p in ps:
+            anc[i] |= anc[p] | (1 << p)
+    return anc

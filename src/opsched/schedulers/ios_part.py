@@ -15,6 +15,7 @@ from itertools import combinations
 from operator import itemgetter
 from typing import Any
 
+from opsched._text import count
 from opsched._toposort import bits
 from opsched.cost import SegmentCut, StageCoster
 from opsched.ir.ops.conv import merge_class
@@ -50,6 +51,7 @@ class SearchStats:
     seconds: float = 0.0
     budget_exhausted: bool = False
     parts_over_memory: int = 0  # parts no schedule of which fits the memory budget: run one unit at a time
+    parts_split: int = 0  # parts with more than max_states states, split until each piece fits
 
     def as_dict(self) -> dict[str, float | int | bool]:
         return dict(self.__dict__)
@@ -62,6 +64,8 @@ def summarize(stats: Mapping[str, Any]) -> str:
     """One line about an IOS search, from a schedule's stats."""
     line = (f"search {stats.get('states', 0)} states, {stats.get('distinct_stages', 0)} distinct stages priced, "
             f"{stats.get('seconds', 0.0):.2f} s")
+    if stats.get("parts_split"):
+        line += f" ({count(stats['parts_split'], 'part')} over max_states split)"
     if stats.get("budget_exhausted"):
         line += f" (budget ran out: {stats.get('parts_fallback', 0)} of {stats.get('parts', 0)} parts fell back)"
     if stats.get("parts_over_memory"):
@@ -149,14 +153,8 @@ class PartSolver:
         self._live: dict[int, tuple[float, float]] = {}
         self.r, self.s, self.strategies = r, s, strategies
         self.check_budget, self.stats = check_budget, stats
-        local = {u: i for i, u in enumerate(part)}
         n = len(part)
-        self.succ = [sum(1 << local[v] for v in ug.succs[u] if v in local) for u in part]
-        self.anc = [0] * n
-        for i, u in enumerate(part):
-            for p in ug.preds[u]:
-                if p in local:
-                    self.anc[i] |= self.anc[local[p]] | (1 << local[p])
+        self.succ, self.anc = ug.local_masks(part)
         self.order = list(range(n - 1, -1, -1))
         graph = ug.graph
         self.merge_cls: list[object | None] = []

@@ -8,13 +8,26 @@ values are live across the boundary (NASNet's cell outputs: two tensors), as lon
 leaves parts of at least a quarter of the cap; a part still too large is split again the same
 way, and past that into equal chunks. Parts then align with repeated cells (IOS needed NASNet
 cut by hand), and identical cells can be solved once.
+
+Size is not what makes a part hard, though: the IOS DP's states are the part's down-sets (its
+sets of units closed under predecessors), a chain of 50 units has 51 and 32 units in a dozen
+short branches (a detector's box decoding) have 66,130. :func:`state_count` counts them without
+listing them (:func:`down_sets`, milliseconds), and :func:`split_to_fit` splits a part that has
+more than ``max_states`` the same way, in halves, until each piece has at most that many: the DP
+stays exact within each, and what is lost is the concurrency across the new boundary. So a
+search's size is known, and the same on every machine, before it starts, where a time budget
+(``budget_s``) cuts it short at a point that depends on the machine's speed and leaves the
+unsolved parts to a heuristic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from opsched._toposort import ancestor_masks
 from opsched.schedulers.units import UnitGraph
 
-__all__ = ["cut_units", "partition"]
+__all__ = ["cut_units", "down_sets", "partition", "split_to_fit", "state_count"]
 
 
 def cut_units(ug: UnitGraph) -> list[int]:
@@ -25,10 +38,7 @@ def cut_units(ug: UnitGraph) -> list[int]:
                    for names in ug.units]
     outputs = set(g.outputs)
     is_output = [any(v in outputs for v in names) for names in ug.units]
-    anc = [0] * n
-    for u in range(n):
-        for p in ug.preds[u]:
-            anc[u] |= anc[p] | (1 << p)
+    anc = ancestor_masks(ug.preds)
     cuts = []
     reach = -1  # the furthest unit read by any unit before u
     last_input = max((u for u in range(n) if reads_input[u]), default=-1)
@@ -56,6 +66,42 @@ def _crossing(ug: UnitGraph) -> list[int]:
     return out
 
 
+def down_sets(anc: Sequence[int], cap: int | None = None) -> int:
+    """The sets of a DAG's nodes closed under predecessors (the empty set and the whole included),
+    the DAG given by each node's ancestors as a bitmask (:func:`opsched._toposort.ancestor_masks`),
+    nodes in topological order. Past ``cap``, ``cap + 1``.
+
+    The last node v of a set is maximal in it, so the set's down-sets are those without v (the
+    down-sets of the rest) and those with v, which hold its ancestors (the down-sets of the rest
+    without v's ancestors, each joined by them and v): ``count(S) = count(S - v) + count(S - v -
+    ancestors(v))``, memoized by set. The sets met are few (165 for the 66,130 down-sets above),
+    so they are counted without being listed."""
+    full = (1 << len(anc)) - 1
+    counts = {0: 1}
+    stack = [full]
+    while stack:  # iterative: a DAG may be deeper than Python's recursion limit
+        mask = stack[-1]
+        if mask in counts:
+            stack.pop()
+            continue
+        top = mask.bit_length() - 1
+        without = mask & ~(1 << top)
+        subsets = (without, without & ~anc[top])
+        missing = [m for m in subsets if m not in counts]
+        if missing:
+            stack += missing
+            continue
+        stack.pop()
+        total = counts[subsets[0]] + counts[subsets[1]]
+        counts[mask] = total if cap is None else min(total, cap + 1)
+    return counts[full]
+
+
+def state_count(ug: UnitGraph, part: Sequence[int], cap: int | None = None) -> int:
+    """The IOS DP's states on ``part``: the down-sets of its units (:func:`down_sets`)."""
+    return down_sets(ug.local_masks(part)[1], cap)
+
+
 def partition(ug: UnitGraph, max_part_size: int = 50) -> list[list[int]]:
     """Parts (lists of unit indices, in order) covering every unit once."""
     if max_part_size < 1:
@@ -69,6 +115,20 @@ def partition(ug: UnitGraph, max_part_size: int = 50) -> list[list[int]]:
         parts += _split(start, end, max_part_size, crossing)
         start = end + 1
     return [p for p in parts if p]
+
+
+def split_to_fit(ug: UnitGraph, part: list[int], max_states: int) -> list[list[int]]:
+    """``part`` (a range of units, as :func:`partition` gives), split in halves at its narrowest
+    points where it has more than ``max_states`` down-sets, until each piece has at most that many."""
+    if max_states < 2:
+        raise ValueError(f"max_states must be at least 2 (a single unit's down-sets), got {max_states}")
+    crossing = _crossing(ug)
+
+    def fit(piece: list[int]) -> list[list[int]]:
+        if state_count(ug, piece, max_states) <= max_states:
+            return [piece]
+        return [q for half in _split(piece[0], piece[-1], (len(piece) + 1) // 2, crossing) for q in fit(half)]
+    return fit(part)
 
 
 def _split(lo: int, hi: int, cap: int, crossing: list[int]) -> list[list[int]]:

@@ -26,9 +26,11 @@ chain).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from opsched._toposort import ancestor_masks
 from opsched.ir import Graph, Node
 
 __all__ = ["UnitGraph", "is_heavy"]
@@ -109,6 +111,13 @@ class UnitGraph:
             for p in ps:
                 out[p].append(u)
         return tuple(tuple(s) for s in out)
+
+    def local_masks(self, part: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Bitmasks over ``part`` (units in topological order; bit i is ``part[i]``): each unit's
+        direct successors and all its ancestors within the part."""
+        local = {u: i for i, u in enumerate(part)}
+        succ = [sum(1 << local[v] for v in self.succs[u] if v in local) for u in part]
+        return succ, ancestor_masks([[local[p] for p in self.preds[u] if p in local] for u in part])
 
     def __len__(self) -> int:
         return len(self.units)
