@@ -16,8 +16,13 @@ part's states), and torchvision's box decoding (``BoxCoder.decode_single`` with 
 score activation, as a detector's post-processing graph hands it to the torch.compile backend;
 written here from its arithmetic, so that the benchmark needs no torchvision).
 
+The sweep (``--sweep MODEL``, -> docs/results/wide-parts-sweep.md) searches one model at a row of
+bounds instead, from far below the default to none, on each preset: where concurrency pays and
+the parts are split, the estimate the split gives up.
+
     python benchmarks/wide_parts.py
     python benchmarks/wide_parts.py --models box_decoding randwire_large --presets V100:8 --budget 30
+    python benchmarks/wide_parts.py --sweep randwire_large --presets H100:8
 """
 
 from __future__ import annotations
@@ -113,9 +118,15 @@ def main() -> None:
     p.add_argument("--presets", nargs="*", type=preset, default=[("CPU2", 2), ("H100", 8)],
                    help="analytic device presets and IOS's max_lanes on each, as DEVICE:LANES")
     p.add_argument("--budget", type=float, default=120.0, help="seconds of search for each IOS schedule")
+    p.add_argument("--sweep", metavar="MODEL", help="search MODEL at each of --bounds instead")
+    p.add_argument("--bounds", nargs="*", type=int, default=[100, 500, 2000, 5000, DEFAULT_STATES],
+                   help="max_states of the sweep (and no bound after them)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     logging.getLogger("opsched").setLevel(logging.ERROR)
+    if args.sweep:
+        sweep(args)
+        return
     rows, records, over, speed = [], [], [], []
     for name in args.models:
         graph = imported(name)
@@ -151,6 +162,34 @@ def main() -> None:
                        "whole / split search time": geomean(speed) if speed else float("nan")},
         {"presets": [list(x) for x in args.presets], "budget_s": args.budget, "max_states": DEFAULT_STATES,
          "models": records}, out=args.out)
+
+
+def sweep(args: argparse.Namespace) -> None:
+    """One model at each bound of ``args.bounds`` and with none, on each preset."""
+    graph = imported(args.sweep)
+    rows, records, worst = [], [], {}
+    for device, lanes in args.presets:
+        cost = AnalyticCostModel(device)
+        seq = schedule(graph, "sequential", cost).estimated_ms
+        results = {bound: search(graph, cost, lanes, args.budget, bound) for bound in (*args.bounds, None)}
+        whole = results[None]
+        for bound, r in results.items():
+            rows.append([f"{device} x{lanes}", "none" if bound is None else f"{bound:,}", r["parts"], r["parts_split"],
+                         r["states"], _cell(r), f"{r['search_s']:.1f}", f"{seq / r['ms']:.3f}",  # type: ignore[operator]
+                         f"{r['ms'] / whole['ms']:.3f}"])  # type: ignore[operator]
+            print(" | ".join(map(str, rows[-1])), flush=True)
+        records.append({"device": device, "lanes": lanes, "sequential_ms": seq,
+                        "by_bound": [{"max_states": b, **r} for b, r in results.items()]})
+        worst[f"{device} split / whole at the default"] = results[DEFAULT_STATES]["ms"] / whole["ms"]  # type: ignore
+    write_table("wide-parts-sweep", [
+        f"# max_states swept on {args.sweep}", "",
+        f"The IOS search of {args.sweep} with `max_states` at each bound (parts over it split in halves until each "
+        f"fits) and with none, within a budget of {args.budget:g} s on this machine; analytic presets with IOS's "
+        "max_lanes on each, batch 1. *states*: the DP states solved, over all parts; estimates in ms; *vs "
+        "sequential*: the sequential schedule's estimate over this one's; *vs whole*: this estimate over the "
+        "unbounded search's (> 1: what the split gave up). The figures below the table: the default's *vs whole*.",
+    ], ["preset x lanes", "max_states", "parts", "parts split", "states", "estimate ms", "search s", "vs sequential",
+        "vs whole"], rows, worst, {"model": args.sweep, "budget_s": args.budget, "presets": records}, out=args.out)
 
 
 def _cell(result: dict[str, object]) -> str:

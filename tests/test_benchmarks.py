@@ -264,3 +264,18 @@ def test_compile_targets_compare_max_autotune_through_the_graph_timed_beside_it(
     assert "- float16: max-autotune not measured on googlenet:" in page
     assert "- float16: not measured on squeezenet1_1, randwire_small, inception_v3, nasnet_mobile" in page
     assert "- float32: not measured (no compile32-gpu page)" in page
+
+
+def test_wide_parts_split_a_box_decoding_that_a_whole_search_cannot_finish(tmp_path: Path) -> None:
+    """``benchmarks/wide_parts.py``: torchvision's box decoding has 66,130 DP states; split to
+    ``max_states`` its search ends at once with an optimum per piece that beats the heuristic
+    the whole search falls back to when its budget runs out."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "wide_parts.py"), "--models", "box_decoding", "--presets",
+           "V100:2", "--budget", "3", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (record,) = json.loads((tmp_path / "wide-parts.json").read_text())["models"]
+    assert record["widest_part_states"] == 66_130
+    split, whole = record["split"], record["whole"]
+    assert split["parts_split"] == 1 and not split["ran_out"] and split["search_s"] < 3
+    assert whole["ran_out"] and whole["parts_fallback"] == 1
+    assert split["ms"] < whole["ms"] <= record["sequential_ms"]

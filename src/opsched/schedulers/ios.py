@@ -44,10 +44,14 @@ milliseconds), and one with more than ``max_states`` (20,000) is split in halves
 points until each piece has at most that many (:func:`~opsched.schedulers.partition.split_to_fit`):
 the DP is exact within each piece and loses only the concurrency across the split. Width, not
 size, makes a part hard: 32 units in a dozen short branches (torchvision's box decoding) have
-66,130 states, and their search ran out of a 60 s budget on this repository's CPU, to fall back to a
-heuristic; split, it took under 0.1 s for an estimate 0.9% over the unsplit optimum (a Phi
-decoder layer's 29,181: 34 s against 0.0 s, 1.4% over). Every zoo model's parts fit (RandWire-large's
-largest has 14,879), so their searches are unchanged.
+66,130 states, whose search took 67 s under the CPU2 preset on this repository's CPU and ran out
+of 120 s under H100's; split, 0.1 s at most, for the same estimate (the optimum of such tiny
+operators is sequential on both presets). A Phi decoder layer's 29,181 took 35 s and 117 s, a
+Mamba mixer's 2.5 million ran out on both; split, about a second (``docs/results/wide-parts.md``).
+Where concurrency pays, a split gives it up: RandWire-large under H100 with its parts split to
+5,000 states searched in 1.2 s instead of 32 s for an estimate 6.7% over the optimum, to 500 states
+13% over (``docs/results/wide-parts-sweep.md``). Every zoo model's parts fit the default
+(RandWire-large's largest has 14,879 states), so their searches are exact, as before.
 
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
 priced: measurements, for a measured cost model). When the budget runs out, parts already
