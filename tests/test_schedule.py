@@ -616,21 +616,24 @@ def test_constants_no_longer_multiply_the_states_of_a_part() -> None:
     assert sched.stats["states"] <= 2 and not sched.stats["budget_exhausted"]
 
 
-def fan(branches: int, depth: int) -> Graph:
+def fan(branches: int, depth: int, *more: tuple[int, int]) -> Graph:
     """``branches`` chains of ``depth`` dense 1x1 convolutions over one input, summed: each
     convolution its own unit (two dense ones never contract), (depth + 1) ** branches down-sets
-    before the sum, and no cut inside (the shape of a detector's per-level heads)."""
+    before the sum, and no cut inside (the shape of a detector's per-level heads). Each of
+    ``more`` (branches, depth) is another such fan over the sum before it, a part of its own."""
     b = GraphBuilder(f"fan{branches}x{depth}")
-    x = b.input("x", (1, 4, 8, 8))
+    v = b.input("x", (1, 4, 8, 8))
     gen = torch.Generator().manual_seed(branches * 100 + depth)
-    ends = []
-    for i in range(branches):
-        v = x
-        for k in range(depth):
-            w = b.param(f"w{i}_{k}", torch.randn(4, 4, 1, 1, generator=gen) * 0.5)
-            v = b.add("conv2d", [v], name=f"c{i}_{k}", params=[w])
-        ends.append(v)
-    return b.build([b.add("add", ends, name="sum")]).verify()
+    for f, (width, length) in enumerate(((branches, depth), *more)):
+        ends = []
+        for i in range(width):
+            end = v
+            for k in range(length):
+                w = b.param(f"w{f}_{i}_{k}", torch.randn(4, 4, 1, 1, generator=gen) * 0.5)
+                end = b.add("conv2d", [end], name=f"c{f}_{i}_{k}", params=[w])
+            ends.append(end)
+        v = b.add("add", ends, name=f"sum{f}")
+    return b.build([v]).verify()
 
 
 def brute_force_down_sets(ug: UnitGraph, part: list[int]) -> int:
@@ -693,6 +696,25 @@ def test_max_states_bounds_a_wide_parts_search_and_keeps_it_exact_within_each_pi
     assert exact.estimated_ms <= bounded.estimated_ms + 1e-12
     with pytest.raises(ScheduleError, match="option max_states of scheduler 'ios' must be at least 2"):
         schedule(small, "ios", V100, max_states=1)
+
+
+def test_a_search_budget_that_runs_out_leaves_the_largest_parts_to_the_heuristic_not_the_later_ones() -> None:
+    """A wide part (4,097 states) before two small ones (5 states each): the budget, counted in
+    stages priced so that the test does not depend on the machine's speed, cannot solve the wide
+    part. Searched smallest first, the small parts are solved to their optimum and the wide one
+    alone falls back; in the graph's order, it would have taken the small parts down with it."""
+    graph = fan(6, 3, (2, 1), (2, 1))
+    ug = UnitGraph.build(graph)
+    parts = partition(ug, 50)
+    assert sorted(state_count(ug, p) for p in parts) == [5, 5, 4 ** 6 + 1]
+    assert state_count(ug, parts[0]) == 4 ** 6 + 1  # the wide one comes first in the graph
+    bounded = schedule(graph, "ios", V100, max_stage_costs=30, max_states=None)
+    stats = bounded.stats
+    assert stats["budget_exhausted"] and stats["parts_fallback"] == 1
+    assert stats["parts_solved"] + stats["parts_reused"] == 2
+    exact = schedule(graph, "ios", V100, max_states=None)
+    tail = {v for p in parts[1:] for u in p for v in ug.units[u]}
+    assert [s for s in bounded.stages if set(s.nodes) <= tail] == [s for s in exact.stages if set(s.nodes) <= tail]
 
 
 def test_inception_blocks_are_cut_at_module_outputs(inception: Graph) -> None:
