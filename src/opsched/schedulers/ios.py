@@ -55,16 +55,16 @@ Where concurrency pays, a split gives it up: RandWire-large under H100 with its 
 
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
 priced: measurements, for a measured cost model). Parts are searched smallest first (by their
-states), so when the budget runs out, the parts already solved keep their optimum and the
-largest fall back to a heuristic schedule, and the call always returns a valid schedule. (A probe
-on this repository's CPU, measured costs: torchvision's RetinaNet at 320x320, whose backbone,
-FPN and heads are one graph, ran out of the 60 s budget in the graph's order in its 9th part of
-17, one of 9,289 states, and the 8 parts after it fell back with it, among them parts of 4,640
-and 108 states that solved in 10 s and 22 s. Smallest first, 16 of the 17 were solved and the
-one of 9,289 states fell back.) (Of greedy and sequential, the one the cost model prices lower: on
-a CPU of few cores the greedy wavefront is often the slower. Choosing prices those stages, so a
-measured search goes a little past a ``max_stage_costs`` budget: at most one stage per unit of
-each unsolved part, most of them single units already measured.)
+states), so when the budget runs out, the parts already solved keep their optimum and only the
+largest fall back to a heuristic schedule (of greedy and sequential, the one the cost model
+prices lower: on a CPU of few cores the greedy wavefront is often the slower; choosing prices
+those stages, so a measured search goes a little past a ``max_stage_costs`` budget: at most one
+stage per unit of each unsolved part, most of them single units already measured). The call
+always returns a valid schedule. In the graph's order, the part the budget ran out in took every
+later part down with it: in a probe on this repository's CPU with measured costs, torchvision's
+RetinaNet at 320x320 (backbone, FPN and heads in one graph) ran out of the 60 s budget in its 9th
+part of 17, one of 9,289 states, and the 8 after it fell back too, among them parts of 4,640 and
+108 states that solved in 10 s and 22 s; smallest first, 16 of the 17 were solved.
 """
 
 from __future__ import annotations

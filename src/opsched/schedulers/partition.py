@@ -74,8 +74,8 @@ def down_sets(anc: Sequence[int], cap: int | None = None) -> int:
     The last node v of a set is maximal in it, so the set's down-sets are those without v (the
     down-sets of the rest) and those with v, which hold its ancestors (the down-sets of the rest
     without v's ancestors, each joined by them and v): ``count(S) = count(S - v) + count(S - v -
-    ancestors(v))``, memoized by set. The sets met are few (165 for the 66,130 down-sets above),
-    so they are counted without being listed."""
+    ancestors(v))``, memoized by set. The sets met are few (165 for the box decoding's 66,130
+    down-sets), so they are counted without being listed."""
     full = (1 << len(anc)) - 1
     counts = {0: 1}
     stack = [full]
