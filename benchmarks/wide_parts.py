@@ -3,11 +3,12 @@
 
 The IOS DP's states on a part are its down-sets, counted before the search
 (:func:`opsched.schedulers.partition.state_count`); a part with more than ``max_states`` is split
-in halves until each piece fits. Per model: the states of its widest part, the estimate of the
-sequential schedule, then the IOS search with ``max_states`` at its default (split where over)
-and with no bound (``max_states=None``), each within ``--budget`` seconds: its estimate, its
-search time, and whether the budget ran out (then the unsolved parts fell back to greedy or
-sequential stages). Nothing is measured on a device: the estimates are the analytic presets'
+into as few pieces as fit (:func:`opsched.schedulers.partition.split_to_fit`). Per model: the
+states of its widest part, the estimate of the sequential schedule, then the IOS search with
+``max_states`` at its default (``--max-states``; split where over) and with no bound
+(``max_states=None``), each within ``--budget`` seconds: its estimate, its search time, and
+whether the budget ran out (then the unsolved parts fell back to greedy or sequential stages).
+Nothing is measured on a device: the estimates are the analytic presets'
 (``--presets``: a CPU's with its 2 lanes, where optimize() sets IOS's lanes to the cores, and a
 GPU's with IOS's 8), the times this machine's search.
 
@@ -118,6 +119,7 @@ def main() -> None:
     p.add_argument("--presets", nargs="*", type=preset, default=[("CPU2", 2), ("H100", 8)],
                    help="analytic device presets and IOS's max_lanes on each, as DEVICE:LANES")
     p.add_argument("--budget", type=float, default=120.0, help="seconds of search for each IOS schedule")
+    p.add_argument("--max-states", type=int, default=DEFAULT_STATES, help="the bound of the split search")
     p.add_argument("--sweep", metavar="MODEL", help="search MODEL at each of --bounds instead")
     p.add_argument("--bounds", nargs="*", type=int, default=[100, 500, 2000, 5000, DEFAULT_STATES],
                    help="max_states of the sweep (and no bound after them)")
@@ -135,7 +137,7 @@ def main() -> None:
         for device, lanes in args.presets:
             cost = AnalyticCostModel(device)
             seq = schedule(graph, "sequential", cost).estimated_ms
-            split, whole = (search(graph, cost, lanes, args.budget, bound) for bound in (DEFAULT_STATES, None))
+            split, whole = (search(graph, cost, lanes, args.budget, bound) for bound in (args.max_states, None))
             records.append({"model": name, "device": device, "lanes": lanes, "units": len(ug),
                             "widest_part_states": widest, "sequential_ms": seq, "split": split, "whole": whole})
             if split["parts_split"] and not whole["ran_out"]:  # both exact: what the split costs the plan
@@ -146,21 +148,23 @@ def main() -> None:
                          f"{split['ms'] / whole['ms']:.3f}"])  # type: ignore[operator]
             print(" | ".join(map(str, rows[-1])), flush=True)
     headers = ["model", "preset x lanes", "units", "widest part: states", "sequential ms", "parts split",
-               f"split (max_states={DEFAULT_STATES:,}) ms", "split search s", "whole ms", "whole search s",
+               f"split (max_states={args.max_states:,}) ms", "split search s", "whole ms", "whole search s",
                "split / whole"]
+    bound = (f"at its default ({DEFAULT_STATES:,})" if args.max_states == DEFAULT_STATES
+             else f"at {args.max_states:,} (its default: {DEFAULT_STATES:,})")
     write_table("wide-parts", [
         "# Wide parts: the IOS search split to max_states against searched whole", "",
         f"Analytic presets with IOS's max_lanes on each, batch 1, each search within a budget of {args.budget:g} s "
         f"on this machine. *widest part: states*: the DP states (down-sets) of the model's widest part. *split*: "
-        f"the search with `max_states` at its default ({DEFAULT_STATES:,}), parts over it split in halves until "
-        "each fits (*parts split*: how many were); *whole*: `max_states=None`. Estimates are the preset's, in ms; "
+        f"the search with `max_states` {bound}, parts over it split into as few pieces "
+        "as fit (*parts split*: how many were); *whole*: `max_states=None`. Estimates are the preset's, in ms; "
         "*ran out*: the budget ended the search and the unsolved parts fell back to greedy or sequential stages. "
         "*split / whole*: the estimates' ratio (> 1 where splitting lost concurrency, < 1 where the whole search "
         "ran out). The geometric means are over the rows with a part split and a whole search that finished: the "
         "estimate given up, and the search time saved.",
     ], headers, rows, {"split / whole estimate": geomean(over) if over else float("nan"),
                        "whole / split search time": geomean(speed) if speed else float("nan")},
-        {"presets": [list(x) for x in args.presets], "budget_s": args.budget, "max_states": DEFAULT_STATES,
+        {"presets": [list(x) for x in args.presets], "budget_s": args.budget, "max_states": args.max_states,
          "models": records}, out=args.out)
 
 
@@ -183,8 +187,8 @@ def sweep(args: argparse.Namespace) -> None:
         worst[f"{device} split / whole at the default"] = results[DEFAULT_STATES]["ms"] / whole["ms"]  # type: ignore
     write_table("wide-parts-sweep", [
         f"# max_states swept on {args.sweep}", "",
-        f"The IOS search of {args.sweep} with `max_states` at each bound (parts over it split in halves until each "
-        f"fits) and with none, within a budget of {args.budget:g} s on this machine; analytic presets with IOS's "
+        f"The IOS search of {args.sweep} with `max_states` at each bound (parts over it split into as few pieces as "
+        f"fit) and with none, within a budget of {args.budget:g} s on this machine; analytic presets with IOS's "
         "max_lanes on each, batch 1. *states*: the DP states solved, over all parts; estimates in ms; *vs "
         "sequential*: the sequential schedule's estimate over this one's; *vs whole*: this estimate over the "
         "unbounded search's (> 1: what the split gave up). The figures below the table: the default's *vs whole*.",

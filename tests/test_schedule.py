@@ -674,6 +674,10 @@ def test_a_part_with_more_states_than_max_states_is_split_until_each_piece_fits(
         assert [u for p in pieces for u in p] == block  # ranges of the order, in order
         assert all(state_count(ug, p) <= bound for p in pieces)
         assert (len(pieces) == 1) == (bound >= 4 ** 8 + 1)
+        for piece in pieces[:-1]:  # each at least half the longest run that fits from its start
+            lo = piece[0]
+            longest = max(q for q in range(lo, block[-1] + 1) if state_count(ug, range(lo, q + 1)) <= bound)
+            assert longest < block[-1] and piece[-1] >= lo + (longest - lo) // 2
     with pytest.raises(ValueError, match="max_states must be at least 2"):
         split_to_fit(ug, block, 1)
 

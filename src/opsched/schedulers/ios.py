@@ -40,17 +40,18 @@ the result is optimal among the schedules whose every stage fits. A part with no
 runs one unit at a time.
 
 A part's states are counted before it is solved (:func:`~opsched.schedulers.partition.state_count`,
-milliseconds), and one with more than ``max_states`` (20,000) is split in halves at its narrowest
-points until each piece has at most that many (:func:`~opsched.schedulers.partition.split_to_fit`):
-the DP is exact within each piece and loses only the concurrency across the split. Width, not
+milliseconds), and one with more than ``max_states`` (20,000) is split into as few pieces as have
+at most that many each, cut where few values cross (:func:`~opsched.schedulers.partition.split_to_fit`):
+the DP is exact within each piece and loses only the concurrency across the cuts. Width, not
 size, makes a part hard: 32 units in a dozen short branches (torchvision's box decoding) have
-66,130 states, whose search took 67 s under the CPU2 preset on this repository's CPU and ran out
-of 120 s under H100's; split, 0.1 s at most, for the same estimate (the optimum of such tiny
-operators is sequential on both presets). A Phi decoder layer's 29,181 took 35 s and 117 s, a
-Mamba mixer's 2.5 million ran out on both; split, about a second (``docs/results/wide-parts.md``).
-Where concurrency pays, a split gives it up: RandWire-large under H100 with its parts split to
-5,000 states searched in 1.2 s instead of 32 s for an estimate 6.7% over the optimum, to 500 states
-13% over (``docs/results/wide-parts-sweep.md``). Every zoo model's parts fit the default
+66,130 states. Searched whole, on this repository's CPU, they took 56 s under the CPU2 preset and
+ran out of 120 s under H100's; split, 4 s and 10 s, for the same estimate (the optimum of operators
+this small is sequential on both presets). A Phi decoder layer's 29,181 took 34 s and 107 s, split
+2 s and 4 s; a Mamba mixer's 2.5 million ran out on both, split 3 s and 5 s
+(``docs/results/wide-parts.md``). Where concurrency pays, a split gives some of it up:
+RandWire-large under H100, its parts cut to 5,000 states, searched in 4 s instead of 33 s for an
+estimate 1.5% over the optimum, cut to 500, 8.3% over (``docs/results/wide-parts-sweep.md``; a
+first version, which cut in halves, gave up 6.7% and 13%). Every zoo model's parts fit the default
 (RandWire-large's largest has 14,879 states), so their searches are exact, as before.
 
 A search can be bounded by ``budget_s`` (seconds) or ``max_stage_costs`` (distinct stages
@@ -112,9 +113,9 @@ class IosOptions:
     max_group_size: int = option(3, "r: most units in one group of a stage")
     max_lanes: int = option(8, "s: most groups in one stage (each runs on its own lane)")
     max_part_size: int = option(50, "most units in one part of the graph (larger blocks are split)")
-    max_states: int | None = option(20_000, "most DP states (down-sets) of one part; a part with more is split in "
-                                            "halves at its narrowest points until each fits (exact within each, "
-                                            "no concurrency across the split); None: no bound")
+    max_states: int | None = option(20_000, "most DP states (down-sets) of one part; a part with more is split "
+                                            "into as few pieces as fit, cut where few values cross (exact within "
+                                            "each, no concurrency across the cuts); None: no bound")
     strategies: tuple[str, ...] = option(("parallel", "merge"), "stage strategies: parallel, merge or both")
     budget_s: float | None = option(60.0, "seconds of search (None: no limit); then unsolved parts use greedy or "
                                           "sequential stages, so that a wide graph's search always ends")

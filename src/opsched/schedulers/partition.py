@@ -13,8 +13,8 @@ Size is not what makes a part hard, though: the IOS DP's states are the part's d
 sets of units closed under predecessors), a chain of 50 units has 51 and 32 units in a dozen
 short branches (a detector's box decoding) have 66,130. :func:`state_count` counts them without
 listing them (:func:`down_sets`, milliseconds), and :func:`split_to_fit` splits a part that has
-more than ``max_states`` the same way, in halves, until each piece has at most that many: the DP
-stays exact within each, and what is lost is the concurrency across the new boundary. So a
+more than ``max_states`` into as few pieces as have at most that many each, cut where few values
+cross: the DP stays exact within each, and what is lost is the concurrency across the cuts. So a
 search's size is known, and the same on every machine, before it starts, where a time budget
 (``budget_s``) cuts it short at a point that depends on the machine's speed and leaves the
 unsolved parts to a heuristic.
@@ -118,17 +118,27 @@ def partition(ug: UnitGraph, max_part_size: int = 50) -> list[list[int]]:
 
 
 def split_to_fit(ug: UnitGraph, part: list[int], max_states: int) -> list[list[int]]:
-    """``part`` (a range of units, as :func:`partition` gives), split in halves at its narrowest
-    points where it has more than ``max_states`` down-sets, until each piece has at most that many."""
+    """``part`` (a range of units, as :func:`partition` gives) in pieces of at most ``max_states``
+    down-sets each, as few as it takes: each piece is the longest run of the part's remaining
+    units that fits (found by bisection: a run's down-sets grow with it), cut back to where the
+    fewest values are live across the boundary within that run's later half."""
     if max_states < 2:
         raise ValueError(f"max_states must be at least 2 (a single unit's down-sets), got {max_states}")
     crossing = _crossing(ug)
 
-    def fit(piece: list[int]) -> list[list[int]]:
-        if state_count(ug, piece, max_states) <= max_states:
-            return [piece]
-        return [q for half in _split(piece[0], piece[-1], (len(piece) + 1) // 2, crossing) for q in fit(half)]
-    return fit(part)
+    def fits(lo: int, hi: int) -> bool:
+        return state_count(ug, range(lo, hi + 1), max_states) <= max_states
+
+    pieces, lo, hi = [], part[0], part[-1]
+    while not fits(lo, hi):
+        a, b = lo, hi - 1  # the run lo..a fits (one unit always does); lo..b+1 does not
+        while a < b:
+            mid = (a + b + 1) // 2
+            a, b = (mid, b) if fits(lo, mid) else (a, mid - 1)
+        cut = min(range(lo + (a - lo) // 2, a + 1), key=lambda q: (crossing[q], -q))
+        pieces.append(list(range(lo, cut + 1)))
+        lo = cut + 1
+    return [*pieces, list(range(lo, hi + 1))]
 
 
 def _split(lo: int, hi: int, cap: int, crossing: list[int]) -> list[list[int]]:
