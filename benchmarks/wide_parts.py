@@ -33,6 +33,7 @@ import logging
 import math
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -98,14 +99,30 @@ def imported(name: str) -> Graph:
     return from_torch(model, inputs)
 
 
-def search(graph: Graph, cost: AnalyticCostModel, lanes: int, budget: float, max_states: int | None
-           ) -> dict[str, object]:
+@dataclass(frozen=True)
+class Searched:
+    """One IOS search: its estimate (ms), how long it took, its DP states over all parts, its parts
+    and how many were split, and whether the budget ran out (and how many parts then fell back)."""
+
+    ms: float
+    search_s: float
+    states: int
+    parts: int
+    parts_split: int
+    ran_out: bool
+    parts_fallback: int
+
+    def cell(self) -> str:
+        ran_out = f" (ran out: {self.parts_fallback} of {self.parts} parts fell back)"
+        return f"{self.ms:.4f}" + (ran_out if self.ran_out else "")
+
+
+def search(graph: Graph, cost: AnalyticCostModel, lanes: int, budget: float, max_states: int | None) -> Searched:
     start = time.perf_counter()
     sched = schedule(graph, "ios", cost, max_lanes=lanes, budget_s=budget, max_states=max_states)
     stats = sched.stats
-    return {"ms": sched.estimated_ms, "search_s": time.perf_counter() - start, "states": stats["states"],
-            "parts": stats["parts"], "parts_split": stats["parts_split"], "ran_out": bool(stats["budget_exhausted"]),
-            "parts_fallback": stats["parts_fallback"]}
+    return Searched(sched.estimated_ms, time.perf_counter() - start, stats["states"], stats["parts"],
+                    stats["parts_split"], bool(stats["budget_exhausted"]), stats["parts_fallback"])
 
 
 def preset(text: str) -> tuple[str, int]:
@@ -139,13 +156,14 @@ def main() -> None:
             seq = schedule(graph, "sequential", cost).estimated_ms
             split, whole = (search(graph, cost, lanes, args.budget, bound) for bound in (args.max_states, None))
             records.append({"model": name, "device": device, "lanes": lanes, "units": len(ug),
-                            "widest_part_states": widest, "sequential_ms": seq, "split": split, "whole": whole})
-            if split["parts_split"] and not whole["ran_out"]:  # both exact: what the split costs the plan
-                over.append(split["ms"] / whole["ms"])  # type: ignore[operator]
-                speed.append(whole["search_s"] / max(split["search_s"], 1e-3))  # type: ignore[operator]
-            rows.append([name, f"{device} x{lanes}", len(ug), f"{widest:,}", f"{seq:.4f}", split["parts_split"],
-                         _cell(split), f"{split['search_s']:.1f}", _cell(whole), f"{whole['search_s']:.1f}",
-                         f"{split['ms'] / whole['ms']:.3f}"])  # type: ignore[operator]
+                            "widest_part_states": widest, "sequential_ms": seq, "split": asdict(split),
+                            "whole": asdict(whole)})
+            if split.parts_split and not whole.ran_out:  # both exact: what the split costs the plan
+                over.append(split.ms / whole.ms)
+                speed.append(whole.search_s / max(split.search_s, 1e-3))
+            rows.append([name, f"{device} x{lanes}", len(ug), f"{widest:,}", f"{seq:.4f}", split.parts_split,
+                         split.cell(), f"{split.search_s:.1f}", whole.cell(), f"{whole.search_s:.1f}",
+                         f"{split.ms / whole.ms:.3f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
     headers = ["model", "preset x lanes", "units", "widest part: states", "sequential ms", "parts split",
                f"split (max_states={args.max_states:,}) ms", "split search s", "whole ms", "whole search s",
@@ -178,13 +196,13 @@ def sweep(args: argparse.Namespace) -> None:
         results = {bound: search(graph, cost, lanes, args.budget, bound) for bound in (*args.bounds, None)}
         whole = results[None]
         for bound, r in results.items():
-            rows.append([f"{device} x{lanes}", "none" if bound is None else f"{bound:,}", r["parts"], r["parts_split"],
-                         r["states"], _cell(r), f"{r['search_s']:.1f}", f"{seq / r['ms']:.3f}",  # type: ignore[operator]
-                         f"{r['ms'] / whole['ms']:.3f}"])  # type: ignore[operator]
+            rows.append([f"{device} x{lanes}", "none" if bound is None else f"{bound:,}", r.parts, r.parts_split,
+                         r.states, r.cell(), f"{r.search_s:.1f}", f"{seq / r.ms:.3f}", f"{r.ms / whole.ms:.3f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
         records.append({"device": device, "lanes": lanes, "sequential_ms": seq,
-                        "by_bound": [{"max_states": b, **r} for b, r in results.items()]})
-        worst[f"{device} split / whole at the default"] = results[DEFAULT_STATES]["ms"] / whole["ms"]  # type: ignore
+                        "by_bound": [{"max_states": b, **asdict(r)} for b, r in results.items()]})
+        if DEFAULT_STATES in results:  # --bounds may leave the default out
+            worst[f"{device} split / whole at the default"] = results[DEFAULT_STATES].ms / whole.ms
     write_table("wide-parts-sweep", [
         f"# max_states swept on {args.sweep}", "",
         f"The IOS search of {args.sweep} with `max_states` at each bound (parts over it split into as few pieces as "
@@ -194,11 +212,6 @@ def sweep(args: argparse.Namespace) -> None:
         "unbounded search's (> 1: what the split gave up). The figures below the table: the default's *vs whole*.",
     ], ["preset x lanes", "max_states", "parts", "parts split", "states", "estimate ms", "search s", "vs sequential",
         "vs whole"], rows, worst, {"model": args.sweep, "budget_s": args.budget, "presets": records}, out=args.out)
-
-
-def _cell(result: dict[str, object]) -> str:
-    ran_out = f" (ran out: {result['parts_fallback']} of {result['parts']} parts fell back)"
-    return f"{result['ms']:.4f}" + (ran_out if result["ran_out"] else "")
 
 
 if __name__ == "__main__":
