@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from opsched.race import Standings, Turn, race
+from opsched.race import Cutoff, Standings, Turn, race
 from opsched.timing import interleave, paired_ratio
 
 
@@ -88,3 +88,74 @@ def test_race_returns_every_round_of_every_contender() -> None:
     assert all(len(v) == 5 for v in standings.samples.values())
     assert sorted(standings.samples["a"] + standings.samples["b"]) == [float(t) for t in range(2, 12)]
 
+
+
+def test_dropped_calls_keep_a_prefix_of_the_rounds_and_the_rounds_end_with_one_left() -> None:
+    ran: list[str] = []
+    calls = {k: (lambda k=k: ran.append(k)) for k in "abc"}
+    seen: list[dict[str, int]] = []
+
+    def drop(samples):  # type: ignore[no-untyped-def]
+        seen.append({k: len(v) for k, v in samples.items()})
+        done = len(seen)
+        return {"c"} if done == 2 else {"b"} if done == 4 else set()
+
+    progress: list[tuple[int, int]] = []
+    times = interleave(calls, rounds=10, warmup=1, drop=drop, on_round=lambda d, t: progress.append((d, t)))
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 2}
+    assert seen == [dict.fromkeys("abc", 1), dict.fromkeys("abc", 2), dict.fromkeys("ab", 3), dict.fromkeys("ab", 4)]
+    assert sorted(ran) == sorted("abc" * 3 + "ab" * 2)  # the warm-up round, 2 timed rounds of 3, 2 of 2
+    assert progress[-1] == (11, 11)  # the bar ends full when the rounds end early
+    alone = interleave({"a": lambda: None}, rounds=3, warmup=0, drop=lambda s: set())
+    assert len(alone["a"]) == 3  # one call from the start runs every round
+
+
+def test_a_cutoff_needs_a_lead_beyond_its_margin_in_every_round_so_far() -> None:
+    cutoff = Cutoff(rounds=3, margin=0.1)
+    assert cutoff.beaten({"a": [1.0, 1.0], "b": [9.0, 9.0]}) == set()  # too few rounds
+    assert cutoff.beaten({"a": [1.0, 1.0, 1.0], "b": [1.2, 1.2, 1.2]}) == {"b"}
+    assert cutoff.beaten({"a": [1.0, 1.0, 1.0], "b": [1.2, 1.05, 1.2]}) == set()  # one round within 10%
+    assert cutoff.beaten({"a": [1.0, 1.0, 1.0], "b": [1.2, 0.9, 1.2]}) == set()  # one round won
+    # every round counts, not the last few: "b" won the first round, then lost three by more than 10%
+    assert cutoff.beaten({"a": [1.0, 1.0, 1.0, 1.0], "b": [0.5, 1.2, 1.2, 1.2]}) == set()
+    assert cutoff.beaten({"a": [1.0, 1.0, 1.0, 1.0], "b": [1.2, 1.2, 1.2, 1.2]}) == {"b"}
+    # beaten by any other contender, not only the fastest; the round's fastest is never beaten
+    three = {"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0], "c": [2.5, 2.5, 2.5]}
+    assert cutoff.beaten(three) == {"b", "c"}
+    assert cutoff.beaten({"a": [1.0, 2.0, 1.0], "b": [2.0, 1.0, 2.0]}) == set()
+    with pytest.raises(ValueError, match="rounds >= 1 and margin >= 0"):
+        Cutoff(rounds=0)
+
+
+def test_a_race_with_a_cutoff_stops_timing_the_beaten_and_keeps_the_fastest() -> None:
+    cost = {"fast": 1.0, "slow": 1.5, "close": 1.04}
+
+    def clock(call: Callable[[], object]) -> float:
+        return cost[call()]  # type: ignore[index]
+
+    calls = {k: (lambda k=k: k) for k in cost}
+    standings = race(calls, clock=clock, rounds=7, warmup=1, turn=Turn(settle_s=0.0, block=1), cutoff=Cutoff())
+    # "slow" is cut off after 3 rounds; "close" is within the margin, so both it and "fast" run every round
+    assert standings.cut_off == {"slow"} and standings.rounds == 7
+    assert {k: len(v) for k, v in standings.samples.items()} == {"fast": 7, "slow": 3, "close": 7}
+    assert standings.fastest == "fast" and standings.ratio("slow", "fast") == pytest.approx(1.5)
+    duel = race({k: calls[k] for k in ("slow", "fast")}, clock=clock, rounds=7, warmup=1,
+                turn=Turn(settle_s=0.0, block=1), cutoff=Cutoff())
+    assert duel.rounds == 3 and duel.cut_off == {"slow"} and duel.fastest == "fast"  # decided: the race ends
+    # a contender cut off is never kept, even where the rounds it ran were better than the survivor's
+    assert Standings({"a": (1.0, 1.0, 9.0), "b": (0.5,)}).fastest == "b"
+    assert Standings({"a": (1.0, 1.0, 9.0), "b": (0.5,)}, frozenset({"b"})).fastest == "a"
+    full = race(calls, clock=clock, rounds=7, warmup=1, turn=Turn(settle_s=0.0, block=1))
+    assert full.cut_off == frozenset() and all(len(v) == 7 for v in full.samples.values())
+
+
+def test_a_report_names_the_contenders_a_race_cut_off_and_the_rounds_they_ran() -> None:
+    from opsched.report import RaceResult
+
+    standings = Standings({"ios": (1.0, 1.0, 1.0), "greedy": (1.5, 1.5, 1.5), "est": (1.2, 0.9, 1.0)},
+                          frozenset({"greedy"}))
+    result = RaceResult(standings, standings.fastest)
+    assert result.kept == "ios" and result.cut_off("greedy") == "cut off after 3 rounds"
+    assert result.cut_off("est") == result.cut_off("ios") == ""
+    assert str(result) == ("ios 1.00 ms, greedy 1.50 ms (1.50x), cut off after 3 rounds, "
+                           "est 1.00 ms (1.00x): kept ios")

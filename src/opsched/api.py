@@ -28,7 +28,7 @@ from opsched.frontends.pytorch import Model, Tracer, as_module, register_datacla
 from opsched.ir import Graph, random_inputs
 from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
-from opsched.race import race, turn_for
+from opsched.race import cutoff_for, race, turn_for
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
 from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names, scheduler_options
 from opsched.runtime.plan import plan_work
@@ -159,9 +159,11 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     With the measured cost model, the plans race end to end and the fastest is kept: the searched
     schedule's, the sequential one's, and on a CPU (backend ``"auto"``) the sequential plan on
     torch's kernels, so that the module keeps up with eager PyTorch where ONNX Runtime's kernels
-    lose to torch's. Contenders are compared round by round (:class:`opsched.race.Standings`),
-    and plans that run the same program (IOS's schedule, where it has no concurrency, and the
-    sequential one: one ONNX Runtime session each) race once, under the first name. At a batch
+    lose to torch's. Contenders are compared round by round (:class:`opsched.race.Standings`);
+    on a CPU, one that another beat by more than 10% in each of its first 3 rounds is timed no
+    more, and the race ends with one left (:class:`opsched.race.Cutoff`). Plans that run the
+    same program (IOS's schedule, where it has no concurrency, and the sequential one: one ONNX
+    Runtime session each) race once, under the first name. At a batch
     larger than 1 the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's
     cache, run depth-first) races the others too, and is kept only where it runs faster.
     """
@@ -275,7 +277,7 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
             feeds = tuple(random_inputs(graph, dev))
             standings = race({name: functools.partial(m.executor, feeds) for name, m in modules.items()},
                              clock=be.clock(run), rounds=rounds, turn=turn_for(dev.type),
-                             progress=progress("racing plans"))
+                             cutoff=cutoff_for(dev.type), progress=progress("racing plans"))
             kept = standings.fastest
             raced = RaceResult(standings, kept, {name: peaks[name] for name in modules})
         module = modules[kept]

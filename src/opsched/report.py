@@ -72,12 +72,18 @@ class RaceResult:
         decided the race."""
         return self.standings.relative(self.kept)
 
+    def cut_off(self, name: str) -> str:
+        """"cut off after N rounds" for a contender the race stopped timing, else ""."""
+        s = self.standings
+        return f"cut off after {count(len(s.samples[name]), 'round')}" if name in s.cut_off else ""
+
     def __str__(self) -> str:
         relative = self.relative
 
         def one(name: str, ms: float) -> str:
             text = f"{name} {ms:.2f} ms" + ("" if name == self.kept else f" ({relative[name]:.2f}x)")
-            return text + (f" at {size(self.peak_bytes[name])}" if name in self.peak_bytes else "")
+            text += f" at {size(self.peak_bytes[name])}" if name in self.peak_bytes else ""
+            return text + (f", {cut}" if (cut := self.cut_off(name)) else "")
         return ", ".join(one(name, ms) for name, ms in self.times_ms.items()) + f": kept {self.kept}"
 
 

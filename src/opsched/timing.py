@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 __all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median", "paired_ratio"]
@@ -84,13 +84,18 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
 
 def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int = 2, *,
                clock: Clock = wall_ms, seed: int = 0, settle_s: float = 0.0, block: int = 1,
-               on_round: Callable[[int, int], None] | None = None) -> dict[K, list[float]]:
+               on_round: Callable[[int, int], None] | None = None,
+               drop: Callable[[Mapping[K, Sequence[float]]], Collection[K]] | None = None) -> dict[K, list[float]]:
     """Run every call once a round, in a fresh (seeded) order each round: ``warmup`` rounds
     untimed, then ``rounds`` timed by ``clock``. With ``block`` > 1 a call's turn is one
     untimed call and ``block`` timed ones, its sample their median; each turn begins with
     ``settle_s`` seconds of sleep (untimed: threads the previous call left spinning go idle).
     Returns each call's samples, one per timed round, in round order (so the k-th samples of
-    two calls come from the same round). ``on_round(done, total)`` follows the rounds."""
+    two calls come from the same round). ``on_round(done, total)`` follows the rounds.
+
+    ``drop``, called after each timed round with the samples of the calls still running (all
+    of one length), names calls that run no more: their samples stop there, a prefix of the
+    rounds, and once fewer than two calls are left the rounds end."""
     order = list(calls)
     rng = random.Random(seed)
     times: dict[K, list[float]] = {k: [] for k in order}
@@ -106,6 +111,13 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
                 elapsed = clock(calls[k])
             if r >= warmup:
                 times[k].append(elapsed)
+        if r >= warmup and drop is not None:
+            gone = drop({k: times[k] for k in order})
+            order = [k for k in order if k not in gone]
+            if len(order) < 2 and len(order) < len(calls):
+                if on_round is not None:
+                    on_round(warmup + rounds, warmup + rounds)
+                break
         if on_round is not None:
             on_round(r + 1, warmup + rounds)
     return times

@@ -99,7 +99,8 @@ def draw_race(race: RaceResult, path: str | os.PathLike[str], title: str = "") -
                    edgecolors="none")
         ax.plot([race.relative[name]] * 2, [row - 0.3, row + 0.3], color="#d62728", linewidth=2)
     ax.axvline(1.0, color="#dddddd", linewidth=0.8, zorder=0)
-    ax.set_yticks(range(len(names)), [f"{n}  {race.relative[n]:.2f}x, {race.times_ms[n]:.2f} ms" for n in names])
+    ax.set_yticks(range(len(names)), [f"{n}  {race.relative[n]:.2f}x, {race.times_ms[n]:.2f} ms"
+                                      + (f"\n({cut})" if (cut := race.cut_off(n)) else "") for n in names])
     ax.invert_yaxis()
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2f}x"))
     ax.set_xlabel(f"time over {kept}'s in the same round (dots: rounds; bar: their median)")

@@ -3,8 +3,10 @@
 The table is the race that chose the plan: every schedule in it was a candidate (the searched
 ones, sequential and greedy), and the fastest is the one kept, compared round by round ("vs kept":
 each schedule's time over the kept one's in the same round, the median over rounds; "= ios": a
-plan that runs as ios's does, left out of the race); eager PyTorch (for an ONNX file,
-ONNX Runtime's own session of it) is timed against the kept plan afterwards. Writes
+plan that runs as ios's does, left out of the race; "cut off": on a CPU, a schedule another beat
+by more than 10% in each of its first 3 rounds is timed no more, its figures those of the rounds
+it ran); eager PyTorch (for an ONNX file, ONNX Runtime's own session of it) is timed against the
+kept plan afterwards. Writes
 ``schedule.json``, ``timeline.png`` (a Gantt chart of one profiled run: lanes by time, operators
 coloured by kind), ``trace.json`` (Chrome/Perfetto) and, where plans raced, ``race.png`` (each
 contender's per-round times over the kept plan's, and their medians) under ``--out``.
@@ -50,7 +52,8 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--backend", default="auto", help="auto, ort, torch or inductor on a CPU; cuda or cuda-inductor "
                                                      "on a GPU; several, comma-separated (cuda,cuda-inductor): the "
                                                      "plans are made on the first and race on each")
-    p.add_argument("--rounds", type=positive_int, default=15, help="timed rounds of the race")
+    p.add_argument("--rounds", type=positive_int, default=15,
+                   help="timed rounds of the race, at most (on a CPU it ends once all plans but one are cut off)")
     p.add_argument("--no-compare", action="store_true",
                    help="race only the searched plans (and sequential); no greedy, no eager PyTorch or "
                         "ONNX Runtime session to compare with")
@@ -89,7 +92,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
             relative = race_.relative  # paired ratios, computed once for the table
             rows = [[name, f"{ms:.2f}", f"{relative[name]:.2f}x",
                      size(race_.peak_bytes[name]) if name in race_.peak_bytes else "",
-                     "kept" if name == race_.kept else ""] for name, ms in race_.times_ms.items()]
+                     "kept" if name == race_.kept else race_.cut_off(name)] for name, ms in race_.times_ms.items()]
             rows += [[name, "", f"= {other}", "", ""] for name, other in module.outcome.same_plan.items()]
             print(format_table(["schedule", "median ms", "vs kept", "peak activations", ""], rows))
         baseline = None if args.no_compare else _baseline(loaded, module, inputs, request.dtype)
