@@ -151,6 +151,30 @@ def test_segment_cut_on_ort_converts_what_crosses() -> None:
     assert MeasuredCostModel(get_backend("torch")).segment_cut(graph) is None  # torch segments: no cost to cut
 
 
+def test_the_layout_rates_are_the_least_of_probes_spread_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # whatever slows one probe (about 10 ms) slows all of it: the rates are its probes' least medians
+    import opsched.backends.ort as ort_module
+
+    monkeypatch.setattr(ort_module, "PROBE_GAP_S", 0.0)
+    backend = OrtBackend()
+    # per probe, its rounds' (layout in, layout out) in ms: the first probe slowed throughout
+    probes = iter([[(3.0, 2.0)] * 3, [(1.0, 0.9), (1.2, 0.5), (1.1, 0.6)], [(1.3, 0.8)] * 3,
+                   [(1.05, 0.7)] * 3, [(2.0, 1.0)] * 3])
+    calls: list[int] = []
+
+    def profiled(graph: Graph, stages: Sequence[Stage], run: RunOptions, policy: TimingPolicy
+                 ) -> list[tuple[list[float], list[KernelTimes]]]:
+        calls.append(policy.repeat)
+        rounds = next(probes)
+        return [([1.0] * len(rounds), [KernelTimes(0.5, i, o) for i, o in rounds])]
+
+    monkeypatch.setattr(backend, "_profiled", profiled)
+    into, out = backend.layout_ms_per_mib(RUN, TimingPolicy(), Known())
+    mib = 64 * 56 * 56 * 4 / 2**20
+    assert len(calls) == ort_module.LAYOUT_PROBES == 5 and calls[0] == 11  # each probe: 11 rounds at least
+    assert into == pytest.approx(1.05 / mib) and out == pytest.approx(0.6 / mib)  # the medians' least, each
+
+
 @needs_ort
 def test_a_cut_plan_computes_the_same_and_its_cost_is_measured_once(tmp_path: Path) -> None:
     graph = branches(channels=16, size=8)
