@@ -205,7 +205,8 @@ def optimize_graph(graph: Graph, *, device: str | torch.device | None = None, dt
     With ``check`` and a measured cost model, the plan also races the sequential one (stage
     prices were taken in isolation) and the faster is kept; with several schedulers, their
     plans race whatever the cost model. ``race_with`` adds schedulers whose plans only race (the
-    command line's baselines); ``rounds`` is the race's. ``module.report()`` gives every
+    command line's baselines); ``rounds`` is the race's, at most (on a CPU it ends once every
+    contender but one is cut off: :class:`opsched.race.Cutoff`). ``module.report()`` gives every
     contender's median and which was kept; ``memory_budget`` and ``device`` (by default where the
     graph's weights are: the CPU for an ONNX file's) are :func:`optimize`'s."""
     request = check_request(device=home_device(graph) if device is None else device, scheduler=scheduler,
