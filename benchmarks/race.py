@@ -29,16 +29,18 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from _report import write  # noqa: E402
 
-from opsched.race import Cutoff, Standings, race  # noqa: E402
+from opsched.race import Cutoff, Standings, Turn, race  # noqa: E402
 
+K = TypeVar("K")
 LOADS = ("quiet", "bursts")
 #: The decision rules compared, on the same samples.
 RULES = ("paired", "medians")
@@ -66,32 +68,26 @@ def products(count: int) -> Callable[[], object]:
     return call
 
 
-Beaten = Callable[[Mapping[str, Sequence[float]]], set[str]]
+@dataclass(frozen=True, slots=True)
+class Window(Cutoff):
+    """The rule the cutoff was chosen over: the same test on the last ``rounds`` rounds only, so
+    that it is tested afresh each round."""
 
-
-def window(cutoff: Cutoff) -> Beaten:
-    """The rule the cutoff was chosen over: the same test on the last ``cutoff.rounds`` rounds only,
-    so that it is tested afresh each round."""
-    return lambda samples: cutoff.beaten({k: v[-cutoff.rounds:] for k, v in samples.items()})
+    def beaten(self, samples: Mapping[K, Sequence[float]]) -> set[K]:
+        return Cutoff.beaten(self, {k: v[-self.rounds:] for k, v in samples.items()})
 
 
 #: The cutoffs replayed: what optimize() applies, and the window it was chosen over.
-CUTOFFS: dict[str, Beaten] = {"cut off": Cutoff().beaten, "window": window(Cutoff())}
+CUTOFFS: dict[str, Cutoff] = {"cut off": Cutoff(), "window": Window()}
 
 
-def cut_off(standings: Standings[str], beaten: Beaten) -> Standings[str]:
-    """The samples a race with the cutoff ``beaten`` would have taken: each contender's up to the
-    round after which the cutoff stopped timing it (the race ends with one left)."""
-    alive, last = set(standings.samples), dict.fromkeys(standings.samples, standings.rounds)
-    for r in range(1, standings.rounds + 1):
-        for k in beaten({k: standings.samples[k][:r] for k in alive}):
-            alive.discard(k)
-            last[k] = r
-        if len(alive) < 2:
-            last.update(dict.fromkeys(alive, r))
-            break
-    cut = frozenset(standings.samples) - alive
-    return Standings({k: v[:last[k]] for k, v in standings.samples.items()}, cut)
+def cut_off(standings: Standings[str], cutoff: Cutoff) -> Standings[str]:
+    """The race ``standings`` came from, run again with ``cutoff`` on its recorded samples: each
+    call's clock gives that contender's next sample, so the race's own rounds apply the cutoff
+    exactly as they would have."""
+    recorded = {k: iter(v) for k, v in standings.samples.items()}
+    return race({k: (lambda k=k: k) for k in recorded}, clock=lambda call: next(recorded[call()]),
+                rounds=standings.rounds, warmup=0, turn=Turn(settle_s=0.0, block=1), cutoff=cutoff)
 
 
 def cell(load: str, gap: float, races: int, work: int) -> tuple[list[object], dict[str, object]]:
@@ -108,8 +104,8 @@ def cell(load: str, gap: float, races: int, work: int) -> tuple[list[object], di
             med = standings.medians
             kept["paired"] += standings.fastest == "faster"
             kept["medians"] += min(med, key=med.__getitem__) == "faster"
-            for name, beaten in CUTOFFS.items():
-                short = cut_off(standings, beaten)
+            for name, cutoff in CUTOFFS.items():
+                short = cut_off(standings, cutoff)
                 wrong[name] += "faster" in short.cut_off
                 turns[name] += sum(1 + len(v) for v in short.samples.values())  # the warm-up turn, then its rounds
     finally:
