@@ -235,7 +235,8 @@ class OrtBackend(CpuBackend):
         :meth:`cut_residual_ms` subtracts from what cuts cost the model: inflated, they left its
         residual at 0.02 ms (0.19-0.44 in the four others), and with cuts that cheap the DP's
         bound pruned less: that search priced 789 distinct stages in 42 s, the others 286-462
-        in 8-21 s."""
+        in 8-21 s (a diagnostic run of the search on this repository's CPU, each with a fresh
+        profile store)."""
         probes: list[list[KernelTimes]] = []  # each answers both directions
         mib = 64 * 56 * 56 * 4 / 2**20
 
