@@ -43,9 +43,10 @@ from opsched.cli.table import format_table  # noqa: E402
 from opsched.ir.ops.aten_onnx import ONNX_FORMS, col2im_by_scatter  # noqa: E402
 from opsched.ir.ops.onnx_builder import OPSET, OnnxBuilder  # noqa: E402
 from opsched.ir.ops.onnx_opsets import OLDEST  # noqa: E402
+from opsched.ir.ops.onnx_session import OnnxModel, inference_session  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
-Forms = dict[str, onnx.ModelProto]
+Forms = dict[str, onnx.ModelProto | OnnxModel]
 
 
 def _model(nodes: list[onnx.NodeProto], shape: list[int], inits: Sequence[onnx.TensorProto] = (),
@@ -141,12 +142,12 @@ class _Fold(torch.nn.Module):
 def race(forms: Forms, shape: list[int], rounds: int, threads: int) -> tuple[dict[str, float], float, float]:
     """Median µs of each form, the median per-round ratio (the other form's time over the native
     op's), and the largest difference between their outputs."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     calls = {}
     for label, model in forms.items():
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = inference_session(model, options)
         feed = {session.get_inputs()[0].name: x}
         calls[label] = lambda s=session, f=feed: s.run(None, f)[0]
     native, other = (calls[k]() for k in forms)

@@ -381,7 +381,8 @@ def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tup
     model, x = _Nearest(mode, size, scale), torch.randn(*shape)
     g = opsched.from_torch(model, x)
     (node,) = [n for n in g.nodes if "upsample" in n.attrs.get("target", "")]
-    assert [n.op_type for n in export_segment(g, [(node.name,)], node.inputs, [node.name]).graph.node] == forms[mode]
+    exported = export_segment(g, [(node.name,)], node.inputs, [node.name]).proto
+    assert [n.op_type for n in exported.graph.node] == forms[mode]
     executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
     made = executor([x])
     executor.close()
@@ -828,7 +829,8 @@ def test_segments_are_declared_at_the_oldest_opset_their_nodes_mean_the_same_at(
 
     model, x = _PoolThenGelu(gelu).eval(), torch.randn(1, 3, 8, 8)
     graph = opsched.from_torch(model, x)
-    proto = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs], graph.outputs)
+    proto = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs],
+                           graph.outputs).proto
     onnx.checker.check_model(proto, full_check=True)
     (declared,) = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
     ops = {n.op_type for n in proto.graph.node}
@@ -902,3 +904,95 @@ def test_pools_with_ceil_mode_run_on_onnx_runtime_at_pytorchs_sizes_and_values(s
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.shape == w.shape, (i, model.pools[i])
         assert_close(g, w, f"{model.pools[i]}")
+
+
+# --- weights held apart from ONNX models -------------------------------------------------------------
+class _Embedded(torch.nn.Module):
+    """An embedding and two heads read by a reshape: weights of every size, and a small shape."""
+
+    def __init__(self, rows: int = 300, width: int = 64) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(rows, width)
+        self.a, self.b = torch.nn.Linear(width, 8), torch.nn.Linear(width, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        return (self.a(h) + self.b(h).relu()).reshape(-1, 4)
+
+
+def test_a_segment_holds_its_weights_apart_and_keeps_its_small_constants() -> None:
+    from onnx import numpy_helper
+
+    from opsched.backends.ort_export import export_segment
+    from opsched.ir.ops.onnx_session import INLINE_BYTES
+
+    model, ids = _Embedded().eval(), torch.randint(0, 300, (1, 16))
+    graph = opsched.from_torch(model, ids)
+    exported = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs], graph.outputs)
+    inits = {t.name: t for t in exported.proto.graph.initializer}
+    apart = {n for n, t in inits.items() if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert apart == set(exported.weights) and len(apart) == 3  # the table and the heads' matrices
+    for name in apart:
+        assert not inits[name].raw_data and tuple(inits[name].dims) == exported.weights[name].shape
+    inline = [numpy_helper.to_array(t) for n, t in inits.items() if n not in apart]
+    assert inline and all(a.nbytes <= INLINE_BYTES for a in inline)
+    held = {tuple(a.shape): a for a in exported.weights.values()}
+    assert np.array_equal(held[(300, 64)], model.emb.weight.detach().numpy())
+    module = opsched.optimize(model, ids, backend="ort", scheduler="sequential", cost="analytic", verify=False)
+    with torch.no_grad():
+        assert_close(module(ids), model(ids))
+
+
+def test_a_model_past_protobufs_limit_is_loaded_with_its_weights_held_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """protobuf serializes no message of 2 GiB or more; the limit is lowered here to show the
+    path a model of that size takes, and that it computes what the whole model computes."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from opsched.ir.ops import onnx_session
+    from opsched.ir.ops.onnx_session import OnnxModel, fits, inference_session, tensor_bytes
+
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    shape = np.array([4, -1], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]),
+         helper.make_node("Reshape", ["s", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(shape, "shape")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert [tensor_bytes(t) for t in proto.graph.initializer] == [len(t.raw_data) for t in proto.graph.initializer]
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    whole = inference_session(proto, ort.SessionOptions()).run(None, {"x": x})[0]
+    assert OnnxModel.of(proto).proto is proto  # it fits: loaded as it is
+
+    monkeypatch.setattr(onnx_session, "PROTO_LIMIT", proto.ByteSize() - 1)
+    assert not fits(proto)
+    apart = OnnxModel.of(proto)
+    assert set(apart.weights) == {"w"}  # the bias (128 bytes) and the shape stay in the model
+    assert [t.data_location for t in apart.proto.graph.initializer] == [onnx.TensorProto.EXTERNAL, 0, 0]
+    assert proto.graph.initializer[0].raw_data  # the model given is left as it was
+    got = inference_session(proto, ort.SessionOptions()).run(None, {"x": x})[0]
+    assert np.array_equal(got, whole)
+
+
+@pytest.mark.slow
+def test_a_model_of_more_than_2_gib_of_weights_runs_on_onnx_runtime_from_torch_and_from_its_onnx_file(
+        tmp_path: Path) -> None:
+    """2.2 GiB of float32 in one embedding: protobuf could neither copy its table into a graph nor
+    serialize a segment holding it. About 10 GB of memory at its peak."""
+    torch.manual_seed(0)
+    model, ids = _Embedded(140_000, 4096).eval(), torch.randint(0, 140_000, (1, 16))
+    with torch.no_grad():
+        want = model(ids)
+    module = opsched.optimize(model, ids, backend="ort", cost="analytic")
+    with torch.no_grad():
+        assert_close(module(ids), want)
+    del module
+    path = tmp_path / "big.onnx"
+    torch.onnx.export(model, (ids,), str(path), input_names=["ids"])
+    assert (tmp_path / "big.onnx.data").stat().st_size > 2**31
+    from_file = opsched.optimize_graph(opsched.from_onnx(path), backend="ort", cost="analytic")
+    with torch.no_grad():
+        assert_close(from_file(ids), want)

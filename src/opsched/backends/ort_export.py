@@ -15,13 +15,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
-
 from opsched.ir import Graph, Node
 from opsched.ir.ops import NotExportable, op_def
 from opsched.ir.ops.conv import export_merged
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OnnxBuilder
+from opsched.ir.ops.onnx_session import OnnxModel
 from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime.plan import step_label
 
@@ -76,7 +75,7 @@ def _kernel_refusal(graph: Graph, node: Node) -> str | None:
 
         model = export_segment(graph, [(node.name,)], list(dict.fromkeys(node.inputs)), [node.name])
         try:
-            ort_session(model.SerializeToString(), threads=1)
+            ort_session(model, threads=1)
             _NO_KERNEL[key] = None
         except NoKernel as e:
             found = re.search(r"Could not find an implementation for (\w+\(\d+\))", str(e))
@@ -87,7 +86,7 @@ def _kernel_refusal(graph: Graph, node: Node) -> str | None:
 
 
 def export_segment(graph: Graph, items: Sequence[tuple[str, ...]], inputs: Sequence[str],
-                   outputs: Sequence[str]) -> onnx.ModelProto:
+                   outputs: Sequence[str]) -> OnnxModel:
     """``items``: per step, its node names (one, or several for a merged convolution)."""
     b = OnnxBuilder(graph)
     for names in items:

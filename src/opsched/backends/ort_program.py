@@ -25,6 +25,7 @@ from opsched.backends.segments import Segment, SegmentBuilder
 from opsched.errors import ExecutionError
 from opsched.ir import Graph
 from opsched.ir.ops.fourier import as_pairs, from_pairs
+from opsched.ir.ops.onnx_session import OnnxModel, inference_session
 from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
@@ -33,7 +34,9 @@ from opsched.runtime.plan import Step
 __all__ = ["JOIN_IN_PLACE", "ort_program", "ort_session"]
 
 
-def ort_session(model_bytes: bytes, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
+def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
+    """A session of ``model`` on ``threads`` intra-op threads, handed its weights from memory
+    (:func:`~opsched.ir.ops.onnx_session.inference_session`)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -49,7 +52,7 @@ def ort_session(model_bytes: bytes, threads: int, profile_prefix: str | None = N
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return inference_session(model, so)
 
 
 def _to_numpy(v: Any) -> np.ndarray:
@@ -211,7 +214,7 @@ class _OrtSegments(SegmentBuilder):
         model = export_segment(self.graph, [steps[s].nodes for s in segment.steps], [names[i] for i in ins],
                                [names[o] for o in outs])
         prefix = None if self.profile_dir is None else os.path.join(self.profile_dir, f"segment{len(self.items)}")
-        session = ort_session(model.SerializeToString(), threads, prefix, self.spin)
+        session = ort_session(model, threads, prefix, self.spin)
         edges = _Edges(session, ins, outs, segment.frees, [names[i] for i in ins], [names[o] for o in outs])
         if any(o in self.part_of for o in outs):
             run = self._runs_into_joins(edges)

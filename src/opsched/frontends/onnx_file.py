@@ -16,7 +16,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
 from onnx import external_data_helper, helper, numpy_helper, version_converter
@@ -25,6 +24,7 @@ from opsched._toposort import topological_order
 from opsched.errors import FrontendError, MalformedModelError
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_node import captured
+from opsched.ir.ops.onnx_session import copy_fields, inference_session, tensor_bytes
 
 __all__ = ["OnnxFile", "at_our_opset", "declared_dims", "first_line", "onnx_input_dims", "read_onnx",
            "with_nodes"]
@@ -84,31 +84,17 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.T
     ONNX's passes need of them), and those initializers by name; the model itself where it has
     none. The converter reads them as constants, as it does initializers listed as inputs."""
     weights = {t.name: t for t in model.graph.initializer
-               if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > _SKELETON_BYTES}
+               if t.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(t) > _SKELETON_BYTES}
     if not weights:
         return model, {}
     skeleton = onnx.ModelProto()
-    _copy_fields(model, skeleton, skip="graph")
-    _copy_fields(model.graph, skeleton.graph, skip="initializer")
+    copy_fields(model, skeleton, skip="graph")
+    copy_fields(model.graph, skeleton.graph, skip="initializer")
     skeleton.graph.initializer.extend(t for t in model.graph.initializer if t.name not in weights)
     listed = {i.name for i in model.graph.input}
     skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                                 for t in weights.values() if t.name not in listed)
     return skeleton, weights
-
-
-def _copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Every field of the protobuf message ``src`` that is set, but ``skip``, copied into ``dst``."""
-    for field, value in src.ListFields():
-        if field.name == skip:
-            continue
-        target = getattr(dst, field.name)
-        if hasattr(target, "extend"):  # a repeated field
-            target.extend(value)
-        elif hasattr(target, "CopyFrom"):  # a message
-            target.CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
 
 
 def _checked(model: onnx.ModelProto, full: onnx.ModelProto, source: str) -> bool:
@@ -147,8 +133,8 @@ def _in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
 def with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``model`` whose graph holds ``nodes`` in place of its own."""
     copy = onnx.ModelProto()
-    _copy_fields(model, copy, skip="graph")
-    _copy_fields(model.graph, copy.graph, skip="node")
+    copy_fields(model, copy, skip="graph")
+    copy_fields(model.graph, copy.graph, skip="node")
     copy.graph.node.extend(nodes)
     return copy
 
@@ -166,7 +152,7 @@ def _ort_refusal(model: onnx.ModelProto) -> str | None:
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        inference_session(model, so)
     except Exception as e:
         return first_line(e)
     return None

@@ -1,4 +1,5 @@
-"""The builder every ONNX export writes into: fresh names under the step's label, initializers.
+"""The builder every ONNX export writes into: fresh names under the step's label, initializers
+(weights held apart from the model: :mod:`opsched.ir.ops.onnx_session`).
 
 Every ONNX node and value made for a step is named after the step (its node, or
 ``merge(a,b)``), so that ONNX Runtime's profile, whose kernels keep such names even after
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opsched.ir.graph import Graph
 from opsched.ir.node import Node
+from opsched.ir.ops.onnx_session import INLINE_BYTES, OnnxModel, external
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import COMPLEX_PARTS, TensorType
 
@@ -44,6 +46,7 @@ class OnnxBuilder:
         self.dry_run = dry_run
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.weights: dict[str, np.ndarray] = {}  # initializers held apart, by name
         self._n = 0
         self.owner = ""  # the step being exported: a prefix of every name made for it
         self.domains: dict[str, int] = {}  # operator sets besides ai.onnx that the nodes use: their versions
@@ -53,12 +56,17 @@ class OnnxBuilder:
         return f"{self.owner}/{hint}__{self._n}"
 
     def init(self, value: np.ndarray | torch.Tensor, hint: str) -> str:
-        """A constant (an initializer) named after ``hint``."""
+        """A constant (an initializer) named after ``hint``; one larger than
+        :data:`~opsched.ir.ops.onnx_session.INLINE_BYTES` is held apart (not copied)."""
         name = self.fresh(hint)
         if self.dry_run:
             return name
-        arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-        self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))  # 0-d stays 0-d
+        arr = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value, order="C")
+        if arr.nbytes > INLINE_BYTES:
+            self.weights[name] = arr
+            self.inits.append(external(name, arr))
+        else:
+            self.inits.append(numpy_helper.from_array(arr, name))  # 0-d stays 0-d
         return name
 
     def param(self, node: Node, i: int) -> str:
@@ -101,10 +109,10 @@ class OnnxBuilder:
         """An ONNX node with several outputs."""
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.fresh(op), **attrs))
 
-    def model(self, inputs: Sequence[str], outputs: Sequence[str]) -> onnx.ModelProto:
+    def model(self, inputs: Sequence[str], outputs: Sequence[str]) -> OnnxModel:
         """The model of everything added, reading ``inputs`` and producing ``outputs`` (graph values),
         declared at :data:`OPSET`, or at :data:`~opsched.ir.ops.onnx_opsets.OLDEST` where every node
-        means the same there."""
+        means the same there, and its weights held apart."""
         from opsched.ir.ops.onnx_opsets import declared_oldest
 
         def info(v: str) -> onnx.ValueInfoProto:
@@ -117,4 +125,5 @@ class OnnxBuilder:
                               self.inits)
         opsets = [helper.make_opsetid("", OPSET), *(helper.make_opsetid(d, v) for d, v in self.domains.items())]
         model = helper.make_model(g, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, True))
-        return declared_oldest(model, OPSET)  # ONNX Runtime's older kernels where they mean the same
+        # ONNX Runtime's older kernels where they mean the same
+        return OnnxModel(declared_oldest(model, OPSET), dict(self.weights))
