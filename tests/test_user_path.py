@@ -281,6 +281,33 @@ def test_a_stateful_model_is_refused_and_a_counter_it_keeps_is_left_with_a_warni
     assert float(model.calls) == calls + 1  # the model's own call counted; the module's did not
 
 
+class Refreshed(nn.Module):
+    """Assigns a buffer anew at every call, CTRL's way (``self.pos = self.pos.to(x.dtype)``); with
+    ``drift`` the new values differ from the old."""
+
+    def __init__(self, drift: float = 0.0) -> None:
+        super().__init__()
+        self.drift = drift
+        self.linear = nn.Linear(3, 3)
+        self.register_buffer("pos", torch.arange(3.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.pos = self.pos.to(x.dtype) * (1 + self.drift)
+        return self.linear(x) + self.pos
+
+
+def test_a_buffer_assigned_the_values_it_holds_is_no_state_and_one_assigned_new_values_is() -> None:
+    """A write that puts back what the buffer holds (computed from weights alone, equal in every
+    element) changes nothing at any call: CTRL's forward was refused for it."""
+    x = torch.randn(2, 3)
+    model = Refreshed().eval()
+    module = opsched.optimize(model, x, **ANALYTIC)
+    with torch.no_grad():
+        assert_close(module(x), model(x))
+    with pytest.raises(StatefulModelError, match="changes buffer 'pos' in place and its outputs read it"):
+        opsched.from_torch(Refreshed(drift=0.5).eval(), x, tracer="export")
+
+
 class Masked(nn.Module):
     """Two branches and a keyword-only mask, as exported with a dynamic batch."""
 
