@@ -102,6 +102,8 @@ def environment() -> dict[str, str]:
                                                         " (its compiled ops did not load: its models' Python alone)")
     if "timm" in sys.modules:
         env["timm"] = sys.modules["timm"].__version__
+    if "transformers" in sys.modules:  # a corpus of its architectures was built: whose definitions
+        env["transformers"] = sys.modules["transformers"].__version__
     if torch.cuda.is_available():
         from opsched.backends.cuda import gpu_fingerprint, gpu_versions
 

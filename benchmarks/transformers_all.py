@@ -1,0 +1,332 @@
+"""Every architecture Hugging Face ``transformers`` registers (``AutoModel``'s mapping, about 600)
+through ``opsched.optimize``, each built from its default config shrunk by one generic rule: no
+config written for it, as a user's model comes.
+
+The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (layers, widths,
+heads, experts), in it and in its sub-configs; where the model then cannot be built or called,
+the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's main
+input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames) and, for an
+encoder-decoder, 8 decoder tokens. Models past ``--max-params`` (counted on the meta device) are
+not built. ``optimize`` runs with the analytic cost model and its own check against the model, and
+the largest difference of its outputs from eager's is recorded.
+
+Each outcome is whose it is:
+*equal*: optimize() ran and matched eager; *refused*: opsched raised its own error, named
+(:class:`opsched.errors.OpschedError`: a model it cannot hold, said why); *failed*: any other
+exception from opsched, or outputs that differ (a bug of ours); *not built*: the generic rule
+could not build or call the model in eager PyTorch (not opsched's: the rule's limit); *too large*;
+*crashed*: its worker process died or ran out of time. A refused model is also run as its error
+suggests where it cannot be one static graph: through ``torch.compile(model, backend="opsched")``
+(analytic costs), with the graphs Dynamo captured, how many of them ran eagerly, and the largest
+difference from eager.
+
+Each model runs in a worker process (``--jobs`` at once, ``--chunk`` models a process), so a model
+that exhausts memory or hangs costs only itself. No timings: what runs, and how exactly.
+
+    python benchmarks/transformers_all.py
+    python benchmarks/transformers_all.py --models bert bamba vit_mae
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import RESULTS, write  # noqa: E402
+
+#: Layer counts: a model keeps its kinds of layers, two of each (one of an encoder-decoder's each).
+LAYERS = {"num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "n_layers": 2, "encoder_layers": 1,
+          "decoder_layers": 1, "num_encoder_layers": 1, "num_decoder_layers": 1}
+
+#: Layer counts and widths, heads and experts: the models of the corpus's size.
+SMALL = {**LAYERS, "hidden_size": 64, "d_model": 64, "n_embd": 64, "intermediate_size": 128, "ffn_dim": 128,
+         "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "d_ff": 128, "num_attention_heads": 4,
+         "encoder_attention_heads": 4, "decoder_attention_heads": 4, "n_head": 4, "n_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "d_kv": 16, "num_experts": 4, "num_local_experts": 4,
+         "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+         "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+         "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+
+OUTCOMES = ("equal", "refused", "failed", "not built", "too large", "crashed")
+
+
+def shrunk(config: Any, sizes: dict[str, int]) -> Any:
+    """``config`` with each of ``sizes`` it holds as an int set (read-only fields left), stage
+    depths set to one, ``layer_types`` cut to the layers kept, no cache; its sub-configs too."""
+    from transformers import PretrainedConfig
+
+    for key, value in sizes.items():
+        held = getattr(config, key, None)
+        if isinstance(held, int) and not isinstance(held, bool):
+            with contextlib.suppress(AttributeError):  # a property computed from other fields
+                setattr(config, key, value)
+    depths = getattr(config, "depths", None)
+    if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
+        config.depths = [1] * len(depths)
+    layers, kinds = getattr(config, "num_hidden_layers", None), getattr(config, "layer_types", None)
+    if isinstance(layers, int) and isinstance(kinds, list) and len(kinds) > layers:
+        config.layer_types = kinds[:layers]
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    for sub in vars(config).values():
+        if isinstance(sub, PretrainedConfig):
+            shrunk(sub, sizes)
+    return config
+
+
+def _size(config: Any, key: str, default: int) -> int:
+    """An int field of ``config`` or of its vision config (the first of a list), else ``default``."""
+    value = getattr(config, key, None)
+    if value is None and getattr(config, "vision_config", None) is not None:
+        value = getattr(config.vision_config, key, None)
+    if isinstance(value, (list, tuple)):
+        value = value[0]
+    return value if isinstance(value, int) else default
+
+
+def example_inputs(model: Any, config: Any) -> dict[str, Any]:
+    """Keyword inputs for ``model``'s main input (and an encoder-decoder's decoder tokens, a
+    text-and-image model's image); ``ValueError`` for a main input of another kind."""
+    import torch
+
+    def image() -> torch.Tensor:
+        side = _size(config, "image_size", 224)
+        return torch.randn(1, _size(config, "num_channels", 3), side, side)
+
+    main = model.main_input_name
+    if main == "input_ids":
+        inputs = {"input_ids": torch.randint(3, 100, (1, 16))}
+        if "pixel_values" in inspect.signature(model.forward).parameters and \
+                getattr(config, "vision_config", None) is not None:
+            inputs["pixel_values"] = image()
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))
+        return inputs
+    if main == "pixel_values":
+        return {"pixel_values": image()}
+    if main == "input_values":
+        return {"input_values": torch.randn(1, 8000)}
+    if main == "input_features":
+        return {"input_features": torch.randn(1, _size(config, "num_mel_bins", 80), 3000)}
+    raise ValueError(f"no example for a main input {main!r}")
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def check(architecture: str, max_params: float) -> dict[str, Any]:
+    """One architecture built, called and optimized: its row."""
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    import opsched
+    from opsched.check import largest_difference
+    from opsched.errors import OpschedError
+
+    row: dict[str, Any] = {"model": architecture}
+    reasons = []
+    for label, sizes in (("small", SMALL), ("layers", LAYERS)):
+        try:
+            torch.manual_seed(0)
+            config = shrunk(CONFIG_MAPPING[architecture](), sizes)
+            with torch.device("meta"):
+                row["class"] = type(meta := AutoModel.from_config(config)).__name__
+            row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6
+            if row["params_m"] > max_params:
+                reasons.append(f"{row['params_m']:.0f}M parameters")
+                continue
+            model = AutoModel.from_config(config).eval()
+            inputs = example_inputs(model, config)
+            with torch.no_grad():
+                want = model(**inputs)
+            row["config"] = label
+            break
+        except Exception as e:  # noqa: BLE001 (a config the generic rule cannot shrink: recorded, not opsched's)
+            reasons.append(first_line(e))
+    else:
+        errors = [r for r in reasons if not r.endswith(" parameters")]
+        return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
+    start = time.perf_counter()
+    try:
+        module = opsched.optimize(model, inputs, cost="analytic", progress=False)
+        with torch.no_grad():
+            got = module(**inputs)
+    except OpschedError as e:
+        return {**row, "outcome": "refused", "error": first_line(e), "compiled": through_compile(model, inputs, want)}
+    except Exception as e:  # noqa: BLE001 (what opsched let escape: a bug of ours, with where)
+        return {**row, "outcome": "failed", "error": first_line(e), "where": traceback.format_exc()[-2000:]}
+    a, b = leaves(got), leaves(want)
+    row.update(seconds=time.perf_counter() - start, operators=len(module.graph.nodes),
+               opaque=sum(n.op == "opaque" for n in module.graph.nodes), outputs=len(b))
+    if len(a) != len(b):
+        return {**row, "outcome": "failed", "error": f"{len(a)} output tensors against the model's {len(b)}"}
+    row["max_diff"] = max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
+    return {**row, "outcome": "equal"}
+
+
+def leaves(value: Any) -> list[Any]:
+    """The tensors of a model's outputs, in order."""
+    import torch
+
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, Any]:
+    """``model`` through ``torch.compile(backend="opsched")``: the graphs Dynamo captured, those run
+    eagerly, and the largest difference from ``want``; or the error."""
+    import torch
+
+    import opsched.dynamo
+    from opsched.check import largest_difference
+
+    torch._dynamo.reset()
+    opsched.dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="opsched",
+                                 options={"cost": "analytic", "progress": False, "schedule_cache": False})
+        with torch.no_grad():
+            got = compiled(**inputs)
+    except Exception as e:  # noqa: BLE001 (Dynamo's errors and ours alike: recorded)
+        return {"error": first_line(e)}
+    graphs = opsched.dynamo.compiled_graphs()
+    a, b = leaves(got), leaves(want)
+    return {"graphs": len(graphs), "eager": sum(bucket.schedule is None for g in graphs for bucket in g.buckets),
+            "max_diff": max(map(largest_difference, a, b), default=0.0) if len(a) == len(b) else None}
+
+
+def compiled_text(compiled: dict[str, Any] | None) -> str:
+    if not compiled:
+        return ""
+    if "error" in compiled:
+        return compiled["error"]
+    diff = "outputs differ in number" if compiled["max_diff"] is None else f"max diff {compiled['max_diff']:.1e}"
+    return f"{compiled['graphs']} graphs, {compiled['eager']} run eagerly; {diff}"
+
+
+def worker(architectures: list[str], max_params: float) -> None:
+    """Rows as lines on stdout, each architecture announced first (a crash then names it)."""
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    for name in architectures:
+        print("START " + name, flush=True)
+        print("ROW " + json.dumps(check(name, max_params)), flush=True)
+
+
+def run_chunk(chunk: list[str], args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    """``chunk`` in one worker process: its rows, and the architectures it did not reach (after
+    one that crashed it, which gets a row of its own)."""
+    cmd = [sys.executable, __file__, "--worker", "--max-params", str(args.max_params), "--models", *chunk]
+    rows: list[dict[str, Any]] = []
+    current = None
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as p:
+        timer = threading.Timer(args.timeout * len(chunk), p.kill)
+        timer.start()
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("START "):
+                current = line[6:].strip()
+            elif line.startswith("ROW "):
+                rows.append(json.loads(line[4:]))
+                current = None
+        code = p.wait()
+        timer.cancel()
+    done = {r["model"] for r in rows}
+    left = [n for n in chunk if n not in done]
+    if left:
+        crashed = current or left[0]
+        rows.append({"model": crashed, "outcome": "crashed", "error": f"the worker ended with {code}"})
+        left.remove(crashed)
+    return rows, left
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    from opsched.cli.table import format_table
+
+    tally = collections.Counter(r["outcome"] for r in rows)
+    equal = [r for r in rows if r["outcome"] == "equal"]
+    about = [re.sub(r":\w+:`~?([^`]+)`", r"`\1`", " ".join(paragraph.split())).replace("``", "`")
+             for paragraph in __doc__.split("\n\n")[:3]]
+    lines = ["# Every transformers architecture through optimize()", "", *(f"{a}\n" for a in about),
+             "| " + " | ".join(OUTCOMES) + " |", "|" + "---:|" * len(OUTCOMES),
+             "| " + " | ".join(str(tally[o]) for o in OUTCOMES) + " |", ""]
+    if equal:
+        worst = max(equal, key=lambda r: r["max_diff"])
+        slow = sorted(equal, key=lambda r: -r["seconds"])[:5]
+        lines += [f"Of the {len(equal)} equal: the largest difference from eager {worst['max_diff']:.1e} "
+                  f"({worst['model']}); {sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
+                  f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; optimize() took "
+                  f"longest on " + ", ".join(f"{r['model']} ({r['seconds']:.0f} s)" for r in slow) + ".", ""]
+    ours = [r for r in rows if r["outcome"] in ("refused", "failed", "crashed")]
+    if ours:
+        lines += ["## Refused, failed and crashed", "",
+                  format_table(["model", "class", "outcome", "torch.compile(backend='opsched')", "error"],
+                               [[r["model"], r.get("class", ""), r["outcome"], compiled_text(r.get("compiled")),
+                                 r["error"]] for r in ours], markdown=True), ""]
+    causes = collections.Counter(re.sub(r"\d+", "N", r["error"])[:90] for r in rows if r["outcome"] == "not built")
+    if causes:
+        lines += ["## Not built: the generic rule's limits (first error, digits as N; the 10 commonest)", "",
+                  format_table(["models", "error"], [[n, c] for c, n in causes.most_common(10)], markdown=True), ""]
+    md, js = write(args.name, "\n".join(lines), {"rows": rows, "tally": dict(tally)}, args.out)
+    print(dict(tally))
+    print(f"wrote {md} and {js}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", help="architectures (model types, as 'bert'); default: all")
+    p.add_argument("--max-params", type=float, default=150, help="millions of parameters past which not to build")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes at once")
+    p.add_argument("--chunk", type=int, default=8, help="architectures per worker process")
+    p.add_argument("--timeout", type=float, default=120, help="seconds an architecture may take")
+    p.add_argument("--name", default="transformers-all")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the .md and .json go")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.models, args.max_params)
+        return
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    todo = list(args.models or MODEL_MAPPING_NAMES)
+    chunks = [todo[i:i + args.chunk] for i in range(0, len(todo), args.chunk)]
+    rows: list[dict[str, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        pending = {pool.submit(run_chunk, c, args) for c in chunks}
+        while pending:
+            finished, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                made, left = future.result()
+                for r in made:
+                    rows.append(r)
+                    print(f"[{len(rows)}/{len(todo)}] {r['model']}: {r['outcome']}", flush=True)
+                if left:
+                    pending.add(pool.submit(run_chunk, left, args))
+    rows.sort(key=lambda r: todo.index(r["model"]))
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()
