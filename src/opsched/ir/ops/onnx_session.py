@@ -48,8 +48,8 @@ class OnnxModel:
     @staticmethod
     def of(proto: onnx.ModelProto) -> OnnxModel:
         """``proto`` as it is where it fits :data:`PROTO_LIMIT`; else a copy of it whose
-        initializers larger than :data:`INLINE_BYTES` are held apart (arrays over ``proto``'s own
-        bytes: only the small initializers and the graph's structure are copied)."""
+        initializers larger than :data:`INLINE_BYTES` are held apart, each read out of ``proto``
+        as an array (``proto`` itself is left as it is)."""
         if fits(proto):
             return OnnxModel(proto)
         graph = proto.graph
