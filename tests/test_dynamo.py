@@ -511,6 +511,27 @@ def test_a_graph_of_weights_alone_runs_eagerly() -> None:
     assert "reads no input tensor" in str(od.compiled_graphs()[0].buckets[0].fallback)
 
 
+def test_a_graph_met_with_an_empty_input_runs_eagerly_saying_so_and_a_full_one_is_scheduled() -> None:
+    """Higgs-audio's text-only call hands its audio layers inputs of shape (0, 64)."""
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x).relu() + self.b(x)
+
+    model = Gated()
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for rows in (0, 3):
+            x = torch.randn(rows, 8)
+            assert_close(compiled(x), model(x), f"{rows} rows")
+    buckets = [b for g in od.compiled_graphs() for b in g.buckets]
+    assert [b.schedule is None for b in buckets] == [True, False]
+    assert "its input tensor 0 has shape (0, 8), with no elements" in str(buckets[0].fallback)
+
+
 @pytest.mark.parametrize("options, mode, message", [
     ({"schedular": "ios"}, None, "no scheduler of \\['ios'\\] has option 'schedular'"),
     ({"scheduler": "iso"}, None, "iso"),

@@ -453,6 +453,10 @@ class OpschedGraph:
             return "the graph reads no input tensor: it computes from its weights alone"
         if self.operators == 0:
             return "the graph computes nothing"
+        if empty := [k for k, t in enumerate(inputs) if t.numel() == 0]:
+            # optimize() refuses these as example inputs; the user gave none, so say what the graph met
+            return (f"its input tensor {empty[0]} has shape {tuple(inputs[empty[0]].shape)}, with no elements (a "
+                    f"batch with none of this kind, say): nothing to schedule")
         devices = {t.device.type for t in inputs}
         if len(devices) > 1:
             return f"its inputs are on several devices ({', '.join(sorted(devices))})"
