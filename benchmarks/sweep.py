@@ -41,11 +41,8 @@ from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.frontends.onnx_file import first_line  # noqa: E402
+from opsched.testing import tensors  # noqa: E402
 from opsched.testing.corpus import export_onnx  # noqa: E402
-
-
-def tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def torch_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_s: float) -> dict[str, Any]:

@@ -139,6 +139,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     import opsched
     from opsched.check import largest_difference
     from opsched.errors import OpschedError
+    from opsched.testing import tensors
 
     row: dict[str, Any] = {"model": architecture}
     reasons = []
@@ -172,20 +173,13 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         return {**row, "outcome": "refused", "error": first_line(e), "compiled": through_compile(model, inputs, want)}
     except Exception as e:  # noqa: BLE001 (what opsched let escape: a bug of ours, with where)
         return {**row, "outcome": "failed", "error": first_line(e), "where": traceback.format_exc()[-2000:]}
-    a, b = leaves(got), leaves(want)
+    a, b = tensors(got), tensors(want)
     row.update(seconds=time.perf_counter() - start, operators=len(module.graph.nodes),
                opaque=sum(n.op == "opaque" for n in module.graph.nodes), outputs=len(b))
     if len(a) != len(b):
         return {**row, "outcome": "failed", "error": f"{len(a)} output tensors against the model's {len(b)}"}
     row["max_diff"] = max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
     return {**row, "outcome": "equal"}
-
-
-def leaves(value: Any) -> list[Any]:
-    """The tensors of a model's outputs, in order."""
-    import torch
-
-    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, Any]:
@@ -195,6 +189,7 @@ def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, 
 
     import opsched.dynamo
     from opsched.check import largest_difference
+    from opsched.testing import tensors
 
     torch._dynamo.reset()
     opsched.dynamo.reset()
@@ -206,7 +201,7 @@ def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, 
     except Exception as e:  # noqa: BLE001 (Dynamo's errors and ours alike: recorded)
         return {"error": first_line(e)}
     graphs = opsched.dynamo.compiled_graphs()
-    a, b = leaves(got), leaves(want)
+    a, b = tensors(got), tensors(want)
     return {"graphs": len(graphs), "eager": sum(bucket.schedule is None for g in graphs for bucket in g.buckets),
             "max_diff": max(map(largest_difference, a, b), default=0.0) if len(a) == len(b) else None}
 

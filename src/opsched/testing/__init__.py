@@ -13,9 +13,9 @@ from opsched.ir import Graph, GraphBuilder
 from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamProgram, Wait
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "assert_close", "mismatch",
-           "check_stream_program", "fork_join", "random_dag"]
+           "check_stream_program", "fork_join", "random_dag", "tensors"]
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors(value: Any) -> list[torch.Tensor]:
     """The tensors of an output, however nested (tuples, dicts, a Hugging Face ``ModelOutput``)."""
     return [t.detach() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
@@ -24,7 +24,7 @@ def mismatch(actual: Any, expected: Any, what: str = "output") -> str:
     """How ``actual`` differs from ``expected``, a tensor or tensors nested in any way, compared
     in order (count, a shape, or ``max|a - e| > tolerance(e)``, a NaN included), or ``""`` where
     it does not."""
-    acts, exps = _tensors(actual), _tensors(expected)
+    acts, exps = tensors(actual), tensors(expected)
     if len(acts) != len(exps):
         return f"{what}: {len(acts)} tensors, expected {len(exps)}"
     for i, (a, e) in enumerate(zip(acts, exps)):
