@@ -113,6 +113,39 @@ def test_a_number_read_from_a_tensors_values_is_refused_not_frozen_into_the_grap
     assert_close(run_graph(from_torch(Sized(), x, tracer="fx"), [x]), [Sized()(x)])
 
 
+class _Checked(nn.Module):
+    """XLM's ``assert lengths.max().item() <= slen`` and the ``torch._check`` of RT-DETR's
+    deformable attention (its spatial shapes' cells against the sequence): assertions on numbers
+    read out of tensors, beside a computation that never reads them. (XLM's is a plain ``assert``,
+    which torch.export traces as it does ``torch._check``; pytest rewrites a test module's asserts.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("shapes", torch.tensor([[2, 3], [1, 2]]))
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        lengths = (tokens != 0).sum(dim=1)
+        torch._check(lengths.max().item() <= tokens.shape[1])
+        torch._check(((self.shapes[:, 0] * self.shapes[:, 1]).sum() == x.shape[1]).item())
+        return self.proj(x).softmax(-1)
+
+
+def test_assertions_on_tensor_values_are_left_out_and_said_where(caplog: pytest.LogCaptureFixture) -> None:
+    """Such an assertion made torch.export's graph read a number back into Python, and the import
+    refused the model (XLM, Flaubert, RT-DETR v2, D-FINE, DEIMv2). The graph leaves the assertion
+    out, logs the line that made it, and computes what the model does; a tensor computed from the
+    number is still refused (the test above)."""
+    model, tokens, x = _Checked().eval(), torch.randint(0, 5, (2, 7)), torch.randn(2, 8, 8)
+    with caplog.at_level(logging.INFO, logger="opsched.frontends"):
+        graph = from_torch(model, (tokens, x))
+    assert not any("item" in n.name or "is_all_true" in n.name for n in graph.nodes), [n.name for n in graph.nodes]
+    assert_close(run_graph(graph, [tokens, x]), [model(tokens, x)])
+    said = [r.getMessage() for r in caplog.records if "assertions on its tensors' values" in r.getMessage()]
+    assert len(said) == 1 and said[0].count("test_frontends.py:") == 2, said
+    assert "torch._check(lengths.max().item() <= tokens.shape[1])" in said[0], said
+
+
 class _Hooked(nn.Module):
     def __init__(self) -> None:
         super().__init__()

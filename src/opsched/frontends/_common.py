@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from opsched.errors import FrontendError, ShapeMismatchError, StatefulModelError
 from opsched.ir import Graph, GraphBuilder, TensorType, tensor_type
@@ -17,7 +18,7 @@ from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
 
 __all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque", "fx_ancestors",
-           "check_weight_writes", "replaying", "quieted"]
+           "check_weight_writes", "replaying", "quieted", "symbolic"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -129,6 +130,11 @@ def _known(size: torch.SymInt) -> bool:
     except Exception:  # noqa: BLE001 (torch raises its guard errors for a data-dependent size)
         return False
     return True
+
+
+def symbolic(val: Any) -> bool:
+    """Whether a traced value holds a number that depends on tensor data (torch.export's ``u0``)."""
+    return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(val))
 
 
 def report_opaque(graph: Graph, source: str) -> None:

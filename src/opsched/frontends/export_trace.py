@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError
+from opsched.frontends._common import symbolic
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
 
@@ -110,5 +111,6 @@ def _functional(program: torch.export.ExportedProgram) -> bool:
     from opsched.frontends.aten_ops import getitem
 
     return all(n.target is getitem or isinstance(n.target, torch._ops.HigherOrderOperator) or
-               (isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable)
+               (isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable) or
+               symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
                for n in program.graph.nodes if n.op == "call_function")

@@ -19,7 +19,11 @@ as if the region were not there, since at inference, without autocast around the
 computes the same. Nothing becomes opaque but a control-flow operator (``torch.cond``: its
 branches are graphs of their own) and a region autocast turns on (whose casts are the device's:
 ``autocast("cuda")`` casts CUDA tensors only), each of which runs whole, on torch, where the
-graph runs. Nodes inside a ``torch.nn`` module are named after it
+graph runs. A number the model reads out of a tensor (``.item()``) is held only for its
+assertions on it (``torch._check``, ``assert lengths.max().item() <= n``), which the graph leaves
+out, as ONNX export does, since each would stop the device for the host to read the number (they
+are logged, with where they stand); a call that computes a tensor from such a number is refused,
+as one static graph cannot hold it. Nodes inside a ``torch.nn`` module are named after it
 (``stem_0_conv``, as torch.fx names them), others as torch.export does.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +46,9 @@ from opsched.frontends._common import (
     check_weight_writes,
     fx_ancestors,
     held_type,
+    log,
     replaying,
+    symbolic,
 )
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
@@ -72,6 +79,32 @@ class _Pending:
     node: torch.fx.Node
 
 
+@dataclass(frozen=True, eq=False)
+class _DataDependent:
+    """A number read out of a tensor (``.item()``) or computed from one: the graph holds it only
+    for the model's assertions on it (``torch._check``, ``assert x.max() <= n``), which are
+    dropped (module docstring); a call that computes a tensor from it is refused."""
+
+    origin: torch.fx.Node  # the call that read it out of a tensor
+
+
+def _target_text(n: torch.fx.Node) -> str:
+    op = n.target
+    return target_of(op) if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", str(op))
+
+
+def _site(n: torch.fx.Node) -> str:
+    """Where the model's source made call ``n``: its file's name and line, and the code there."""
+    frames = [line.strip() for line in (n.meta.get("stack_trace") or "").splitlines() if line.strip()]
+    for i in range(len(frames) - 1, -1, -1):
+        if frames[i].startswith("File "):
+            where = frames[i].split('"')
+            line = frames[i].rsplit("line ", 1)[-1].split(",")[0]
+            code = frames[i + 1] if i + 1 < len(frames) else ""
+            return f"{Path(where[1]).name if len(where) > 1 else '?'}:{line}: {code}".rstrip(": ")
+    return n.name
+
+
 def _transparent_body(n: torch.fx.Node) -> torch.fx.Node | None:
     """The graph a higher-order call runs where the call only sets a mode that leaves inference
     as it is (module docstring): gradients on or off, autocast off; None for any other."""
@@ -94,6 +127,7 @@ class ExportConverter:
         self.env: dict[torch.fx.Node, Any] = {}
         self._constants: dict[int, str] = {}  # id(Const) -> its constant node
         self._module_names: dict[str, int] = {}
+        self.dropped_assertions: list[str] = []  # where the model asserts on its tensors' values
 
     # --- the walk ---------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -117,6 +151,10 @@ class ExportConverter:
                 self.env[n] = getattr(self.program.graph_module, str(n.target))
             else:
                 raise FrontendError(f"{self.ctx.b.name}: unexpected {n.op} node {n.name!r} in the exported program")
+        if sites := list(dict.fromkeys(self.dropped_assertions)):
+            log.info("%s: the model's assertions on its tensors' values are left out of the graph, as ONNX export "
+                     "leaves them out (each would stop the device to read a number back); they stand at %s",
+                     self.ctx.b.name, "; ".join(sites))
         return self.ctx.b.build(outputs, writes)
 
     def _writes(self, output: torch.fx.Node) -> list[tuple[str, str]]:
@@ -171,7 +209,19 @@ class ExportConverter:
 
         val = n.meta.get("val")
         if val is None:
-            return None  # an assertion (_assert_tensor_metadata, ...): nothing to compute
+            self._asserted(n)
+            return None  # an assertion (_assert_scalar, _assert_tensor_metadata, ...): nothing to compute
+        read = next((h for a in n.all_input_nodes if isinstance(h := self.env[a], _DataDependent)), None)
+        tensors = any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val))
+        if not tensors and symbolic(val):  # read out of a tensor, or computed from such a number
+            return read or _DataDependent(n)
+        if read is not None and not tensors:
+            return val  # known whatever the data (u0 >= 0, for a count)
+        if read is not None:
+            raise FrontendError(
+                f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) gives a value that "
+                f"depends on tensor data and node {n.name!r} ({_target_text(n)}) computes a tensor from it; a "
+                f"static graph cannot hold it")
         if n.target is getitem:
             return self._getitem(n)
         if isinstance(n.target, torch._ops.HigherOrderOperator):
@@ -180,10 +230,7 @@ class ExportConverter:
             return self.control_flow(n) if isinstance(val, torch.Tensor) else _Pending(n)
         if not isinstance(n.target, torch._ops.OpOverload):
             raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} calls {n.target!r}, not an ATen operator")
-        if not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val)):
-            if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(val)):
-                raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} ({target_of(n.target)}) gives a value "
-                                    f"that depends on tensor data; a static graph cannot hold it")
+        if not tensors:
             return val  # a size, known for these shapes
         if self._foldable(n):
             return self._fold(n)
@@ -199,6 +246,11 @@ class ExportConverter:
         if isinstance(val, torch.Tensor):
             return self.generic(n)
         return _Pending(n)
+
+    def _asserted(self, n: torch.fx.Node) -> None:
+        """An assertion on a number read out of a tensor is dropped, and said where it stood."""
+        if any(isinstance(self.env[a], _DataDependent) for a in n.all_input_nodes):
+            self.dropped_assertions.append(_site(n))
 
     def _inline(self, body: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple[Any, ...]:
         """``body``'s calls converted on ``operands``, in place of the higher-order call that
