@@ -145,6 +145,14 @@ def test_assertions_on_tensor_values_are_left_out_and_said_where(caplog: pytest.
     assert len(said) == 1 and said[0].count("test_frontends.py:") == 2, said
     assert "torch._check(lengths.max().item() <= tokens.shape[1])" in said[0], said
 
+    class Peak(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+            return x * 2, x.max().item()
+
+    with pytest.raises(FrontendError, match=r"Peak returns a number read out of a tensor \(node 'item', "
+                                            r"aten::item.default\).*return the tensor"):
+        from_torch(Peak(), torch.randn(3, 4), tracer="export")
+
 
 class _Hooked(nn.Module):
     def __init__(self) -> None:

@@ -200,6 +200,10 @@ class ExportConverter:
             elif isinstance(value := self.env[leaf], (str, Const)):
                 out.append(self.value(value))
                 continue
+            elif isinstance(value, _DataDependent):
+                raise FrontendError(f"{self.ctx.b.name} returns a number read out of a tensor (node "
+                                    f"{value.origin.name!r}, {_target_text(value.origin)}), which a static graph "
+                                    f"cannot hold: return the tensor, and read its number outside the model")
             if not isinstance(value, (bool, int, float, complex, str, type(None))):
                 raise FrontendError(f"{self.ctx.b.name} returns a {type(value).__name__} where a tensor was expected")
         return out
