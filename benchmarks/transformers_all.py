@@ -3,10 +3,12 @@ through ``opsched.optimize``, each built from its default config shrunk by one g
 config written for it, as a user's model comes.
 
 The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (layers, widths,
-heads, experts), in it and in its sub-configs; where the model then cannot be built or called,
-the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's main
-input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames) and, for an
-encoder-decoder, 8 decoder tokens. Models past ``--max-params`` (counted on the meta device) are
+heads, experts), in it and in its sub-configs, and the few fields that must agree with those
+(a state-space model's heads, a rotary part's width); where the model then cannot be built or
+called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
+main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames), for an
+encoder-decoder 8 decoder tokens, and for a text-and-image model an image, or, where it needs
+tokens placed for the image in its text, the text alone. Models past ``--max-params`` (counted on the meta device) are
 not built. ``optimize`` runs with the analytic cost model and its own check against the model, and
 the largest difference of its outputs from eager's is recorded.
 
@@ -59,21 +61,39 @@ SMALL = {**LAYERS, "hidden_size": 64, "d_model": 64, "n_embd": 64, "intermediate
          "num_key_value_heads": 2, "head_dim": 16, "d_kv": 16, "num_experts": 4, "num_local_experts": 4,
          "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
          "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-         "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "rotary_dim": 8, "mamba_d_head": 16,
+         "mamba_headdim": 16}
+
+#: Fields a config may hold as None, meaning "work it out", which some models never do (Ministral's
+#: head width, Nemotron's key-value heads, DeepSeek-V2's experts a token): set as :data:`SMALL` has them.
+FILLED = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
+
+#: A state-space model's (heads, head width, expansion) fields: its heads are its inner width
+#: (expansion x hidden size) over its head width, so they follow the hidden size.
+SSM_HEADS = (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+             ("n_mamba_heads", "mamba_headdim", "mamba_expand"))
 
 OUTCOMES = ("equal", "refused", "failed", "not built", "too large", "crashed")
 
 
 def shrunk(config: Any, sizes: dict[str, int]) -> Any:
-    """``config`` with each of ``sizes`` it holds as an int set (read-only fields left), stage
+    """``config`` with each of ``sizes`` it holds as an int set (read-only fields left; with
+    :data:`SMALL`, :data:`FILLED` ones it holds as None too, and :func:`_follow`'s), stage
     depths set to one, ``layer_types`` cut to the layers kept, no cache; its sub-configs too."""
     from transformers import PretrainedConfig
 
+    aliases = getattr(config, "attribute_map", {})
+    heads = tuple(getattr(config, f, None) for f in ("num_attention_heads", "num_key_value_heads"))
     for key, value in sizes.items():
+        if aliases.get(key) == "num_stages":  # ConvNeXt's layers are stages, each with its width in a list
+            continue
         held = getattr(config, key, None)
-        if isinstance(held, int) and not isinstance(held, bool):
+        if (isinstance(held, int) and not isinstance(held, bool)) or \
+                (held is None and key in FILLED and hasattr(config, key) and sizes is SMALL):
             with contextlib.suppress(AttributeError):  # a property computed from other fields
                 setattr(config, key, value)
+    if sizes is SMALL:
+        _follow(config, heads)
     depths = getattr(config, "depths", None)
     if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
         config.depths = [1] * len(depths)
@@ -88,6 +108,36 @@ def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     return config
 
 
+def _follow(config: Any, heads: tuple[Any, ...]) -> None:
+    """The fields that must agree with the widths :data:`SMALL` set: the key-value heads keep
+    their share of the ``heads`` the config had (DeepSeek's latent attention makes keys for every
+    head, and torch.export's attention path repeats them by the ratio); DeepSeek's and Mistral 4's
+    head width, of which their rotary part is a share; a state-space model's heads
+    (:data:`SSM_HEADS`); Qwen2-VL's rotary sections (in its code, not its config), which sum to
+    half its head width."""
+    now = getattr(config, "num_attention_heads", None)
+    if all(isinstance(h, int) and h > 0 for h in heads) and isinstance(now, int):
+        config.num_key_value_heads = max(1, now * heads[1] // heads[0])
+    rope = getattr(config, "rope_parameters", None)
+    share = (rope if isinstance(rope, dict) else {}).get("partial_rotary_factor",
+                                                          getattr(config, "partial_rotary_factor", None) or 1.0)
+    rotary, plain = getattr(config, "qk_rope_head_dim", None), getattr(config, "qk_nope_head_dim", None)
+    if isinstance(rotary, int) and hasattr(config, "head_dim"):  # the width the rotary embedding is made for
+        config.head_dim = int(rotary / share)
+    if isinstance(rotary, int) and isinstance(plain, int) and isinstance(getattr(config, "qk_head_dim", None), int):
+        config.qk_head_dim = rotary + plain  # LongCat-Flash keeps the sum as a field of its own
+    hidden = getattr(config, "hidden_size", None)
+    for count, width, expand in SSM_HEADS:
+        if all(isinstance(getattr(config, f, None), int) for f in (count, width, expand)) and isinstance(hidden, int):
+            setattr(config, count, max(1, getattr(config, expand) * hidden // getattr(config, width)))
+    head = getattr(config, "head_dim", None) or (hidden // (now or 1) if isinstance(hidden, int) else None)
+    if isinstance(rope, dict) and isinstance(head, int) and \
+            "mrope_section" in getattr(config, "ignore_keys_at_rope_validation", ()):
+        # the model's default sections (Qwen2-VL's 16, 24, 24) sum to half its head's rotary part
+        half = int(head * share) // 2
+        rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+
+
 def _size(config: Any, key: str, default: int) -> int:
     """An int field of ``config`` or of its vision config (the first of a list), else ``default``."""
     value = getattr(config, key, None)
@@ -96,6 +146,16 @@ def _size(config: Any, key: str, default: int) -> int:
     if isinstance(value, (list, tuple)):
         value = value[0]
     return value if isinstance(value, int) else default
+
+
+def candidate_inputs(model: Any, config: Any) -> list[dict[str, Any]]:
+    """The inputs to try ``model`` with, best first: :func:`example_inputs`, then, for a
+    text-and-image model, its tokens alone (its image needs tokens placed for it in the text, or
+    sizes beside it, which only its processor knows)."""
+    inputs = example_inputs(model, config)
+    if "pixel_values" in inputs and "input_ids" in inputs:
+        return [inputs, {k: v for k, v in inputs.items() if k != "pixel_values"}]
+    return [inputs]
 
 
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:
@@ -154,10 +214,17 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
                 reasons.append(f"{row['params_m']:.0f}M parameters")
                 continue
             model = AutoModel.from_config(config).eval()
-            inputs = example_inputs(model, config)
-            with torch.no_grad():
-                want = model(**inputs)
-            row["config"] = label
+            candidates = candidate_inputs(model, config)
+            for inputs in candidates:
+                try:
+                    with torch.no_grad():
+                        want = model(**inputs)
+                    break
+                except Exception as e:  # noqa: BLE001 (the next candidate, or the reason below)
+                    reasons.append(first_line(e))
+            else:
+                continue
+            row.update(config=label, inputs=sorted(inputs), text_alone=inputs is not candidates[0])
             break
         except Exception as e:  # noqa: BLE001 (a config the generic rule cannot shrink: recorded, not opsched's)
             reasons.append(first_line(e))
@@ -272,7 +339,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         slow = sorted(equal, key=lambda r: -r["seconds"])[:5]
         lines += [f"Of the {len(equal)} equal: the largest difference from eager {worst['max_diff']:.1e} "
                   f"({worst['model']}); {sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
-                  f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; optimize() took "
+                  f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; "
+                  f"{sum('pixel_values' in r['inputs'] for r in equal)} given an image and text, "
+                  f"{sum(r['text_alone'] for r in equal)} "
+                  f"text-and-image models given their text alone; optimize() took "
                   f"longest on " + ", ".join(f"{r['model']} ({r['seconds']:.0f} s)" for r in slow) + ".", ""]
     ours = [r for r in rows if r["outcome"] in ("refused", "failed", "crashed")]
     if ours:
