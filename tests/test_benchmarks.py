@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -305,3 +306,37 @@ def test_every_transformers_architecture_is_tallied_by_whose_outcome_it_is(tmp_p
     assert rows["vit_mae"]["error"].startswith("ExecutionError") and "draws random numbers" in rows["vit_mae"]["error"]
     assert "natten" in rows["dinat"]["error"]
     assert data["tally"] == {"equal": 2, "refused": 2, "not built": 1}
+
+
+def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
+    """``transformers_all.shrunk`` on default configs (nothing built): each field that must agree
+    with the widths the rule sets does, where leaving it was the reason the model could not be
+    built or traced (the rule's own list: ``_follow``)."""
+    pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from transformers_all import SMALL, shrunk
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def small(name: str) -> Any:
+        return shrunk(CONFIG_MAPPING[name](), SMALL)
+
+    deepseek = small("deepseek_v3")  # keys for every head (128 of 128), its head width its rotary part's
+    assert (deepseek.num_attention_heads, deepseek.num_key_value_heads, deepseek.head_dim) == (4, 4, 8)
+    assert small("mistral4").head_dim == 16  # its rotary part is half of it
+    assert small("longcat_flash").qk_head_dim == 16
+    llama = small("llama")  # 32 heads over 32 key-value heads stay one to one; Mistral's 32 over 8, 4 to 1
+    assert (llama.num_key_value_heads, small("mistral").num_key_value_heads) == (4, 1)
+    for name, (count, width, expand) in {"mamba2": ("num_heads", "head_dim", "expand"),
+                                         "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                         "zamba2": ("n_mamba_heads", "mamba_headdim", "mamba_expand")}.items():
+        c = small(name)
+        assert getattr(c, count) * getattr(c, width) == getattr(c, expand) * c.hidden_size, name
+    assert sum(small("qwen2_vl_text").rope_parameters["mrope_section"]) == 16 // 2
+    assert sum(small("glm4v_moe_text").rope_parameters["mrope_section"]) == 16 // 2 // 2  # half its head rotates
+    assert small("gptj").rotary_dim == 8 and small("ministral").head_dim == 16
+    convnext = small("convnext")  # its "layers" are its four stages, each with its width
+    assert convnext.num_stages == 4 and convnext.depths == [1, 1, 1, 1]
