@@ -237,8 +237,27 @@ def test_the_check_holds_a_result_against_float64_where_the_model_itself_rounds_
     graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
     verify_against(rounds_otherwise, graph, torch.device("cpu"), model, call, (x,))
     with pytest.raises(ExecutionError, match=r"output 0 differs from the model's .* against the model run in "
-                                             r"float64, the module is 0.01 off and the model itself 0.000\d+"):
+                                             r"float64, the module is 0.01 off and the model itself 0.000\d+\): "
+                                             r"torch.export's own program of the model matches it on these inputs "
+                                             r"\(0 apart\), so the difference is opsched's"):
         verify_against(_Off(), graph, torch.device("cpu"), model, call, (x,))
+
+
+class _OtherwiseTraced(nn.Module):
+    """Computes otherwise while traced, as transformers' PaliGemma builds its attention mask."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if torch.compiler.is_compiling() else x * 3
+
+
+def test_a_failed_check_says_whose_the_difference_is_by_torch_exports_own_program() -> None:
+    """The check's failure said "or this is a bug [of ours]" for a model that computes otherwise
+    while traced; it now runs torch.export's own program of the model: as far apart as the
+    module, the difference is the model's, and the message says so."""
+    with pytest.raises(ExecutionError, match=r"on the example inputs, .* largest difference 1\.\d+.*torch.export's "
+                                             r"own program of the model, run on the same inputs, is 1\.\d+ from the "
+                                             r"model too: the model computes otherwise while traced"):
+        opsched.optimize(_OtherwiseTraced(), torch.rand(2, 3) + 1, cost="analytic", progress=False)
 
 
 class Stateful(nn.Module):

@@ -109,6 +109,33 @@ def _why_apart(graph: Graph) -> str:
             "inputs), or this is a bug: please report it with the model")
 
 
+def _traced_apart(model: nn.Module, call: InputStructure, xs: Sequence[torch.Tensor], leaf: int,
+                  expected: torch.Tensor, tol: float, examples: bool) -> str | None:
+    """Whose a difference is, asked of torch.export's own program of ``model`` on the same inputs
+    (traced afresh: a failed check is rare, a wrong attribution costly): where the program is as
+    far from the model as the module, the difference was traced, not scheduled, and is the
+    model's (transformers' PaliGemma builds its attention mask otherwise while traced); where
+    the program matches the model, it is opsched's. None where there is no program to ask."""
+    from opsched.frontends.export_trace import program_outputs
+
+    args, kwargs = call.call([t.clone() for t in xs])
+    got = program_outputs(model, args, kwargs)
+    if got is None or leaf >= len(got) or not isinstance(got[leaf], torch.Tensor) or \
+            got[leaf].shape != expected.shape:
+        return None
+    off = largest_difference(got[leaf].to(expected.device), expected)
+    if off <= tol:
+        return (f"torch.export's own program of the model matches it on these inputs ({off:.3g} apart), so the "
+                f"difference is opsched's: please report it with the model")
+    if examples:
+        return (f"torch.export's own program of the model, run on the same inputs, is {off:.3g} from the model "
+                f"too: the model computes otherwise while traced (a branch on torch.compiler.is_compiling() or "
+                f"on tracing), so no graph traced of it matches it; report that to the model's authors")
+    return (f"torch.export's own program of the model, traced on the example inputs, is {off:.3g} from the model "
+            f"on these too: the model takes another path on other inputs (its Python control flow was traced for "
+            f"the example inputs)")
+
+
 def _draws(node: Node) -> bool:
     """Whether a generic node draws random numbers: its overload may (``rand``, a dropout), and
     its arguments do not switch that off (an attention's ``dropout_p=0``, ``train=False``)."""
@@ -209,8 +236,10 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                                  "%.3g, and as near the model's float64 output as the model%s", which, what, err, tol,
                                  arbiter)
                         continue
+                traced = None if leaf is None or any(map(_draws, graph.nodes)) else \
+                    _traced_apart(model, call, xs, leaf, e, tol, k == 0)
                 raise ExecutionError(f"on {which}, the scheduled module's {what} differs from the model's "
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, dtype "
                                      f"{str(a.dtype).removeprefix('torch.')} against "
                                      f"{str(e.dtype).removeprefix('torch.')}, largest difference {err:.3g}, "
-                                     f"tolerance {tol:.3g}{arbiter}): {_why_apart(graph)}")
+                                     f"tolerance {tol:.3g}{arbiter}): {traced or _why_apart(graph)}")

@@ -28,7 +28,7 @@ from opsched.frontends._common import symbolic
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
 
-__all__ = ["export_graph"]
+__all__ = ["export_graph", "program_outputs"]
 
 
 #: torch.export's warning about tensor attributes assigned during export, where every one named
@@ -40,23 +40,40 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     """``module`` called with ``args`` and ``kwargs``, traced by torch.export and converted (module
     docstring): the graph's inputs are the tensors among them, in pytree order, and every other
     argument is fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace."""
-    said = io.StringIO()
     try:
-        # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
-        # embedding) is then not wrapped in a higher-order set_grad_enabled call
-        with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad():
-            # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
-            # their _flat_weights list in forward (no user of the model can act on either)
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
-            seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
-            program = torch.export.export(module, seen, seen_kw, strict=False)
-            if not _functional(program):
-                program = program.run_decompositions({})
+        program = _exported(module, args, kwargs)
     except Exception as e:  # torch.export raises many types for the same root causes
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
     return ExportConverter(program, name).run()
+
+
+def program_outputs(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:
+    """What torch.export's own program of ``module`` (traced as :func:`export_graph` traces it)
+    returns when called with ``args`` and ``kwargs``, as the leaves of its output; None where it
+    cannot be traced or run. The arbiter of a failed check: where the program is as far from the
+    model as the scheduled module, the difference was traced, not scheduled."""
+    try:
+        program = _exported(module, args, kwargs)
+        with torch.no_grad():
+            return list(pytree.tree_leaves(program.module()(*args, **kwargs)))
+    except Exception:  # noqa: BLE001 (no program, or one that refuses these inputs: no arbiter)
+        return None
+
+
+def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
+    """``module`` traced by torch.export, functional; raises what torch.export raises."""
+    said = io.StringIO()
+    # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
+    # embedding) is then not wrapped in a higher-order set_grad_enabled call
+    with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad():
+        # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
+        # their _flat_weights list in forward (no user of the model can act on either)
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
+        seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
+        program = torch.export.export(module, seen, seen_kw, strict=False)
+        return program if _functional(program) else program.run_decompositions({})
 
 
 def _unmarked(tensor: torch.Tensor) -> torch.Tensor:
