@@ -83,13 +83,13 @@ def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     from transformers import PretrainedConfig
 
     aliases = getattr(config, "attribute_map", {})
-    heads = tuple(getattr(config, f, None) for f in ("num_attention_heads", "num_key_value_heads"))
+    heads = tuple(_field(config, f) for f in ("num_attention_heads", "num_key_value_heads"))
     for key, value in sizes.items():
         if aliases.get(key) == "num_stages":  # ConvNeXt's layers are stages, each with its width in a list
             continue
-        held = getattr(config, key, None)
+        held = _field(config, key)
         if (isinstance(held, int) and not isinstance(held, bool)) or \
-                (held is None and key in FILLED and hasattr(config, key) and sizes is SMALL):
+                (held is None and key in FILLED and key in vars(config) and sizes is SMALL):
             with contextlib.suppress(AttributeError):  # a property computed from other fields
                 setattr(config, key, value)
     if sizes is SMALL:
@@ -108,6 +108,15 @@ def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     return config
 
 
+def _field(config: Any, key: str) -> Any:
+    """``config``'s field ``key``, None where it has none, or refuses to give one for the whole
+    model (Gemma 4's per-layer fields: left as they are)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 (transformers' AmbiguousGlobalPerLayerAttributeError)
+        return None
+
+
 def _follow(config: Any, heads: tuple[Any, ...]) -> None:
     """The fields that must agree with the widths :data:`SMALL` set: the key-value heads keep
     their share of the ``heads`` the config had (DeepSeek's latent attention makes keys for every
@@ -115,22 +124,22 @@ def _follow(config: Any, heads: tuple[Any, ...]) -> None:
     head width, of which their rotary part is a share; a state-space model's heads
     (:data:`SSM_HEADS`); Qwen2-VL's rotary sections (in its code, not its config), which sum to
     half its head width."""
-    now = getattr(config, "num_attention_heads", None)
+    now = _field(config, "num_attention_heads")
     if all(isinstance(h, int) and h > 0 for h in heads) and isinstance(now, int):
         config.num_key_value_heads = max(1, now * heads[1] // heads[0])
-    rope = getattr(config, "rope_parameters", None)
-    share = (rope if isinstance(rope, dict) else {}).get("partial_rotary_factor",
-                                                          getattr(config, "partial_rotary_factor", None) or 1.0)
-    rotary, plain = getattr(config, "qk_rope_head_dim", None), getattr(config, "qk_nope_head_dim", None)
-    if isinstance(rotary, int) and hasattr(config, "head_dim"):  # the width the rotary embedding is made for
+    rope = _field(config, "rope_parameters")
+    share = (rope if isinstance(rope, dict) else {}).get("partial_rotary_factor") or \
+        _field(config, "partial_rotary_factor") or 1.0
+    rotary, plain = _field(config, "qk_rope_head_dim"), _field(config, "qk_nope_head_dim")
+    if isinstance(rotary, int) and _field(config, "head_dim") is not None:  # what the rotary part is a share of
         config.head_dim = int(rotary / share)
-    if isinstance(rotary, int) and isinstance(plain, int) and isinstance(getattr(config, "qk_head_dim", None), int):
+    if isinstance(rotary, int) and isinstance(plain, int) and isinstance(_field(config, "qk_head_dim"), int):
         config.qk_head_dim = rotary + plain  # LongCat-Flash keeps the sum as a field of its own
-    hidden = getattr(config, "hidden_size", None)
+    hidden = _field(config, "hidden_size")
     for count, width, expand in SSM_HEADS:
-        if all(isinstance(getattr(config, f, None), int) for f in (count, width, expand)) and isinstance(hidden, int):
+        if all(isinstance(_field(config, f), int) for f in (count, width, expand)) and isinstance(hidden, int):
             setattr(config, count, max(1, getattr(config, expand) * hidden // getattr(config, width)))
-    head = getattr(config, "head_dim", None) or (hidden // (now or 1) if isinstance(hidden, int) else None)
+    head = _field(config, "head_dim") or (hidden // now if isinstance(hidden, int) and isinstance(now, int) else None)
     if isinstance(rope, dict) and isinstance(head, int) and \
             "mrope_section" in getattr(config, "ignore_keys_at_rope_validation", ()):
         # the model's default sections (Qwen2-VL's 16, 24, 24) sum to half its head's rotary part
@@ -155,6 +164,8 @@ def candidate_inputs(model: Any, config: Any) -> list[dict[str, Any]]:
     inputs = example_inputs(model, config)
     if "pixel_values" in inputs and "input_ids" in inputs:
         return [inputs, {k: v for k, v in inputs.items() if k != "pixel_values"}]
+    if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
+        return [inputs, {**inputs, "input_features": inputs["input_features"].transpose(1, 2).contiguous()}]
     return [inputs]
 
 
@@ -177,7 +188,9 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
             inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))
         return inputs
     if main == "pixel_values":
-        return {"pixel_values": image()}
+        frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
+        return {"pixel_values": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
+                if isinstance(frames, int) else image()}
     if main == "input_values":
         return {"input_values": torch.randn(1, 8000)}
     if main == "input_features":
