@@ -157,16 +157,19 @@ def _size(config: Any, key: str, default: int) -> int:
     return value if isinstance(value, int) else default
 
 
-def candidate_inputs(model: Any, config: Any) -> list[dict[str, Any]]:
-    """The inputs to try ``model`` with, best first: :func:`example_inputs`, then, for a
-    text-and-image model, its tokens alone (its image needs tokens placed for it in the text, or
-    sizes beside it, which only its processor knows)."""
+def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
+    """The inputs to try ``model`` with, best first, by what they are: :func:`example_inputs`
+    ("as made"); then, for a text-and-image model, its tokens alone ("text alone": its image
+    needs tokens placed for it in the text, or sizes beside it, which only its processor knows);
+    for an audio model's features, the other layout ("features transposed")."""
     inputs = example_inputs(model, config)
+    candidates = {"as made": inputs}
     if "pixel_values" in inputs and "input_ids" in inputs:
-        return [inputs, {k: v for k, v in inputs.items() if k != "pixel_values"}]
+        candidates["text alone"] = {k: v for k, v in inputs.items() if k != "pixel_values"}
     if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
-        return [inputs, {**inputs, "input_features": inputs["input_features"].transpose(1, 2).contiguous()}]
-    return [inputs]
+        candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
+                                             .contiguous()}
+    return candidates
 
 
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:
@@ -227,8 +230,8 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
                 reasons.append(f"{row['params_m']:.0f}M parameters")
                 continue
             model = AutoModel.from_config(config).eval()
-            candidates = candidate_inputs(model, config)
-            for inputs in candidates:
+            for form, inputs in candidate_inputs(model, config).items():
+                row["form"] = form
                 try:
                     with torch.no_grad():
                         want = model(**inputs)
@@ -237,11 +240,12 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
                     reasons.append(first_line(e))
             else:
                 continue
-            row.update(config=label, inputs=sorted(inputs), text_alone=inputs is not candidates[0])
+            row.update(config=label, inputs=sorted(inputs))
             break
         except Exception as e:  # noqa: BLE001 (a config the generic rule cannot shrink: recorded, not opsched's)
             reasons.append(first_line(e))
     else:
+        row.pop("form", None)
         errors = [r for r in reasons if not r.endswith(" parameters")]
         return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
     start = time.perf_counter()
@@ -353,9 +357,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         lines += [f"Of the {len(equal)} equal: the largest difference from eager {worst['max_diff']:.1e} "
                   f"({worst['model']}); {sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
                   f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; "
-                  f"{sum('pixel_values' in r['inputs'] for r in equal)} given an image and text, "
-                  f"{sum(r['text_alone'] for r in equal)} "
-                  f"text-and-image models given their text alone; optimize() took "
+                  f"{sum({'pixel_values', 'input_ids'} <= set(r['inputs']) for r in equal)} text-and-image models "
+                  f"given both, {sum(r['form'] == 'text alone' for r in equal)} their text alone; "
+                  f"{sum(r['form'] == 'features transposed' for r in equal)} audio models given their features as "
+                  f"(frames, mel bins); optimize() took "
                   f"longest on " + ", ".join(f"{r['model']} ({r['seconds']:.0f} s)" for r in slow) + ".", ""]
     ours = [r for r in rows if r["outcome"] in ("refused", "failed", "crashed")]
     if ours:
