@@ -201,9 +201,14 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
     raise ValueError(f"no example for a main input {main!r}")
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+def first_line(e: BaseException, most: int = 400) -> str:
+    """The error's type and first line, at most ``most`` characters of it: where longer, its head
+    and its end, where opsched's messages say what to do (a failed check ends by whose the
+    difference is)."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    if len(line) > most:
+        line = f"{line[:most // 3]} [...] {line[-(most - most // 3):]}"
+    return f"{type(e).__name__}: {line}"
 
 
 def check(architecture: str, max_params: float) -> dict[str, Any]:

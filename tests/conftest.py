@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -27,6 +29,34 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OPSCHED_CACHE_DIR", str(tmp_path_factory.mktemp("opsched-cache")))
         yield
+
+
+class ZooCase(NamedTuple):
+    """A zoo model at batch 1 with its example inputs, what eager PyTorch gives on them, and its graph."""
+
+    model: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    expected: Any
+    graph: Any
+
+
+@pytest.fixture(scope="session")
+def zoo_case() -> Callable[[str], ZooCase]:
+    """Each zoo model built, run and traced once per test session, for the tests that schedule
+    every model many ways (torch.export traces nasnet_large in 10 to 20 seconds here, most of
+    what one of them costs). Shared: a test must not change the model or its inputs."""
+
+    @functools.cache
+    def case(name: str) -> ZooCase:
+        from opsched import from_torch
+        from opsched.models import example_inputs, get_model
+
+        model, inputs = get_model(name), example_inputs(name)
+        with torch.no_grad():
+            expected = model(*inputs)
+        return ZooCase(model, inputs, expected, from_torch(model, inputs))
+
+    return case
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from opsched.backends.cuda_inductor import CudaInductorExecutor
 from opsched.backends.inductor import inductor_available
 from opsched.cost.analytic import AnalyticCostModel
 from opsched.frontends import from_torch
-from opsched.ir import GraphBuilder, TensorType
+from opsched.ir import Graph, GraphBuilder, TensorType
 from opsched.models import example_inputs, get_model, list_models
 from opsched.runtime.plan import lower
 from opsched.runtime.reference import run_graph
@@ -31,16 +31,17 @@ from opsched.transforms.place import dtype_name, place
 SCHEDULERS = {"ios": {"budget_s": 5}, "est": {}, "opara": {}, "nimble": {}, "greedy": {}}
 
 
-@pytest.fixture(scope="module")
-def zoo() -> dict[str, Any]:
-    return {name: from_torch(get_model(name).eval(), example_inputs(name)) for name in list_models()}
+@pytest.fixture
+def zoo(zoo_case: Any) -> Callable[[str], Graph]:
+    """A zoo model's graph by name, traced once per test session."""
+    return lambda name: zoo_case(name).graph
 
 
 # --- stream programs -------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list_models())
 @pytest.mark.parametrize("scheduler", list(SCHEDULERS))
-def test_stream_programs_of_the_zoo_are_correct(zoo: dict[str, Any], scheduler: str, name: str) -> None:
-    graph = zoo[name]
+def test_stream_programs_of_the_zoo_are_correct(zoo: Callable[[str], Graph], scheduler: str, name: str) -> None:
+    graph = zoo(name)
     program = stream_program(lower(graph, schedule(graph, scheduler, AnalyticCostModel("V100"),
                                                    **SCHEDULERS[scheduler])))
     check_stream_program(program)
@@ -171,8 +172,8 @@ def _executor(graph: Any, scheduler: str, device: RecordingDevice, **kw: Any) ->
 
 
 @pytest.mark.parametrize("name", ["inception_v3", "nasnet_mobile", "randwire_small"])
-def test_executor_walk_matches_reference_and_program(zoo: dict[str, Any], name: str) -> None:
-    graph = zoo[name]
+def test_executor_walk_matches_reference_and_program(zoo: Callable[[str], Graph], name: str) -> None:
+    graph = zoo(name)
     x = example_inputs(name)
     expected = run_graph(graph, x)
     dev = RecordingDevice()
@@ -183,8 +184,8 @@ def test_executor_walk_matches_reference_and_program(zoo: dict[str, Any], name: 
     assert dev.current == 0  # the caller's stream is current again
 
 
-def test_capture_once_then_replay_with_static_buffers(zoo: dict[str, Any]) -> None:
-    graph = zoo["googlenet"]
+def test_capture_once_then_replay_with_static_buffers(zoo: Callable[[str], Graph]) -> None:
+    graph = zoo("googlenet")
     dev = RecordingDevice()
     ex = _executor(graph, "opara", dev)
     x1, x2 = torch.randn(1, 3, 224, 224), torch.randn(1, 3, 224, 224)
@@ -200,9 +201,9 @@ def test_capture_once_then_replay_with_static_buffers(zoo: dict[str, Any]) -> No
     assert first[0] is second[0]  # the graph's own output buffer, overwritten by the next call
 
 
-def test_capture_failure_falls_back_to_eager_streams_and_says_why_once(zoo: dict[str, Any],
+def test_capture_failure_falls_back_to_eager_streams_and_says_why_once(zoo: Callable[[str], Graph],
                                                                        caplog: pytest.LogCaptureFixture) -> None:
-    graph = zoo["squeezenet1_1"]
+    graph = zoo("squeezenet1_1")
     ex = _executor(graph, "nimble", RecordingDevice(capture_fails=True))
     x = example_inputs("squeezenet1_1")
     with caplog.at_level(logging.WARNING, logger="opsched.backends.cuda_executor"):
@@ -224,8 +225,8 @@ def test_opaque_nodes_are_not_captured() -> None:
     assert_close(ex([t]), [t.cumsum(-1).relu()])
 
 
-def test_trace_has_one_event_per_step_on_its_lane(zoo: dict[str, Any]) -> None:
-    graph = zoo["inception_v3"]
+def test_trace_has_one_event_per_step_on_its_lane(zoo: Callable[[str], Graph]) -> None:
+    graph = zoo("inception_v3")
     ex = _executor(graph, "est", RecordingDevice())
     trace = ex.trace(example_inputs("inception_v3"))
     assert sorted(e.label for e in trace) == sorted(s.label for s in ex.plan.steps)
@@ -235,10 +236,10 @@ def test_trace_has_one_event_per_step_on_its_lane(zoo: dict[str, Any]) -> None:
     assert all(lanes[e.label] == (e.phase, e.lane) for e in trace)
 
 
-def test_inputs_on_another_device_are_refused(zoo: dict[str, Any]) -> None:
+def test_inputs_on_another_device_are_refused(zoo: Callable[[str], Graph]) -> None:
     from opsched.errors import InputMismatchError
 
-    ex = CudaExecutor(zoo["squeezenet1_1"], lower(zoo["squeezenet1_1"], schedule(zoo["squeezenet1_1"], "sequential",
+    ex = CudaExecutor(zoo("squeezenet1_1"), lower(zoo("squeezenet1_1"), schedule(zoo("squeezenet1_1"), "sequential",
                                                                                 AnalyticCostModel("V100"))),
                       device="cuda:0", stream_device=RecordingDevice())
     with pytest.raises(InputMismatchError, match="is on cpu; this module runs on cuda:0"):
@@ -315,13 +316,13 @@ def test_plans_racing_on_cuda_and_cuda_inductor_keep_the_faster_equal_to_eager(s
 
 # --- placement -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,channels_last", [("float64", False), ("bfloat16", True), (None, True)])
-def test_place_matches_the_model_in_that_precision(zoo: dict[str, Any], dtype: str | None,
+def test_place_matches_the_model_in_that_precision(zoo: Callable[[str], Graph], dtype: str | None,
                                                    channels_last: bool) -> None:
     model, x = get_model("inception_v3").eval(), example_inputs("inception_v3")[0]
-    graph = place(zoo["inception_v3"], "cpu", dtype, channels_last)
+    graph = place(zoo("inception_v3"), "cpu", dtype, channels_last)
     want = torch.float32 if dtype is None else getattr(torch, dtype)
     assert all(p.dtype == want for p in graph.params.values())
-    assert (graph.structural_hash() != zoo["inception_v3"].structural_hash()) == (dtype is not None)
+    assert (graph.structural_hash() != zoo("inception_v3").structural_hash()) == (dtype is not None)
     conv_w = next(p for p in graph.params.values() if p.dim() == 4)
     assert conv_w.is_contiguous(memory_format=torch.channels_last) == channels_last
     with torch.no_grad():
