@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from opsched.ir import Graph
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,7 +40,7 @@ class ZooCase(NamedTuple):
     model: torch.nn.Module
     inputs: tuple[torch.Tensor, ...]
     expected: Any
-    graph: Any
+    graph: Graph
 
 
 @pytest.fixture(scope="session")

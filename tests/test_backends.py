@@ -19,13 +19,14 @@ import torch.nn.functional as F
 import opsched
 from opsched.backends import Backend, CpuBackend, Executor, backend_names, base, get_backend, register_backend
 from opsched.backends.lanes import LaneExecutor
-from opsched.backends.ort_export import exportable
+from opsched.backends.ort_export import export_segment, exportable
 from opsched.costing import host_cpu_model
 from opsched.errors import OpschedError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, registered_ops
 from opsched.ir.ops import op_defs
 from opsched.ir.ops.activation import ACTIVATIONS
+from opsched.ir.ops.onnx_session import OnnxModel
 from opsched.models import example_inputs, get_model
 from opsched.runtime import Plan, lower, run_graph
 from opsched.runtime.kernels import bind_step
@@ -376,7 +377,6 @@ def test_nearest_upsampling_runs_in_an_ort_session_exactly(mode: str, shape: tup
                                                            size: tuple[int, ...] | None, scale: float | None,
                                                            forms: dict[str, list[str]]) -> None:
     """A Resize where ONNX's rows are PyTorch's, else a Gather per axis that changes."""
-    from opsched.backends.ort_export import export_segment
 
     model, x = _Nearest(mode, size, scale), torch.randn(*shape)
     g = opsched.from_torch(model, x)
@@ -658,6 +658,11 @@ def test_negative_dimensions_export_counted_up_on_the_ort_backend() -> None:
     assert executor.sessions == 1 and "run with torch" not in executor.describe(), executor.describe()
 
 
+def _whole(graph: Graph) -> OnnxModel:
+    """``graph`` exported as one ONNX Runtime segment, a step per node, as the ort backend makes it."""
+    return export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs], graph.outputs)
+
+
 class _Windows(torch.nn.Module):
     """``Tensor.unfold`` along each axis: overlapping windows, windows with gaps between them, one
     window the axis's length, the last axis and one counted from the end, floats and integers."""
@@ -672,7 +677,6 @@ def test_unfold_is_one_gather_however_many_windows_it_makes() -> None:
     Slice and an Unsqueeze per window (62,000 nodes at 3000 frames, which ONNX Runtime took four
     minutes to load). Ours is a Gather and a Transpose, equal to PyTorch's exactly: 1024 windows
     make no more nodes than 7."""
-    from opsched.backends.ort_export import export_segment
 
     def onnx_nodes(x: torch.Tensor, i: torch.Tensor, model: torch.nn.Module) -> int:
         g = opsched.from_torch(model, (x, i))
@@ -681,8 +685,7 @@ def test_unfold_is_one_gather_however_many_windows_it_makes() -> None:
         executor.close()
         assert [torch.equal(a, b) for a, b in zip(made, model(x, i), strict=True)] == [True] * len(made)
         assert executor.sessions == 1 and "run with torch" not in executor.describe(), executor.describe()
-        segment = export_segment(g, [(n.name,) for n in g.nodes], [v.name for v in g.inputs], g.outputs)
-        return len(segment.proto.graph.node)
+        return len(_whole(g).proto.graph.node)
 
     class Long(torch.nn.Module):
         def forward(self, x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -859,14 +862,12 @@ def test_segments_are_declared_at_the_oldest_opset_their_nodes_mean_the_same_at(
     AveragePool-11's MLAS kernel here (benchmarks/onnx_forms.py), and NASNet-A mobile's plans with it."""
     import onnx
 
-    from opsched.backends.ort_export import export_segment
     from opsched.ir.ops.onnx_builder import OPSET
     from opsched.ir.ops.onnx_opsets import OLDEST
 
     model, x = _PoolThenGelu(gelu).eval(), torch.randn(1, 3, 8, 8)
     graph = opsched.from_torch(model, x)
-    proto = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs],
-                           graph.outputs).proto
+    proto = _whole(graph).proto
     onnx.checker.check_model(proto, full_check=True)
     (declared,) = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
     ops = {n.op_type for n in proto.graph.node}
@@ -959,12 +960,11 @@ class _Embedded(torch.nn.Module):
 def test_a_segment_holds_its_weights_apart_and_keeps_its_small_constants() -> None:
     from onnx import numpy_helper
 
-    from opsched.backends.ort_export import export_segment
     from opsched.ir.ops.onnx_session import INLINE_BYTES
 
     model, ids = _Embedded().eval(), torch.randint(0, 300, (1, 16))
     graph = opsched.from_torch(model, ids)
-    exported = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs], graph.outputs)
+    exported = _whole(graph)
     inits = {t.name: t for t in exported.proto.graph.initializer}
     apart = {n for n, t in inits.items() if t.data_location == onnx.TensorProto.EXTERNAL}
     assert apart == set(exported.weights) and len(apart) == 3  # the table and the heads' matrices
@@ -986,7 +986,7 @@ def test_a_model_past_protobufs_limit_is_loaded_with_its_weights_held_apart(monk
     from onnx import helper, numpy_helper
 
     from opsched.ir.ops import onnx_session
-    from opsched.ir.ops.onnx_session import OnnxModel, fits, inference_session, tensor_bytes
+    from opsched.ir.ops.onnx_session import fits, inference_session, tensor_bytes
 
     rng = np.random.default_rng(0)
     w, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +42,7 @@ SLOW_SEARCH = {"randwire_large": 5.0, "nasnet_large": 5.0, "nasnet_mobile": 5.0}
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 @pytest.mark.parametrize("scheduler", ["sequential", "greedy", "ios", "est"])
 @pytest.mark.parametrize("name", list_models())
-def test_every_scheduler_on_every_zoo_model_equals_eager(zoo_case, name: str, scheduler: str,  # type: ignore[no-untyped-def]
+def test_every_scheduler_on_every_zoo_model_equals_eager(zoo_case: Callable[[str], Any], name: str, scheduler: str,
                                                          backend: str) -> None:
     """Each model traced once (test_zoo checks the trace; here, what is made of it)."""
     _, inputs, expected, graph = zoo_case(name)
