@@ -118,7 +118,7 @@ def _export_by(run: Any, target: str, args: Any, kwargs: Any, index: int | None,
     for fill in fills:  # integers as zeros, then (an integer division by zeros fails) as ones
         examples, buf = tuple(_example(t, fill) for t in held), io.BytesIO()
         try:
-            with warnings.catch_warnings(), _no_output():
+            with warnings.catch_warnings(), _no_output(), _autocast_cache_kept():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(_OneCall(calling(run)), examples, buf,  # type: ignore[arg-type]  # a file works
                                   dynamo=False, opset_version=OPSET,
@@ -174,6 +174,18 @@ def _apart(model: onnx.ModelProto, call: Kernel, held: tuple[TensorType, ...], f
     else:
         agree = torch.allclose(computed, want, rtol=bound, atol=bound, equal_nan=True)
     return "" if agree else "torch.onnx's export computes otherwise than the overload on drawn tensors"
+
+
+@contextlib.contextmanager
+def _autocast_cache_kept() -> Iterator[None]:
+    """Autocast's weight cache on or off as found: torch.onnx's TorchScript exporter turns it off
+    while it traces and, where the trace raises, leaves it off for the rest of the process (where
+    every torch.compile'd function's guards then fail, and it compiles again)."""
+    before = torch.is_autocast_cache_enabled()
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(before)
 
 
 @contextlib.contextmanager
