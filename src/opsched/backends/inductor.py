@@ -39,6 +39,9 @@ from opsched.runtime.kernels import step_kernel
 
 __all__ = ["InductorBackend", "InductorExecutor", "InductorSegments", "inductor_available", "compile_segment"]
 
+#: A segment compiled: its input slots' values to its output slots' values.
+CompiledSegment = Callable[..., tuple[torch.Tensor, ...]]
+
 #: Inductor's options for every segment (besides its thread count).
 INDUCTOR_OPTIONS: dict[str, Any] = {"freezing": True}
 
@@ -63,6 +66,15 @@ class InductorSegments(SegmentBuilder):
         self.options = options or {}
         self.frees = frees
         self.compile_seconds = 0.0
+        # each compiled segment's outputs on the example, kept until the last segment reading
+        # them is compiled: a segment is compiled on what its producers give, strides and all
+        # (an Inductor convolution's output is channels-last; a band of rows is a view), not on
+        # fresh contiguous tensors, which would make it compile again at its first call
+        self.examples: dict[int, torch.Tensor] = {}
+        self.unread: dict[int, int] = {}
+        for step in plan.steps:
+            for slot in set(step.inputs):
+                self.unread[slot] = self.unread.get(slot, 0) + 1
 
     def fits(self, s: int) -> bool:
         return True
@@ -84,24 +96,42 @@ class InductorSegments(SegmentBuilder):
         op = f"inductor[{count(len(segment.steps), 'step')}]"
         return Item(len(self.items), segment.label, op, run, (), "segment"), compiled
 
-    def _compile(self, segment: Segment, threads: int) -> Callable[..., tuple[torch.Tensor, ...]]:
-        if self.device.type != "cpu":
-            return compile_segment(self.graph, self.plan, segment, self.device, self.options)
+    def _compile(self, segment: Segment, threads: int) -> CompiledSegment:
+        example = [self._example(slot) for slot in segment.inputs]
+        options = self.options
         threads_before = torch.get_num_threads()
-        torch.set_num_threads(threads)  # compiled at the threads its lane will have
+        if self.device.type == "cpu":
+            options = {**options, "cpp.threads": threads}
+            torch.set_num_threads(threads)  # compiled at the threads its lane will have
         try:
-            return compile_segment(self.graph, self.plan, segment, self.device,
-                                   {**self.options, "cpp.threads": threads})
+            compiled, made = compile_segment(self.graph, self.plan, segment, example, options)
         finally:
             torch.set_num_threads(threads_before)
+        for s in segment.steps:
+            for slot in set(self.plan.steps[s].inputs):
+                self.unread[slot] -= 1
+        self.examples.update(zip(segment.outputs, made))
+        for slot in {*segment.inputs, *segment.outputs}:
+            if not self.unread.get(slot):
+                self.examples.pop(slot, None)
+        return compiled
+
+    def _example(self, slot: int) -> torch.Tensor:
+        """The value of ``slot`` to compile a reader of it on: what its segment made, or (a graph
+        input, contiguous as the executor passes them) zeros."""
+        if slot in self.examples:
+            return self.examples[slot]
+        t = self.graph.types[self.plan.slot_names[slot]]
+        return torch.zeros(t.shape, dtype=getattr(torch, t.dtype), device=self.device)
 
 
-def compile_segment(graph: Graph, plan: Plan, segment: Segment, device: torch.device,
-                    options: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
+def compile_segment(graph: Graph, plan: Plan, segment: Segment, example: Sequence[torch.Tensor],
+                    options: dict[str, Any]) -> tuple[CompiledSegment, tuple[torch.Tensor, ...]]:
     """``segment``'s steps as one function of its input slots' values returning its output
-    slots' values: traced to an ATen graph with ``make_fx`` on zeros of the input types on
-    ``device``, compiled by Inductor with :data:`INDUCTOR_OPTIONS` and ``options``, and run once
-    there (so it is compiled now)."""
+    slots' values, and what it returns on ``example`` (a value per input slot, on the device to
+    compile for): traced to an ATen graph with ``make_fx`` on ``example``, compiled by Inductor
+    with :data:`INDUCTOR_OPTIONS` and ``options`` for tensors of ``example``'s sizes and
+    strides, and run once on it (so it is compiled now)."""
     steps = plan.steps
     kernels = [(step_kernel(graph, steps[s]), steps[s].inputs, steps[s].outputs) for s in segment.steps]
     ins, outs = segment.inputs, segment.outputs
@@ -116,18 +146,17 @@ def compile_segment(graph: Graph, plan: Plan, segment: Segment, device: torch.de
                 env.update(zip(writes, result))
         return tuple(env[o] for o in outs)
 
-    types = [graph.types[plan.slot_names[i]] for i in ins]
-    example = [torch.zeros(t.shape, dtype=getattr(torch, t.dtype), device=device) for t in types]
+    device = example[0].device if example else torch.device("cpu")
     try:
         with torch.no_grad():
             traced = make_fx(body)(*example)
             compiled = torch.compile(traced, backend="inductor", dynamic=False, fullgraph=True,
                                      options={**INDUCTOR_OPTIONS, **options})
-            compiled(*example)
+            made = compiled(*example)
     except Exception as e:
         raise ExecutionError(f"Inductor could not compile segment {segment.label!r} of {graph.name!r} "
                              f"({count(len(segment.steps), 'step')}) for {device}: {type(e).__name__}: {e}") from e
-    return compiled
+    return compiled, tuple(made)
 
 
 class InductorExecutor(LaneExecutor):

@@ -11,6 +11,7 @@ in between. A subclass says which steps fit, how a segment and a lone step becom
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from opsched.backends.lanes import Item, Program
+from opsched.errors import ExecutionError
 from opsched.ir import Graph
 from opsched.runtime import Plan
 
@@ -68,12 +70,28 @@ class SegmentBuilder:
         """Step ``s``, which fits no segment, as an item of its own."""
         raise NotImplementedError
 
-    # --- the cut --------------------------------------------------------------------------------
+    # --- the cut ---------------------------------------------------------------------------------
     def build(self) -> Program:
-        phases = []
+        """Every lane cut (:meth:`_cut`), its units made into items in an order where each unit
+        comes after those whose values it reads (:meth:`_made_in_order`: a subclass may run what
+        it compiles and compile the next unit on those values), then set out by phase and lane."""
+        units: list[tuple[tuple[int, ...], bool, int]] = []  # (steps, whether a segment, threads)
+        layout: list[list[list[int]]] = []                   # per phase, per lane, its units
         for phase in self.plan.phases:
             threads = max(1, self.cores // len(phase.lanes))
-            phases.append([self._lane(lane, threads) for lane in phase.lanes])
+            lanes = []
+            for lane in phase.lanes:
+                lanes.append(list(range(len(units), len(units) + len(cut := self._cut(lane)))))
+                units.extend((run, fits, threads) for run, fits in cut)
+            layout.append(lanes)
+        item_of_unit: dict[int, int] = {}
+        for u in self._made_in_order([run for run, _, _ in units]):
+            run, fits, threads = units[u]
+            if fits:
+                item, session = self.segment_item(self.segment(run), threads)
+                item_of_unit[u] = self._emit(item, list(run), session)
+            else:
+                item_of_unit[u] = self._emit(self.step_item(run[0]), list(run), None)
         steps = self.plan.steps
 
         def with_waits(i: int) -> Item:
@@ -81,19 +99,20 @@ class SegmentBuilder:
             waits = {self.item_of[w] for m in self.members[i] for w in steps[m].waits} - {item.id}
             return dataclasses.replace(item, waits=tuple(sorted(waits)))
 
-        program_phases = tuple(tuple(tuple(with_waits(i) for i in lane) for lane in lanes) for lanes in phases)
+        program_phases = tuple(tuple(tuple(with_waits(item_of_unit[u]) for u in lane) for lane in lanes)
+                               for lanes in layout)
         return Program(program_phases, tuple(p.frees for p in self.plan.phases), len(self.items),
                        len(self.plan.slot_names), self.plan.input_slots, self.plan.output_slots, encode=self.encode,
                        decode=self.decode, sessions=tuple(self.sessions))
 
-    def _lane(self, lane: Sequence[int], threads: int) -> list[int]:
-        built: list[int] = []
+    def _cut(self, lane: Sequence[int]) -> list[tuple[tuple[int, ...], bool]]:
+        """``lane`` cut into runs of steps: segments (True) and lone steps that fit none (False)."""
+        cut: list[tuple[tuple[int, ...], bool]] = []
         run: list[int] = []
 
         def close() -> None:
             if run:
-                item, session = self.segment_item(self.segment(run), threads)
-                built.append(self._emit(item, list(run), session))
+                cut.append((tuple(run), True))
                 run.clear()
 
         for s in lane:
@@ -105,9 +124,35 @@ class SegmentBuilder:
                     close()  # another lane waits for this step: end its segment here
             else:
                 close()
-                built.append(self._emit(self.step_item(s), [s], None))
+                cut.append(((s,), False))
         close()
-        return built
+        return cut
+
+    def _made_in_order(self, units: Sequence[tuple[int, ...]]) -> list[int]:
+        """The ``units`` (runs of steps) in the order they are cut, except that a unit reading a
+        value another unit makes comes after it (a lane that waits on a later lane's step)."""
+        steps = self.plan.steps
+        maker = {slot: u for u, run in enumerate(units) for s in run for slot in steps[s].outputs}
+        readers: dict[int, set[int]] = {}
+        needs = [0] * len(units)
+        for u, run in enumerate(units):
+            makers = {maker[slot] for s in run for slot in steps[s].inputs if slot in maker} - {u}
+            needs[u] = len(makers)
+            for m in makers:
+                readers.setdefault(m, set()).add(u)
+        ready = [u for u in range(len(units)) if not needs[u]]
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            order.append(u := heapq.heappop(ready))
+            for r in readers.get(u, ()):
+                needs[r] -= 1
+                if not needs[r]:
+                    heapq.heappush(ready, r)
+        if len(order) < len(units):  # a plan whose lanes wait on each other in a circle: a bug of ours
+            raise ExecutionError(f"plan of {self.graph.name!r}: the lane segments of steps "
+                                 f"{[units[u] for u in range(len(units)) if needs[u]][:3]} wait on each other")
+        return order
 
     def _emit(self, item: Item, members: list[int], session: Any) -> int:
         self.items.append(item)
