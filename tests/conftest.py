@@ -1,11 +1,18 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pytest
-import torch
+# OpenMP threads that wait sleep rather than spin, set before torch loads its OpenMP (and passed
+# to pytest-xdist's workers and every subprocess): the suite runs a worker a core, each with
+# torch's threads and some with a thread a lane, and spinning threads took the cores the others
+# needed (tests/test_runtime.py and test_zoo.py on 2 workers, 2 cores: 302 s, 182 s sleeping)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if TYPE_CHECKING:
     from opsched.ir import Graph
