@@ -187,18 +187,20 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
         if "pixel_values" in inspect.signature(model.forward).parameters and \
                 getattr(config, "vision_config", None) is not None:
             inputs["pixel_values"] = image()
-        if getattr(config, "is_encoder_decoder", False):
-            inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))
-        return inputs
-    if main == "pixel_values":
+    elif main == "pixel_values":
         frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
-        return {"pixel_values": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
-                if isinstance(frames, int) else image()}
-    if main == "input_values":
-        return {"input_values": torch.randn(1, 8000)}
-    if main == "input_features":
-        return {"input_features": torch.randn(1, _size(config, "num_mel_bins", 80), 3000)}
-    raise ValueError(f"no example for a main input {main!r}")
+        inputs = {"pixel_values": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
+                  if isinstance(frames, int) else image()}
+    elif main == "input_values":
+        inputs = {"input_values": torch.randn(1, 8000)}
+    elif main == "input_features":
+        inputs = {"input_features": torch.randn(1, _size(config, "num_mel_bins", 80), 3000)}
+    else:
+        raise ValueError(f"no example for a main input {main!r}")
+    if getattr(config, "is_encoder_decoder", False) and \
+            (main == "input_ids" or "decoder_input_ids" in inspect.signature(model.forward).parameters):
+        inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))  # a translator's, a speech recogniser's
+    return inputs
 
 
 def first_line(e: BaseException, most: int = 400) -> str:
