@@ -6,7 +6,10 @@ oneDNN). It runs one stream of work; opsched's plan decides what runs at once. S
 each phase is cut into segments (:mod:`.segments`, the cut ONNX Runtime sessions use: a step
 another lane waits for ends a segment), each segment is traced to an ATen graph with
 ``make_fx`` and compiled by ``torch.compile(backend="inductor")`` for the threads its lane gets
-(``cpp.threads``: a lane of a phase of k lanes has ``cores // k``), and the lanes run on CPU
+(``cpp.threads``: a lane of a phase of k lanes has ``cores // k``) and for the values its
+producers made on the example (their strides: a channels-last convolution output, a band of
+rows as a view; compiled on fresh contiguous tensors, a segment compiled again at its first
+call), and the lanes run on CPU
 threads as every CPU plan does (:mod:`.lanes`). Every step has a torch kernel, so every step
 joins a segment; calls that are only Python (opaque nodes) are traced through.
 
