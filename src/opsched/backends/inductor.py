@@ -74,10 +74,7 @@ class InductorSegments(SegmentBuilder):
         # (an Inductor convolution's output is channels-last; a band of rows is a view), not on
         # fresh contiguous tensors, which would make it compile again at its first call
         self.examples: dict[int, torch.Tensor] = {}
-        self.unread: dict[int, int] = {}
-        for step in plan.steps:
-            for slot in set(step.inputs):
-                self.unread[slot] = self.unread.get(slot, 0) + 1
+        self.compiled: set[int] = set()  # the steps compiled so far
 
     def fits(self, s: int) -> bool:
         return True
@@ -110,12 +107,10 @@ class InductorSegments(SegmentBuilder):
             compiled, made = compile_segment(self.graph, self.plan, segment, example, options)
         finally:
             torch.set_num_threads(threads_before)
-        for s in segment.steps:
-            for slot in set(self.plan.steps[s].inputs):
-                self.unread[slot] -= 1
+        self.compiled.update(segment.steps)
         self.examples.update(zip(segment.outputs, made))
         for slot in {*segment.inputs, *segment.outputs}:
-            if not self.unread.get(slot):
+            if not self.readers.get(slot, set()) - self.compiled:
                 self.examples.pop(slot, None)
         return compiled
 

@@ -81,7 +81,8 @@ class SegmentBuilder:
             threads = max(1, self.cores // len(phase.lanes))
             lanes = []
             for lane in phase.lanes:
-                lanes.append(list(range(len(units), len(units) + len(cut := self._cut(lane)))))
+                cut = self._cut(lane)
+                lanes.append(list(range(len(units), len(units) + len(cut))))
                 units.extend((run, fits, threads) for run, fits in cut)
             layout.append(lanes)
         item_of_unit: dict[int, int] = {}
