@@ -162,6 +162,9 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     ("as made"); then, for a text-and-image model, its tokens alone ("text alone": its image
     needs tokens placed for it in the text, or sizes beside it, which only its processor knows);
     for an audio model's features, the other layout ("features transposed")."""
+    grid = next((n for n in inspect.signature(model.forward).parameters if n.endswith("grid_thw")), None)
+    if grid is not None:
+        return patch_grids(model, config, grid)
     inputs = example_inputs(model, config)
     candidates = {"as made": inputs}
     if "pixel_values" in inputs and "input_ids" in inputs:
@@ -170,6 +173,29 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
         candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
                                              .contiguous()}
     return candidates
+
+
+def patch_grids(model: Any, config: Any, grid: str) -> dict[str, dict[str, Any]]:
+    """A vision tower's inputs as its model's processor makes them: the image's patches flattened
+    (one row a patch, of channels x frames x side x side values) beside its grid of (frames,
+    rows, columns) patches in ``grid``, an image of 4x4 merged patches (a merge of m x m patches
+    a token); a patch of one frame, or two (a video's), where the config's frame count does not
+    fit, or each patch a small image (channels, side, side) where the tower embeds it with a 2-d
+    convolution; VideoLLaMA3's towers take each image's merge beside its grid."""
+    import torch
+
+    merge = _size(config, "spatial_merge_size", 1)
+    side, frames = _size(config, "patch_size", 14), _size(config, "temporal_patch_size", 1)
+    channels = _size(config, "in_channels", _size(config, "num_channels", 3))
+    rows = 4 * merge
+    first = next(n for n, p in inspect.signature(model.forward).parameters.items()
+                 if n != grid and p.default is p.empty and p.kind is not p.VAR_KEYWORD)
+    beside = {grid: torch.tensor([[1, rows, rows]])}
+    if "merge_sizes" in inspect.signature(model.forward).parameters:  # VideoLLaMA3's, an image's merge
+        beside["merge_sizes"] = torch.tensor([merge])
+    candidates = {f"patches of {t} frames": {first: torch.randn(rows * rows, channels * t * side * side), **beside}
+                  for t in dict.fromkeys((frames, 1, 2))}
+    return {**candidates, "patches as images": {first: torch.randn(rows * rows, channels, side, side), **beside}}
 
 
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:

@@ -340,3 +340,28 @@ def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     assert small("gptj").rotary_dim == 8 and small("ministral").head_dim == 16
     convnext = small("convnext")  # its "layers" are its four stages, each with its width
     assert convnext.num_stages == 4 and convnext.depths == [1, 1, 1, 1]
+
+
+def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
+    """``transformers_all.candidate_inputs`` for Qwen2.5-VL's vision tower (built, called in eager
+    PyTorch, not optimized): its first candidate is what its processor makes, a row per patch of
+    3 channels x 2 frames x 14 x 14 values beside the (frames, rows, columns) grid, and the tower
+    embeds it as one token per 2x2 merge of patches."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from transformers_all import SMALL, candidate_inputs, shrunk
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    config = shrunk(CONFIG_MAPPING["qwen2_5_vl_vision"](), SMALL)
+    model = AutoModel.from_config(config).eval()
+    form, inputs = next(iter(candidate_inputs(model, config).items()))
+    assert form == "patches of 2 frames" and set(inputs) == {"hidden_states", "grid_thw"}
+    assert inputs["hidden_states"].shape == (64, 3 * 2 * 14 * 14) and inputs["grid_thw"].tolist() == [[1, 8, 8]]
+    with torch.no_grad():
+        out = model(**inputs)
+    assert out.pooler_output.shape[0] == 64 // 4
