@@ -31,7 +31,7 @@ from opsched.schedule import Stage
 from opsched.timeline import TraceEvent
 from opsched.timing import Clock, interleave, wall_ms
 
-__all__ = ["Executor", "Backend", "CpuBackend", "register_backend", "get_backend", "backend_names",
+__all__ = ["Executor", "Backend", "TorchKernels", "CpuBackend", "register_backend", "get_backend", "backend_names",
            "resolve_backend", "cpu_model_name", "cpu_fingerprint"]
 
 
@@ -165,7 +165,21 @@ def cpu_fingerprint() -> str:
     return f"{cpu_model_name()} x{os.cpu_count()} threads={torch.get_num_threads()}"
 
 
-class CpuBackend:
+class TorchKernels:
+    """What a backend answers that runs any graph, every op on torch's own kernel: no dtype it
+    cannot hold, no op it leaves to another."""
+
+    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
+        return None
+
+    def supports(self, op: str) -> bool:
+        return op_def(op).torch is not None
+
+    def opt_out(self, op: str) -> str:
+        return ""
+
+
+class CpuBackend(TorchKernels):
     """What CPU backends share: the host's fingerprint and analytic preset, a wall clock, and
     stage timing as calls less an empty call. A subclass names itself and prepares executors;
     it overrides what it does differently (ONNX Runtime reads its own profiler)."""
@@ -179,15 +193,6 @@ class CpuBackend:
 
     def unavailable(self) -> str | None:
         return None
-
-    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
-        return None
-
-    def supports(self, op: str) -> bool:
-        return op_def(op).torch is not None
-
-    def opt_out(self, op: str) -> str:
-        return ""
 
     def profile_tag(self, run: RunOptions) -> str:
         return f"cpu-{self.name}-v{self.measure_version}" + (f"-{run.cores}core" if run.cores else "")

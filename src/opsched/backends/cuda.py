@@ -16,12 +16,12 @@ from __future__ import annotations
 import functools
 import statistics
 import subprocess
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from opsched.backends.base import Executor, register_backend
+from opsched.backends.base import Executor, TorchKernels, register_backend
 from opsched.backends.cuda_executor import CudaExecutor
 from opsched.cost import DEVICES, DeviceSpec, SegmentCut, StageTiming, TimingPolicy
 from opsched.cost.devices import gpu_spec_named_in
@@ -29,7 +29,6 @@ from opsched.cost.measured import Calibrations
 from opsched.errors import CostModelError
 from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder
-from opsched.ir.ops import op_def
 from opsched.runtime import Plan, lower_stage, stage_inputs
 from opsched.schedule import Stage
 from opsched.timing import Clock, cuda_events_ms, synchronized
@@ -75,7 +74,7 @@ def _device(run: RunOptions) -> torch.device:
     return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
 
 
-class CudaBackend:
+class CudaBackend(TorchKernels):
     """Torch's CUDA kernels on streams, the plan captured into one CUDA graph (module docstring)."""
 
     name = "cuda"
@@ -88,15 +87,6 @@ class CudaBackend:
             return (f"CUDA is not available on this machine (torch {torch.__version__}, "
                     f"torch.cuda.is_available() is False)")
         return None
-
-    def cannot_hold(self, dtypes: Collection[str]) -> str | None:
-        return None
-
-    def supports(self, op: str) -> bool:
-        return op_def(op).torch is not None
-
-    def opt_out(self, op: str) -> str:
-        return ""
 
     def profile_tag(self, run: RunOptions) -> str:
         return "cuda-graph-v1" + ("-channels_last" if run.channels_last else "")
