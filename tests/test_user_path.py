@@ -206,6 +206,29 @@ def test_the_check_against_the_model_compares_the_inputs_it_changes() -> None:
         verify_against(forgetful, forgetful.graph, torch.device("cpu"), model, call, xs)
 
 
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return x.relu(), x.sigmoid()
+
+
+class _Half(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return x.relu(), None
+
+
+def test_the_check_names_an_output_that_nests_otherwise_than_the_models() -> None:
+    """A module whose outputs hold None where the model's hold a tensor fails the check with what
+    each side holds (it raised AttributeError on the None's shape)."""
+    from opsched.check import verify_against
+    from opsched.structure import InputStructure
+
+    model, x = _Pair().eval(), torch.randn(2, 3)
+    graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
+    with pytest.raises(ExecutionError, match=r"on the example inputs, the scheduled module's output 1 is None where "
+                                             r"the model's is a tensor of shape \(2, 3\): its outputs nest otherwise"):
+        verify_against(_Half(), graph, torch.device("cpu"), model, call, (x,))
+
+
 class _Shifted(nn.Module):
     """Adds ``shift`` and takes it away again: in float32, rounding to the precision of the shift
     (ulp(1e4) is 1e-3), where float64 gives ``x`` back exactly."""
@@ -664,6 +687,34 @@ def test_output_structures_rebuild_exactly_what_the_model_returned(example: obje
     assert structure._plain is plain
     assert pytree.tree_structure(got) == spec and type(got) is type(want)
     assert all(a is b for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True))
+
+
+def test_a_model_output_comes_back_with_its_fields_in_the_order_the_model_set_them() -> None:
+    """A Hugging Face ``ModelOutput`` rebuilt from its leaves takes its fields' order; InternVL
+    sets its vision output's pooled features after the others, so the rebuilt output held them
+    elsewhere: ``out[1]`` and ``to_tuple()`` answered otherwise, and optimize()'s own check
+    failed on a None where the model had a tensor."""
+    transformers = pytest.importorskip("transformers")
+
+    @dataclasses.dataclass
+    class Pooled(transformers.utils.ModelOutput):
+        last_hidden_state: torch.Tensor | None = None
+        pooler_output: torch.Tensor | None = None
+        hidden_states: tuple[torch.Tensor, ...] | None = None
+
+    class SetsPooledLast(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, object]:
+            inner = Pooled(last_hidden_state=x.relu(), hidden_states=(x.sigmoid(),))
+            inner.pooler_output = x.mean(1)
+            return {"features": x.tanh(), "vision": inner}
+
+    model, x = SetsPooledLast().eval(), torch.randn(2, 5, 4)
+    module = opsched.optimize(model, x, cost="analytic")
+    got, want = module(x), model(x)
+    assert list(got["vision"]) == list(want["vision"]) == ["last_hidden_state", "hidden_states", "pooler_output"]
+    assert_close(got["vision"][1], want["vision"][1])
+    assert_close(tensors(got["vision"].to_tuple()), tensors(want["vision"].to_tuple()))
+    assert_close(tensors(got), tensors(want))
 
 
 class TokenTypes(nn.Module):

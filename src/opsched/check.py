@@ -177,6 +177,13 @@ def _as_true(actual: torch.Tensor, expected: torch.Tensor, truth: object, tol: f
                                      f"model itself {own:.3g}"
 
 
+def _kind(value: object) -> str:
+    """A value as a check's message names it: a tensor by its shape, anything else by its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
 def verify_against(module: nn.Module, graph: Graph, device: torch.device, model: nn.Module, call: InputStructure,
                    inputs: tuple[torch.Tensor, ...], progress: Progress | None = None,
                    dtype: str | None = None) -> None:
@@ -218,6 +225,11 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                                  f"{len(expected)}; please report this with the model")
         written = {i.name: k for k, i in enumerate(graph.inputs) if i.name in graph.writes or not
                    torch.equal(theirs[k], xs[k])}  # what the model wrote, and what the module should have
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
+                raise ExecutionError(f"on {which}, the scheduled module's output {i} is {_kind(a)} where the "
+                                     f"model's is {_kind(e)}: its outputs nest otherwise; please report this with "
+                                     f"the model")
         compared: list[tuple[str, torch.Tensor, torch.Tensor, int | None]] = [
             (f"output {i}", a, e, i) for i, (a, e) in enumerate(zip(actual, expected)) if isinstance(e, torch.Tensor)]
         compared += [(f"input {name!r} after the call", mine[k], theirs[k], None) for name, k in written.items()]

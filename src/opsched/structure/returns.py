@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,9 @@ from opsched.structure.trees import Call, Pickled, leaf_slots
 __all__ = ["OutputStructure"]
 
 log = logging.getLogger("opsched")
+
+#: Mappings of an output, each where it is and its keys in order.
+Ordered = tuple[tuple[pytree.KeyPath, tuple[Any, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class OutputStructure(Pickled):
     constants: tuple[Any, ...]     # per leaf: the constant (None where the leaf is a graph output)
     passed: tuple[tuple[int, int], ...] = ()  # (graph output, graph input it is)
     returned: tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...] = ()  # (where in the output, where in the call)
+    ordered: Ordered = ()  # (where in the output, the keys of a mapping there in the model's order)
 
     @classmethod
     def of(cls, example: Any, call: Call | None = None, inputs: Sequence[torch.Tensor] = ()) -> OutputStructure:
@@ -52,7 +57,8 @@ class OutputStructure(Pickled):
         slots, constants = leaf_slots(leaves)
         given = {id(t): k for k, t in enumerate(inputs)}
         passed = tuple((s, given[id(leaf)]) for leaf, s in zip(leaves, slots) if s is not None and id(leaf) in given)
-        return cls(spec, slots, constants, passed, _returned(example, call) if call is not None else ())
+        return cls(spec, slots, constants, passed, _returned(example, call) if call is not None else (),
+                   _reordered(example, pytree.tree_unflatten(leaves, spec)))
 
     @classmethod
     def flat(cls, n: int) -> OutputStructure:
@@ -76,6 +82,8 @@ class OutputStructure(Pickled):
             return outputs[0] if self._plain else tuple(outputs)
         leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
         built = pytree.tree_unflatten(leaves, self.spec)
+        for where, keys in self.ordered:
+            _in_order(_at(built, where), keys)
         if not self.returned or call is None:
             return built
         theirs = {}
@@ -90,7 +98,7 @@ class OutputStructure(Pickled):
     def _plain(self) -> bool | None:
         """True where the output is the one graph output, False where it is a tuple of every graph
         output in order, None where the tree must be rebuilt (a call costs microseconds less)."""
-        in_order = self.slots == tuple(range(len(self.slots))) and not self.returned
+        in_order = self.slots == tuple(range(len(self.slots))) and not self.returned and not self.ordered
         if in_order and self.spec.is_leaf():
             return True
         if in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children()):
@@ -126,6 +134,44 @@ def _returned(output: Any, call: Call) -> tuple[tuple[pytree.KeyPath, pytree.Key
     for _, argument in returned:
         log.info("the model returns its argument %s as itself, changed: the module does too", pytree.keystr(argument))
     return returned
+
+
+def _reordered(output: Any, rebuilt: Any, where: pytree.KeyPath = ()) -> Ordered:
+    """Where a mapping of ``output``, ``rebuilt`` from its leaves, holds its keys in another order,
+    and the order it had. A Hugging Face ``ModelOutput`` is rebuilt in its fields' order, and a
+    model may set a field after the others (InternVL's vision output, its pooled features last):
+    ``out[1]``, ``to_tuple()`` and iteration follow the order the model gave."""
+    found = []
+    if isinstance(output, Mapping) and list(output) != list(rebuilt):
+        found.append((where, tuple(output)))
+    if pytree.tree_is_leaf(output):
+        return tuple(found)
+    try:
+        children, again = _children(output), _children(rebuilt)
+    except ValueError:  # a node type registered without key paths: as rebuilt
+        return tuple(found)
+    for key, child in children.items():
+        found += _reordered(child, again[key], (*where, key))
+    return tuple(found)
+
+
+def _children(node: Any) -> dict[Any, Any]:
+    """A pytree node's children by their keys."""
+    def below(x: Any) -> bool:
+        return x is not node
+    return {path[0]: child for path, child in pytree.tree_flatten_with_path(node, is_leaf=below)[0]}
+
+
+def _in_order(node: Any, keys: tuple[Any, ...]) -> None:
+    """Put ``node``'s keys in the order ``keys`` (past a subclass's guards: a ModelOutput refuses
+    deletion)."""
+    if isinstance(node, OrderedDict):
+        for key in keys:
+            OrderedDict.move_to_end(node, key)
+    else:
+        items = [(key, node[key]) for key in keys]
+        dict.clear(node)
+        dict.update(node, items)
 
 
 def _adoptable(node: Any) -> bool:
