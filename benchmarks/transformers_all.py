@@ -7,10 +7,12 @@ heads, experts), in it and in its sub-configs, and the few fields that must agre
 (a state-space model's heads, a rotary part's width); where the model then cannot be built or
 called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
 main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames), for an
-encoder-decoder 8 decoder tokens, and for a text-and-image model an image, or, where it needs
-tokens placed for the image in its text, the text alone. Models past ``--max-params`` (counted on the meta device) are
-not built. ``optimize`` runs with the analytic cost model and its own check against the model, and
-the largest difference of its outputs from eager's is recorded.
+encoder-decoder 8 decoder tokens, and for a text-and-image model an image, with an image token
+placed before the text for each feature its ``get_image_features`` makes of it (as its processor
+places them) where it needs them, else the text alone; for a vision tower, an image's patches and
+their grid. Models past ``--max-params`` (counted on the meta device) are not built.
+``optimize`` runs with the analytic cost model and its own check against the model, and the
+largest difference of its outputs from eager's is recorded.
 
 Each outcome is whose it is:
 *equal*: optimize() ran and matched eager; *refused*: opsched raised its own error, named
@@ -159,20 +161,65 @@ def _size(config: Any, key: str, default: int) -> int:
 
 def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     """The inputs to try ``model`` with, best first, by what they are: :func:`example_inputs`
-    ("as made"); then, for a text-and-image model, its tokens alone ("text alone": its image
-    needs tokens placed for it in the text, or sizes beside it, which only its processor knows);
-    for an audio model's features, the other layout ("features transposed")."""
-    grid = next((n for n in inspect.signature(model.forward).parameters if n.endswith("grid_thw")), None)
+    ("as made"); then, for a text-and-image model, its image with a token in the text for each
+    of the image's features ("image placed", :func:`image_placed`), else its tokens alone ("text
+    alone": its image needs sizes beside it, which only its processor knows); for an audio
+    model's features, the other layout ("features transposed"); for a vision tower that takes an
+    image's grid, :func:`patch_grids`."""
+    grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
+                 if n.endswith("grid_thw") and p.default is p.empty), None)  # a tower's, not its whole model's
     if grid is not None:
         return patch_grids(model, config, grid)
     inputs = example_inputs(model, config)
     candidates = {"as made": inputs}
     if "pixel_values" in inputs and "input_ids" in inputs:
+        placed = image_placed(model, config, inputs)
+        if placed is not None:
+            candidates["image placed"] = placed
         candidates["text alone"] = {k: v for k, v in inputs.items() if k != "pixel_values"}
     if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
         candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
                                              .contiguous()}
     return candidates
+
+
+def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``inputs`` with the image's tokens before the text, as a text-and-image model's processor
+    places them: the config's image token once per feature that the model's own
+    ``get_image_features`` makes of the image (a token a row), the model's token embeddings grown
+    to hold it where its tokenizer added it past the config's vocabulary (as a checkpoint's
+    are); None where the model has no such token or method, or cannot make the features of the
+    image as given."""
+    import torch
+
+    token = getattr(config, "image_token_id", None)
+    token = getattr(config, "image_token_index", None) if token is None else token
+    if not isinstance(token, int) or not hasattr(model, "get_image_features"):
+        return None
+    try:
+        with torch.no_grad():
+            features = model.get_image_features(pixel_values=inputs["pixel_values"])
+    except Exception:  # noqa: BLE001 (sizes beside the image, which the processor knows: the text alone then)
+        return None
+    rows = _rows(getattr(features, "pooler_output", features))
+    if not rows:
+        return None
+    embeddings = model.get_input_embeddings()
+    if embeddings is not None and token >= embeddings.num_embeddings:  # LLaVA's: its tokenizer added it
+        model.resize_token_embeddings(token + 1, mean_resizing=False)
+    text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, token + 1 if token < 3 else 3)
+    return {**inputs, "input_ids": torch.cat([torch.full((1, rows), token), text], dim=1)}
+
+
+def _rows(features: Any) -> int:
+    """How many feature rows (one image token each) a tensor, or a list of tensors, holds."""
+    import torch
+
+    if isinstance(features, torch.Tensor):
+        return features.numel() // features.shape[-1] if features.dim() else 0
+    if isinstance(features, (list, tuple)):
+        return sum(_rows(f) for f in features)
+    return 0
 
 
 def patch_grids(model: Any, config: Any, grid: str) -> dict[str, dict[str, Any]]:
@@ -391,7 +438,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                   f"({worst['model']}); {sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
                   f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; "
                   f"{sum({'pixel_values', 'input_ids'} <= set(r['inputs']) for r in equal)} text-and-image models "
-                  f"given both, {sum(r['form'] == 'text alone' for r in equal)} their text alone; "
+                  f"given both ({sum(r['form'] == 'image placed' for r in equal)} with a token placed in the text "
+                  f"for each of the image's features), {sum(r['form'] == 'text alone' for r in equal)} their text "
+                  f"alone; "
                   f"{sum(r['form'] == 'features transposed' for r in equal)} audio models given their features as "
                   f"(frames, mel bins); optimize() took "
                   f"longest on " + ", ".join(f"{r['model']} ({r['seconds']:.0f} s)" for r in slow) + ".", ""]

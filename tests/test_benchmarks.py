@@ -365,3 +365,31 @@ def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
     with torch.no_grad():
         out = model(**inputs)
     assert out.pooler_output.shape[0] == 64 // 4
+
+
+def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features() -> None:
+    """``transformers_all.candidate_inputs`` for LLaVA (built, called in eager PyTorch): after the
+    image with text that has no place for it (which LLaVA refuses), the image with one image token
+    per feature its own ``get_image_features`` makes (576: a 24x24 grid of patches) before the
+    text, its embeddings grown to hold the token its tokenizer adds past the config's vocabulary."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from transformers_all import SMALL, candidate_inputs, shrunk
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    config = shrunk(CONFIG_MAPPING["llava"](), SMALL)
+    model = AutoModel.from_config(config).eval()
+    candidates = candidate_inputs(model, config)
+    assert list(candidates) == ["as made", "image placed", "text alone"]
+    ids = candidates["image placed"]["input_ids"]
+    assert ids.shape == (1, 576 + 16) and (ids == config.image_token_id).sum() == 576
+    assert model.get_input_embeddings().num_embeddings > config.image_token_id
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="do not match"):
+            model(**candidates["as made"])
+        assert model(**candidates["image placed"]).last_hidden_state.shape == (1, 592, 64)
