@@ -68,6 +68,27 @@ def test_untraceable_module_names_the_construct_and_the_fix(capsys: pytest.Captu
         from_torch(DataDependent(), torch.randn(1, 3, 8, 8), tracer="export")
 
 
+class _MasksWhenEager(nn.Module):
+    """A Hugging Face encoder's way with a mask left at None (LongT5's): made only outside tracing."""
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is None and not torch.compiler.is_compiling():
+            attention_mask = torch.ones_like(ids)
+        return ids * attention_mask.shape[-1]  # while traced, None's shape
+
+
+def test_a_trace_that_meets_an_unmade_mask_says_to_pass_it() -> None:
+    """torch.export fails on the None a model leaves unmade while compiled: the error says which
+    argument to pass; passed, the model traces and the module equals eager."""
+    model, ids = _MasksWhenEager(), torch.randint(0, 9, (1, 6))
+    with pytest.raises(FrontendError, match=r"'NoneType' object has no attribute 'shape' \[the model met None where "
+                                            r"it makes a default outside tracing: .* pass attention_mask as its "
+                                            r"tokenizer or processor gives them\]"):
+        from_torch(model, {"ids": ids}, tracer="export")
+    module = opsched.optimize(model, {"ids": ids, "attention_mask": torch.ones_like(ids)}, cost="analytic")
+    assert torch.equal(module(ids, attention_mask=torch.ones_like(ids)), model(ids))
+
+
 class _Keypoints(nn.Module):
     """SuperPoint's keypoint selection: the positions of the local maxima above a threshold."""
 

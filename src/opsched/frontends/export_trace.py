@@ -12,6 +12,7 @@ dropped, warnings no user can act on are filtered, and a failure becomes one
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import re
 import sys
@@ -43,8 +44,9 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     try:
         program = _exported(module, args, kwargs)
     except Exception as e:  # torch.export raises many types for the same root causes
+        hint = _hint(str(e)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{_hint(str(e))}") from e
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{hint}") from e
     return ExportConverter(program, name).run()
 
 
@@ -131,3 +133,22 @@ def _functional(program: torch.export.ExportedProgram) -> bool:
                (isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable) or
                symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
                for n in program.graph.nodes if n.op == "call_function")
+
+
+def _unmade_hint(reason: str, module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """Where tracing failed on a None and the call leaves masks at their default None: a Hugging
+    Face model makes a default ``attention_mask`` only when not compiling (``if attention_mask is
+    None and not is_torchdynamo_compiling()``), so while traced LongT5 reads the shape of None."""
+    if "'NoneType' object" not in reason:
+        return ""
+    try:
+        signature = inspect.signature(module.forward)
+        given = signature.bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return ""
+    unmade = [n for n, p in signature.parameters.items() if n.endswith("mask") and p.default is None and n not in given]
+    if not unmade:
+        return ""
+    return (f" [the model met None where it makes a default outside tracing: a Hugging Face model makes its "
+            f"attention_mask only when not compiling; pass {' and '.join(unmade[:2])} as its tokenizer or processor "
+            f"gives them]")
