@@ -308,6 +308,16 @@ def test_every_transformers_architecture_is_tallied_by_whose_outcome_it_is(tmp_p
     assert data["tally"] == {"equal": 2, "refused": 2, "not built": 1}
 
 
+def _transformers_all() -> Any:
+    """``benchmarks/transformers_all.py``, imported as a module."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import transformers_all
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return transformers_all
+
+
 def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     """``transformers_all.shrunk`` on default configs (nothing built): each field that must agree
     with the widths the rule sets does, where leaving it was the reason the model could not be
@@ -315,11 +325,7 @@ def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     pytest.importorskip("transformers")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from transformers_all import SMALL, shrunk
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    SMALL, shrunk = (sweep := _transformers_all()).SMALL, sweep.shrunk
 
     def small(name: str) -> Any:
         return shrunk(CONFIG_MAPPING[name](), SMALL)
@@ -352,14 +358,10 @@ def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
     from transformers import AutoModel
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from transformers_all import SMALL, candidate_inputs, shrunk
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    config = shrunk(CONFIG_MAPPING["qwen2_5_vl_vision"](), SMALL)
+    sweep = _transformers_all()
+    config = sweep.shrunk(CONFIG_MAPPING["qwen2_5_vl_vision"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
-    form, inputs = next(iter(candidate_inputs(model, config).items()))
+    form, inputs = next(iter(sweep.candidate_inputs(model, config).items()))
     assert form == "patches of 2 frames" and set(inputs) == {"hidden_states", "grid_thw"}
     assert inputs["hidden_states"].shape == (64, 3 * 2 * 14 * 14) and inputs["grid_thw"].tolist() == [[1, 8, 8]]
     with torch.no_grad():
@@ -377,14 +379,10 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
     from transformers import AutoModel
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from transformers_all import SMALL, candidate_inputs, shrunk
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    config = shrunk(CONFIG_MAPPING["llava"](), SMALL)
+    sweep = _transformers_all()
+    config = sweep.shrunk(CONFIG_MAPPING["llava"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
-    candidates = candidate_inputs(model, config)
+    candidates = sweep.candidate_inputs(model, config)
     assert list(candidates) == ["as made", "image placed", "text alone"]
     ids = candidates["image placed"]["input_ids"]
     assert ids.shape == (1, 576 + 16) and (ids == config.image_token_id).sum() == 576
