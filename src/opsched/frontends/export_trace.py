@@ -146,9 +146,10 @@ def _unmade_hint(reason: str, module: nn.Module, args: Sequence[Any], kwargs: di
         given = signature.bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
         return ""
-    unmade = [n for n, p in signature.parameters.items() if n.endswith("mask") and p.default is None and n not in given]
+    unmade = [n for n, p in signature.parameters.items()
+              if n.endswith("attention_mask") and p.default is None and n not in given]
     if not unmade:
         return ""
     return (f" [the model met None where it makes a default outside tracing: a Hugging Face model makes its "
-            f"attention_mask only when not compiling; pass {' and '.join(unmade[:2])} as its tokenizer or processor "
+            f"attention_mask only when not compiling; pass {' and '.join(unmade)} as its tokenizer or processor "
             f"gives them]")
