@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,53 @@ def test_the_check_names_an_output_that_nests_otherwise_than_the_models() -> Non
     with pytest.raises(ExecutionError, match=r"on the example inputs, the scheduled module's output 1 is None where "
                                              r"the model's is a tensor of shape \(2, 3\): its outputs nest otherwise"):
         verify_against(_Half(), graph, torch.device("cpu"), model, call, (x,))
+
+
+class _ImageInText(nn.Module):
+    """A text-and-image model's merge: the image's features where the ids hold the image token (7),
+    ids that leave them another number of places refused, as LLaVA refuses them."""
+
+    def __init__(self, checked: bool = True) -> None:
+        super().__init__()
+        self.checked, self.embed, self.proj = checked, nn.Embedding(10, 4), nn.Linear(3, 4)
+
+    def forward(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        places = (ids == 7).unsqueeze(-1)
+        if self.checked and int(places.sum()) != image.shape[0]:
+            raise ValueError("image features and image tokens do not match")
+        return self.embed(ids).masked_scatter(places, self.proj(image))
+
+
+class _Replays(nn.Module):
+    def __init__(self, answer: torch.Tensor) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def forward(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return self.answer.clone()
+
+
+def test_where_the_model_refuses_fresh_ids_the_check_draws_fresh_floats_beside_the_ids_given(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Fresh random token ids leave an image no place, and the model refuses them: the check then
+    calls both on a fresh image beside the ids given, so a module that replays the example's
+    answer fails it (it passed, checked on the example alone)."""
+    from opsched.check import verify_against
+    from opsched.structure import InputStructure
+
+    model = _ImageInText().eval()
+    ids, image = torch.tensor([[1, 7, 7, 2, 3]]), torch.randn(2, 3)
+    unchecked = _ImageInText(checked=False).eval()  # the same model, traceable: the module's graph
+    unchecked.load_state_dict(model.state_dict())
+    graph, call = opsched.from_torch(unchecked, (ids, image)), InputStructure.positional(["ids", "image"])
+    with caplog.at_level(logging.WARNING, logger="opsched"):
+        verify_against(unchecked, graph, torch.device("cpu"), model, call, (ids, image))
+    assert "and on fresh floats beside its integers as given" in caplog.text
+    with torch.no_grad():
+        replays = _Replays(model(ids, image))
+    with pytest.raises(ExecutionError, match="on fresh random floats, its integers and booleans as given, the "
+                                             "scheduled module's output 0 differs"):
+        verify_against(replays, graph, torch.device("cpu"), model, call, (ids, image))
 
 
 class _Shifted(nn.Module):

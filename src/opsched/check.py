@@ -76,14 +76,16 @@ def placed_model(model: nn.Module, device: torch.device, dtype: str | None, move
     return copy.deepcopy(model).to(device, None if dtype is None else getattr(torch, dtype))
 
 
-def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1) -> tuple[torch.Tensor, ...]:
+def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1, integers: bool = True) -> tuple[torch.Tensor, ...]:
     """Random inputs like ``inputs`` (shapes, dtypes, devices) but not equal to them: floats drawn
     around the examples' mean and spread, integers and booleans within the examples' range (token
-    ids stay valid ids)."""
+    ids stay valid ids), or, without ``integers``, the examples' own integers and booleans."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for t in inputs:
-        if t.is_complex():
+        if not integers and not (t.is_complex() or t.is_floating_point()):
+            fresh = t
+        elif t.is_complex():
             fresh = torch.randn(t.shape, generator=gen, dtype=t.dtype)
         elif t.is_floating_point():
             ref = t.detach().float()
@@ -190,16 +192,18 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
     """Raise :class:`ExecutionError` unless ``module`` (running ``graph``, placed on ``device`` in
     ``dtype``) returns what ``model`` returns, placed alike, leaf by leaf within :func:`tolerance`,
     both called as ``call`` on ``inputs`` and on fresh random inputs (a module that replayed a
-    value recorded at import would pass the first). An output further apart than that is held
+    value recorded at import would pass the first), or, where the model refuses fresh integers
+    (a text-and-image model's token ids place its image's features), on fresh floats beside the
+    integers given. An output further apart than that is held
     against the model run in float64, and passes where it is as near that as the model's own
     (within twice the model's error): Inception-v4 with trained-looking batch norms is 4.7e-4
     from its float64 output in float32, and a plan with its batch norms folded 5.1e-4, while the
     two are 6.5e-4 apart, beyond float32's 1e-4 of the scale of 1.1."""
     placed = placed_inputs(graph, inputs, device)
     model = placed_model(model, device, dtype, any(p.device != t.device for p, t in zip(placed, inputs)))
-    cases = {"the example inputs": placed, "fresh random inputs": fresh_inputs(placed)}
+    cases = [("the example inputs", placed), ("fresh random inputs", fresh_inputs(placed))]
     computed_in = {t.dtype for t in graph.types.values()}
-    for k, (which, xs) in enumerate(cases.items()):
+    for k, (which, xs) in enumerate(cases):  # grows by one where the model refuses fresh integers
         # each side gets copies: a model may change its inputs, and the caller's must stay as they were
         theirs, mine = [t.clone() for t in xs], [t.clone() for t in xs]
         with torch.no_grad():
@@ -209,10 +213,17 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
             except Exception as refusal:  # noqa: BLE001 (whatever the model raises)
                 if k == 0:
                     raise
-                # random offsets or lengths (an EmbeddingBag's) need not be valid ones: nothing to compare
+                # random offsets or lengths (an EmbeddingBag's) need not be valid ones, nor token ids that
+                # leave no place for an image's features: fresh floats beside the integers given, else nothing
                 why = str(refusal).strip()
-                log.warning("the model refuses %s (%s: %s); the module is checked on the example inputs only",
-                            which, type(refusal).__name__, why.splitlines()[0][:200] if why else "")
+                floats = [t.is_floating_point() or t.is_complex() for t in placed]
+                again = k == 1 and any(floats) and not all(floats)
+                if again:
+                    cases.append(("fresh random floats, its integers and booleans as given",
+                                  fresh_inputs(placed, integers=False)))
+                log.warning("the model refuses %s (%s: %s); the module is checked on the example inputs%s",
+                            which, type(refusal).__name__, why.splitlines()[0][:200] if why else "",
+                            ", and on fresh floats beside its integers as given" if again else " only")
                 continue
             expected = [e.detach() if isinstance(e, torch.Tensor) else e  # a returned weight requires grad
                         for e in pytree.tree_leaves(returned)]
