@@ -207,7 +207,8 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     embeddings = model.get_input_embeddings()
     if embeddings is not None and token >= embeddings.num_embeddings:  # LLaVA's: its tokenizer added it
         model.resize_token_embeddings(token + 1, mean_resizing=False)
-    text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, token + 1 if token < 3 else 3)
+    # the text's random tokens (3-99) hold no image token: Mistral3's is 10
+    text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, 4 if token == 3 else 3)
     return {**inputs, "input_ids": torch.cat([torch.full((1, rows), token), text], dim=1)}
 
 
