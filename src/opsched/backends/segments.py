@@ -11,13 +11,13 @@ in between. A subclass says which steps fit, how a segment and a lone step becom
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from opsched._toposort import topological_order
 from opsched.backends.lanes import Item, Program
 from opsched.errors import ExecutionError
 from opsched.ir import Graph
@@ -134,25 +134,12 @@ class SegmentBuilder:
         value another unit makes comes after it (a lane that waits on a later lane's step)."""
         steps = self.plan.steps
         maker = {slot: u for u, run in enumerate(units) for s in run for slot in steps[s].outputs}
-        readers: dict[int, set[int]] = {}
-        needs = [0] * len(units)
-        for u, run in enumerate(units):
-            makers = {maker[slot] for s in run for slot in steps[s].inputs if slot in maker} - {u}
-            needs[u] = len(makers)
-            for m in makers:
-                readers.setdefault(m, set()).add(u)
-        ready = [u for u in range(len(units)) if not needs[u]]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            order.append(u := heapq.heappop(ready))
-            for r in readers.get(u, ()):
-                needs[r] -= 1
-                if not needs[r]:
-                    heapq.heappush(ready, r)
-        if len(order) < len(units):  # a plan whose lanes wait on each other in a circle: a bug of ours
+        makers = {u: {maker[slot] for s in run for slot in steps[s].inputs if slot in maker} - {u}
+                  for u, run in enumerate(units)}
+        order, stuck = topological_order(makers, rank=lambda u: u)
+        if stuck:  # a plan whose lanes wait on each other in a circle: a bug of ours
             raise ExecutionError(f"plan of {self.graph.name!r}: the lane segments of steps "
-                                 f"{[units[u] for u in range(len(units)) if needs[u]][:3]} wait on each other")
+                                 f"{[units[u] for u in stuck][:3]} wait on each other")
         return order
 
     def _emit(self, item: Item, members: list[int], session: Any) -> int:
