@@ -236,10 +236,10 @@ def patch_grids(model: Any, config: Any, grid: str) -> dict[str, dict[str, Any]]
     side, frames = _size(config, "patch_size", 14), _size(config, "temporal_patch_size", 1)
     channels = _size(config, "in_channels", _size(config, "num_channels", 3))
     rows = 4 * merge
-    first = next(n for n, p in inspect.signature(model.forward).parameters.items()
-                 if n != grid and p.default is p.empty and p.kind is not p.VAR_KEYWORD)
+    params = inspect.signature(model.forward).parameters
+    first = next(n for n, p in params.items() if n != grid and p.default is p.empty and p.kind is not p.VAR_KEYWORD)
     beside = {grid: torch.tensor([[1, rows, rows]])}
-    if "merge_sizes" in inspect.signature(model.forward).parameters:  # VideoLLaMA3's, an image's merge
+    if "merge_sizes" in params:  # VideoLLaMA3's, an image's merge
         beside["merge_sizes"] = torch.tensor([merge])
     candidates = {f"patches of {t} frames": {first: torch.randn(rows * rows, channels * t * side * side), **beside}
                   for t in dict.fromkeys((frames, 1, 2))}
