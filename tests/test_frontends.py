@@ -89,6 +89,24 @@ def test_a_trace_that_meets_an_unmade_mask_says_to_pass_it() -> None:
     assert torch.equal(module(ids, attention_mask=torch.ones_like(ids)), model(ids))
 
 
+def test_a_weight_registered_by_a_conversion_taken_back_registers_anew() -> None:
+    """A converter that registers a weight and then cannot type its call is taken back, weight
+    and all; the weight's next use registered it under the name taken back, which the graph no
+    longer held (a KeyError deep in the builder: Qwen2.5-VL's tower, its grid fixed)."""
+    from opsched.frontends._common import ConversionContext, Unsupported
+
+    ctx, weight = ConversionContext("m"), torch.ones(2, 3)
+
+    def refused() -> str:
+        ctx.add("constant", [], params=[ctx.param("w", weight)])
+        raise Unsupported
+
+    with pytest.raises(Unsupported):
+        ctx.checked(refused, None, "w (aten::mul)")
+    made = ctx.add("constant", [], params=[ctx.param("w", weight)])
+    assert ctx.type(made).shape == (2, 3)
+
+
 class _Keypoints(nn.Module):
     """SuperPoint's keypoint selection: the positions of the local maxima above a threshold."""
 

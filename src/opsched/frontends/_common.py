@@ -83,8 +83,11 @@ class ConversionContext:
                           tensor_type(val))
                 raise Unsupported
         except Unsupported:
-            for tensor in self.b.undo(mark):  # weights registered meanwhile: forgotten
-                self._param_ids.pop(id(tensor), None)
+            self.b.undo(mark)
+            # weights registered meanwhile: forgotten (keyed by their source tensors, of which the
+            # builder holds detached copies)
+            for key in [k for k, (name, _) in self._param_ids.items() if name not in self.b.params]:
+                del self._param_ids[key]
             raise
         return made
 
