@@ -302,3 +302,30 @@ def test_a_decoding_loop_that_passes_one_cache_on_sees_it_change_as_in_eager() -
                            match=r"holds 6 values, 2 when traced: a StaticCache holds its tensors once a call of the "
                                  r"model has filled it; trace with one as it will be passed"):
             module(**_decode_step(model, cache, 1, 7))
+
+
+def test_a_vision_towers_grid_fixed_it_optimizes_equal_to_eager_and_refuses_another_grid() -> None:
+    """Qwen2.5-VL's vision tower sizes its windows and its attention per image by the numbers of
+    ``grid_thw`` (``.tolist()``, a cumulative sum): torch.export cannot trace it. With the grid a
+    fixed value, the module equals eager on the example and on fresh patches, windowed attention
+    and all, and a call with another grid is refused by name."""
+    from transformers import Qwen2_5_VisionTransformerPretrainedModel, Qwen2_5_VLVisionConfig
+
+    torch.manual_seed(0)
+    config = Qwen2_5_VLVisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
+                                    window_size=56, fullatt_block_indexes=[1])
+    tower = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
+    grid = torch.tensor([[1, 8, 8], [1, 4, 8]])  # two images, as a processor gives them: 96 patches of 3x2x14x14
+    patches = torch.randn(96, 3 * 2 * 14 * 14)
+    with pytest.raises(opsched.errors.FrontendError, match=r"fixed_values=\('grid_thw',\)"):
+        opsched.from_torch(tower, {"hidden_states": patches, "grid_thw": grid}, tracer="export")
+    module = opsched.optimize(tower, {"hidden_states": patches, "grid_thw": grid}, cost=CPU,
+                              fixed_values=("grid_thw",))
+    assert [v.name for v in module.graph.inputs] == ["hidden_states"]
+    for x in (patches, torch.randn_like(patches)):
+        with torch.no_grad():
+            got, want = module(hidden_states=x, grid_thw=grid), tower(hidden_states=x, grid_thw=grid)
+        assert_close(got.to_tuple(), want.to_tuple())
+    with pytest.raises(opsched.errors.InputMismatchError, match=r"input 'grid_thw' is fixed to \[\[1, 8, 8\], "
+                                                                r"\[1, 4, 8\]\] \(int64\)"):
+        module(hidden_states=patches, grid_thw=torch.tensor([[1, 8, 8], [1, 8, 4]]))

@@ -42,10 +42,11 @@ __all__ = ["optimize", "optimize_graph", "load", "load_graph"]
 
 log = logging.getLogger(__name__)
 
-def _example_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
-    """How ``model`` is called with ``example_inputs``, and their tensors (the graph's inputs),
-    each checked to hold values a model can run on."""
-    structure, inputs = bind_example(model.forward, example_inputs)
+def _example_inputs(model: nn.Module, example_inputs: ExampleInputs, fixed_values: Sequence[str]
+                    ) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
+    """How ``model`` is called with ``example_inputs`` (``fixed_values`` named among them), and
+    their tensors (the graph's inputs), each checked to hold values a model can run on."""
+    structure, inputs = bind_example(model.forward, example_inputs, fixed_values)
     for name, t in zip(structure.names, inputs):
         if t.device.type not in DEVICES:
             raise InputMismatchError(f"example input {name!r} is on the {t.device.type} device: it holds no values to "
@@ -107,8 +108,8 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
              channels_last: bool = False, graphs: bool = True, scheduler: str | Sequence[str] = "ios",
              cost: str | CostModel = "measured", backend: str | Sequence[str] = "auto", cache_dir: str | None = None,
              verify: bool = True, leaf_modules: Sequence[type[nn.Module]] = (), tracer: Tracer = "auto",
-             progress: bool | Phases | None = None, memory_budget: int | None = None,
-             **options: Any) -> ScheduledModule:
+             fixed_values: Sequence[str] = (), progress: bool | Phases | None = None,
+             memory_budget: int | None = None, **options: Any) -> ScheduledModule:
     """Import ``model``, search a schedule, and return a module that computes what
     ``model.eval()`` computes (the model itself is left in the mode it was in).
 
@@ -142,8 +143,10 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     (``graphs=False``: eagerly on the streams). ``dtype`` (``"float16"``, ``"bfloat16"``, ...)
     and ``channels_last`` place the model's weights: the returned module then behaves like
     ``model.to(device, dtype)`` and takes inputs on that device in that precision (the schedule
-    is specialised to them). ``tracer`` (``"auto"``: torch.export, else torch.fx) and
-    ``leaf_modules`` (submodule types to keep whole) are :func:`opsched.from_torch`'s. The
+    is specialised to them). ``tracer`` (``"auto"``: torch.export, else torch.fx),
+    ``leaf_modules`` (submodule types to keep whole) and ``fixed_values`` (tensor arguments whose
+    values the module is specialised to, as to a flag's: a vision tower's ``grid_thw``, whose
+    numbers set its sizes) are :func:`opsched.from_torch`'s. The
     module returns outputs nested as the model's (tuples, lists, dicts). ``progress``: a bar per
     long phase on stderr (``None``: when stderr is a terminal), or a callable
     ``phases(name) -> progress(done, total, text)``. With ``verify`` the
@@ -176,11 +179,12 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     request = check_request(device=home_device(model, example_inputs) if device is None else device,
                             scheduler=scheduler, backend=backend, dtype=dtype, **options)
     model, example_inputs, name = as_module(model, example_inputs, "optimize()")
-    call, inputs = _example_inputs(model, example_inputs)
+    call, inputs = _example_inputs(model, example_inputs, fixed_values)
     start = time.perf_counter()
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
-        graph = from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer)
+        graph = from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer,
+                           fixed_values=fixed_values)
         if structure.tensors != len(graph.returns):
             raise FrontendError(f"{name} returns {structure.tensors} tensors, but its import "
                                 f"returns {len(graph.returns)}; please report this with the model")
@@ -350,7 +354,8 @@ def _within(options: Any, memory_budget: int | None) -> Any:
 def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: ExampleInputs | None = None, *,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None, channels_last: bool = False,
          graphs: bool = True, backend: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
-         tracer: Tracer = "auto", retarget: bool = False, verify: bool = False) -> ScheduledModule:
+         tracer: Tracer = "auto", fixed_values: Sequence[str] = (), retarget: bool = False,
+         verify: bool = False) -> ScheduledModule:
     """Reapply a schedule saved by :meth:`ScheduledModule.save` (``path``, or the schedule itself)
     to ``model``.
 
@@ -368,16 +373,16 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     batch 1's own on the H100 preset: ``docs/results/specialization.md``). A schedule of
     another model is still refused, naming the first operator it lacks or misorders.
     ``verify`` checks the module against the model as :func:`optimize` does. ``device``, by default
-    where the model is, is :func:`optimize`'s.
+    where the model is, and ``fixed_values`` (as the schedule was made with) are :func:`optimize`'s.
     """
     dev = check_device(home_device(model, example_inputs) if device is None else device)
     model, example_inputs, name = as_module(model, example_inputs, "load()")
-    call, inputs = _example_inputs(model, example_inputs)
+    call, inputs = _example_inputs(model, example_inputs, fixed_values)
     saved = path if isinstance(path, Schedule) else Schedule.load(path)
     with _eval_mode(model):
         structure = _outputs(model, call, inputs)
-        graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer), dev,
-                      dtype, channels_last)
+        graph = place(from_torch(model, example_inputs, name=name, leaf_modules=leaf_modules, tracer=tracer,
+                                 fixed_values=fixed_values), dev, dtype, channels_last)
         fit = saved.retarget if retarget else saved.validate
         try:
             sched = fit(graph)

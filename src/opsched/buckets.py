@@ -64,7 +64,8 @@ FORMAT = "opsched-shape-buckets"
 FORMAT_VERSION = 1
 
 #: :func:`opsched.load`'s options among :func:`opsched.optimize`'s: what a saved bucket is loaded with.
-LOAD_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend", "leaf_modules", "tracer")
+LOAD_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend", "leaf_modules", "tracer",
+                "fixed_values")
 #: :func:`opsched.load_graph`'s, for an ONNX file's buckets.
 LOAD_GRAPH_OPTIONS = ("device", "dtype", "channels_last", "graphs", "backend")
 

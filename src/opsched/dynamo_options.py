@@ -55,7 +55,9 @@ PLAN_NEUTRAL = frozenset({"fallback", "specialize", "max_shapes", "max_new_in_a_
 #: :func:`opsched.optimize`'s arguments the backend does not take, and why.
 REFUSED = {"device": "the device is the inputs' own", "dtype": "a compiled model takes the inputs its original "
             "takes: place the model in that precision before compiling", "channels_last": "the layout is the inputs'",
-            "leaf_modules": "Dynamo traces the model, not opsched's importer"}
+            "leaf_modules": "Dynamo traces the model, not opsched's importer",
+            "fixed_values": "Dynamo reads the values Python needs itself, ending a graph there, and guards the "
+                            "next on them"}
 
 
 def checked_settings(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:

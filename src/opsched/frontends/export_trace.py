@@ -17,7 +17,7 @@ import io
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError
-from opsched.frontends._common import symbolic
+from opsched.frontends._common import quieted, symbolic
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
 
@@ -37,17 +37,32 @@ __all__ = ["export_graph", "program_outputs"]
 _RNN_FLAT_WEIGHTS = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\], )*[\w.]+\._flat_weights\[\d+\] were assigned"
 
 
-def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph:
+def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str,
+                 fixed: Collection[int] = ()) -> Graph:
     """``module`` called with ``args`` and ``kwargs``, traced by torch.export and converted (module
-    docstring): the graph's inputs are the tensors among them, in pytree order, and every other
-    argument is fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace."""
+    docstring): the graph's inputs are the tensors among them, in pytree order, but the leaves
+    numbered in ``fixed``, whose values the graph is specialised to, and every other argument is
+    fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace.
+
+    Where the model reads numbers out of fixed inputs to size its tensors (a vision tower's
+    ``grid_thw``), torch.export cannot trace it, and :func:`torch.export.draft_export` does, taking
+    each branch on such a number as the example's values take it; the converter then refuses a
+    number read out of any tensor but a fixed one (:class:`ExportConverter`)."""
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    held = {k: leaves[k] for k in fixed}
+    draft = False
     try:
-        program = _exported(module, args, kwargs)
-    except Exception as e:  # torch.export raises many types for the same root causes
-        hint = _hint(str(e)) or _unmade_hint(str(e), module, args, kwargs)
+        try:
+            program = _exported(module, args, kwargs, draft=False if held else None)
+        except Exception as e:  # torch.export raises many types for the same root causes
+            if not held or not re.search(r"data.dependent", str(e), re.IGNORECASE):
+                raise
+            program, draft = _exported(module, args, kwargs, draft=True), True
+    except Exception as e:
+        hint = _hint(str(e), _sizing(module, args, kwargs), bool(held)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{hint}") from e
-    return ExportConverter(program, name).run()
+    return ExportConverter(program, name, held, draft=draft).run()
 
 
 def program_outputs(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:
@@ -63,8 +78,10 @@ def program_outputs(module: nn.Module, args: Sequence[Any], kwargs: dict[str, An
         return None
 
 
-def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
-    """``module`` traced by torch.export, functional; raises what torch.export raises."""
+def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], draft: bool | None = None
+              ) -> torch.export.ExportedProgram:
+    """``module`` traced by torch.export, functional; raises what torch.export raises. ``draft``
+    is None where no value is fixed, else whether to trace by :func:`torch.export.draft_export`."""
     said = io.StringIO()
     # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
     # embedding) is then not wrapped in a higher-order set_grad_enabled call
@@ -74,8 +91,21 @@ def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) ->
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         warnings.filterwarnings("ignore", message=_RNN_FLAT_WEIGHTS, category=UserWarning)
         seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
-        program = torch.export.export(module, seen, seen_kw, strict=False)
-        return program if _functional(program) else program.run_decompositions({})
+        if draft is None:
+            program = torch.export.export(module, seen, seen_kw, strict=False)
+            return program if _functional(program) else program.run_decompositions({})
+        # with values fixed, torch.export's notes on the numbers read out of them (which it cannot
+        # place in the model's code), and draft_export's report of each branch it took as the
+        # example's numbers did, are for the log: the converter says what it refuses
+        with quieted("torch.export", "torch._export", "torch._functorch", "torch.fx.experimental.symbolic_shapes"):
+            if not draft:
+                program = torch.export.export(module, seen, seen_kw, strict=False)
+            else:
+                program = torch.export.draft_export(module, seen, seen_kw, strict=False)
+                for n in program.graph.nodes:  # its detach_ calls (autograd's business alone) would make it retrace
+                    if n.target is torch.ops.aten.detach_.default:
+                        n.target = torch.ops.aten.detach.default
+            return program if _functional(program) else program.run_decompositions({})
 
 
 def _unmarked(tensor: torch.Tensor) -> torch.Tensor:
@@ -106,7 +136,7 @@ def _without_partial_graph(said: io.StringIO) -> Iterator[None]:
         sys.stderr.write(text.replace(f"{graph}\n", "") if graph else text)
 
 
-def _hint(reason: str) -> str:
+def _hint(reason: str, sizing: Sequence[str] = (), fixing: bool = False) -> str:
     """What to do about a torch.export failure users meet often, where there is one thing to do."""
     if found := re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", reason):
         kind = found.group(1).rpartition(".")[2]
@@ -114,11 +144,26 @@ def _hint(reason: str) -> str:
                f"return its tensors instead, or register it (torch.export.register_dataclass({kind}) for a dataclass, "
                f"which opsched.optimize does itself)")
         return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
-    if re.search(r"data.dependent", reason, re.IGNORECASE):
+    if re.search(r"data.dependent", reason, re.IGNORECASE) and not fixing:
+        fix = (f"; where they are the numbers of {' or '.join(sizing)} (a vision tower's grid_thw sets its sizes so), "
+               f"fixed_values=({', '.join(map(repr, sizing))},) specialises the graph to the example's"
+               if sizing else "")
         return (" [the model's sizes or control flow depend on its tensors' values (a detector's non-maximum "
                 "suppression, say), which one traced graph cannot hold: torch.compile(model, backend='opsched') "
-                "schedules the graphs Dynamo captures between those places]")
+                f"schedules the graphs Dynamo captures between those places{fix}]")
     return ""
+
+
+def _sizing(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """The call's integer tensor arguments that may hold sizes (an image's grid of patches, a
+    list of lengths), for a hint: not token ids or masks, whose values are the data."""
+    try:
+        given = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        given = dict(kwargs)
+    return [name for name, v in given.items()
+            if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+            and not (name.endswith("ids") or "mask" in name)]
 
 
 def _functional(program: torch.export.ExportedProgram) -> bool:

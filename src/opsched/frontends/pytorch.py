@@ -16,7 +16,7 @@ import inspect
 import logging
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal, TypeAlias
 
 import torch
@@ -212,7 +212,8 @@ def _program_name(program: torch.export.ExportedProgram) -> str:
 
 
 def from_torch(module: Model, example_inputs: ExampleInputs | None = None, *, name: str | None = None,
-               leaf_modules: Iterable[type[nn.Module]] = (), canonical: bool = True, tracer: Tracer = "auto") -> Graph:
+               leaf_modules: Iterable[type[nn.Module]] = (), canonical: bool = True, tracer: Tracer = "auto",
+               fixed_values: Collection[str] = ()) -> Graph:
     """Import ``module`` as a :class:`~opsched.ir.Graph` specialised to ``example_inputs``: one
     tensor, the positional arguments, or a mapping of keyword arguments (a tokenizer's output).
     The graph's inputs are the tensors among them, in the order of ``forward``'s parameters
@@ -226,11 +227,23 @@ def from_torch(module: Model, example_inputs: ExampleInputs | None = None, *, na
     instead of tracing into them, the fix for a submodule torch.fx cannot trace; they imply
     torch.fx. With ``canonical`` (default), batch norms are folded and activations fused
     (:func:`opsched.transforms.canonicalize`).
+
+    ``fixed_values`` names tensor arguments (or places within one: ``"xs[1]"``) whose values the
+    graph is specialised to, as it is to a flag's: they are not its inputs, and what the model
+    computes of them alone is computed here. A vision tower sizes its tensors by the numbers in
+    its ``grid_thw`` (an image's frames, rows and columns of patches), which one static graph can
+    hold only for given values: ``from_torch(tower, {"hidden_states": x, "grid_thw": grid},
+    fixed_values=("grid_thw",))``. Such a model is traced by :func:`torch.export.draft_export`,
+    and refused where it reads a number out of any other tensor (each of its branches on one
+    would hold for the example alone). A module made of the graph refuses other values.
     """
     if tracer not in TRACERS:
         raise FrontendError(f"tracer must be one of {', '.join(TRACERS)}, got {tracer!r}")
+    if isinstance(fixed_values, str):
+        raise FrontendError(f"fixed_values: a sequence of argument names, got the string {fixed_values!r} "
+                            f"(write ({fixed_values!r},))")
     module, example_inputs, own_name = as_module(module, example_inputs, "from_torch()")
-    structure, inputs = bind_example(module.forward, example_inputs)
+    structure, inputs = bind_example(module.forward, example_inputs, fixed_values)
     name = name or own_name
     leaves = tuple(leaf_modules)
     if leaves and tracer == "export":
@@ -251,7 +264,7 @@ def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Ten
     if tracer == "fx":
         return _fx(module, structure, inputs, name, leaves)
     try:
-        return export_graph(module, *structure.call(inputs), name)
+        return export_graph(module, *structure.call(inputs), name, fixed=structure.fixed)
     except FrontendError as export_error:
         if tracer == "export" or isinstance(export_error, StatefulModelError):  # torch.fx would not change that
             raise
@@ -263,6 +276,9 @@ def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Ten
 
 def _fx(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Tensor, ...], name: str,
         leaves: tuple[type[nn.Module], ...]) -> Graph:
+    if structure.fixed:
+        raise FrontendError(f"torch.fx cannot fix {name}'s tensor arguments {', '.join(structure.fixed_places)} "
+                            f"(fixed_values=): torch.export does")
     if not structure.plain:
         raise FrontendError(f"torch.fx traces {name} called with positional tensors only, not as "
                             f"{structure.describe()}")

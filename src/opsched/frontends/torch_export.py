@@ -29,11 +29,12 @@ as one static graph cannot hold it. Nodes inside a ``torch.nn`` module are named
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
@@ -88,6 +89,12 @@ class _DataDependent:
     origin: torch.fx.Node  # the call that read it out of a tensor
 
 
+def _data_sized(val: Any) -> bool:
+    """Whether a traced value holds a tensor whose sizes or strides are numbers read out of tensors."""
+    return any(isinstance(t, torch.Tensor) and symbolic((tuple(t.shape), t.stride()))
+               for t in pytree.tree_leaves(val))
+
+
 def _target_text(n: torch.fx.Node) -> str:
     op = n.target
     return target_of(op) if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", str(op))
@@ -119,12 +126,24 @@ def _transparent_body(n: torch.fx.Node) -> torch.fx.Node | None:
 
 
 class ExportConverter:
-    """One exported program's conversion (module docstring); converters get this as ``c``."""
+    """One exported program's conversion (module docstring); converters get this as ``c``.
 
-    def __init__(self, program: torch.export.ExportedProgram, name: str) -> None:
+    ``fixed`` holds, by their place among the program's user inputs, the tensors whose values
+    the graph is specialised to (:class:`~opsched.structure.InputStructure`'s fixed values): each
+    is a constant, so what the model computes of it alone is folded here, numbers read out of it
+    included (``grid_thw.tolist()``), and the sizes that follow from those numbers are known.
+    With ``draft`` (a program :func:`torch.export.draft_export` made, which took each branch on a
+    number read out of a tensor as the example's value did), a number read out of any other
+    tensor is refused, even one only asserted on: the assertion guards that branch."""
+
+    def __init__(self, program: torch.export.ExportedProgram, name: str,
+                 fixed: Mapping[int, torch.Tensor] | None = None, *, draft: bool = False) -> None:
         self.program = program
         self.ctx = ConversionContext(name)
         self.env: dict[torch.fx.Node, Any] = {}
+        self.fixed = dict(fixed or {})
+        self.draft = draft
+        self.known: dict[sympy.Symbol, sympy.Basic] = {}  # symbol (u0) -> its value, read out of a fixed input
         self._constants: dict[int, str] = {}  # id(Const) -> its constant node
         self._module_names: dict[str, int] = {}
         self.dropped_assertions: list[str] = []  # where the model asserts on its tensors' values
@@ -135,10 +154,13 @@ class ExportConverter:
         weights = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
         tables = {**self.program.state_dict, **self.program.constants}
         outputs: list[str] = []
+        users = iter(range(len(sig.user_inputs)))
         for n in self.program.graph.nodes:
             if n.op == "placeholder":
                 if n.name in weights:
                     self.env[n] = Const(tables[weights[n.name]], weights[n.name])
+                elif (place := next(users)) in self.fixed:
+                    self.env[n] = Const(self.fixed[place], n.name)
                 else:
                     self.env[n] = self._input(n)
             elif n.op == "output":
@@ -211,31 +233,29 @@ class ExportConverter:
     def _call(self, n: torch.fx.Node) -> Any:
         from opsched.frontends.aten_ops import ATEN_CONVERTERS, getitem
 
-        val = n.meta.get("val")
-        if val is None:
+        if n.meta.get("val") is None:
             self._asserted(n)
             return None  # an assertion (_assert_scalar, _assert_tensor_metadata, ...): nothing to compute
+        sized = _data_sized(n.meta["val"])
+        val = self._concrete(n)
         read = next((h for a in n.all_input_nodes if isinstance(h := self.env[a], _DataDependent)), None)
         tensors = any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val))
+        if (sized or symbolic(val)) and read is None and self._foldable(n):
+            return self._fold(n)  # read out of a fixed input, or sized by such a number: known here
         if not tensors and symbolic(val):  # read out of a tensor, or computed from such a number
             return read or _DataDependent(n)
-        if read is not None and not tensors:
-            return val  # known whatever the data (u0 >= 0, for a count)
-        if read is not None:
-            raise FrontendError(
-                f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) gives a value that "
-                f"depends on tensor data and node {n.name!r} ({_target_text(n)}) computes a tensor from it; a "
-                f"static graph cannot hold it")
+        if read is not None:  # a number known whatever the data (u0 >= 0, for a count), or a tensor: refused
+            return self._computed_from(read, n) if tensors else val
         if n.target is getitem:
             return self._getitem(n)
         if isinstance(n.target, torch._ops.HigherOrderOperator):
             if (body := _transparent_body(n)) is not None:
                 return self._inline(self.env[body], n.args[n.args.index(body) + 1:])
             return self.control_flow(n) if isinstance(val, torch.Tensor) else _Pending(n)
+        if not tensors:
+            return val  # a size, known for these shapes (or once numbers read out of a fixed input are)
         if not isinstance(n.target, torch._ops.OpOverload):
             raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} calls {n.target!r}, not an ATen operator")
-        if not tensors:
-            return val  # a size, known for these shapes
         if self._foldable(n):
             return self._fold(n)
         convert = ATEN_CONVERTERS.get(n.target)
@@ -251,10 +271,25 @@ class ExportConverter:
             return self.generic(n)
         return _Pending(n)
 
+    def _computed_from(self, read: _DataDependent, n: torch.fx.Node) -> Any:
+        raise FrontendError(
+            f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) gives a value that depends "
+            f"on tensor data and node {n.name!r} ({_target_text(n)}) computes a tensor from it; a static graph "
+            f"cannot hold it")
+
     def _asserted(self, n: torch.fx.Node) -> None:
-        """An assertion on a number read out of a tensor is dropped, and said where it stood."""
-        if any(isinstance(self.env[a], _DataDependent) for a in n.all_input_nodes):
-            self.dropped_assertions.append(_site(n))
+        """An assertion on a number read out of a tensor is dropped, and said where it stood; in a
+        draft program (class docstring), refused: it guards a branch the example's value chose."""
+        read = next((h for a in n.all_input_nodes if isinstance(h := self.env[a], _DataDependent)), None)
+        if read is None:
+            return
+        if self.draft:
+            raise FrontendError(
+                f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) reads a number out of a "
+                f"tensor that is not a fixed input, and the model branches on it at {_site(n)}: one graph holds one "
+                f"branch, right for this example's values only; fix the inputs it is read from (fixed_values=), or "
+                f"use torch.compile(model, backend='opsched')")
+        self.dropped_assertions.append(_site(n))
 
     def _inline(self, body: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple[Any, ...]:
         """``body``'s calls converted on ``operands``, in place of the higher-order call that
@@ -263,6 +298,7 @@ class ExportConverter:
         for n in body.graph.nodes:
             if n.op == "placeholder":
                 self.env[n] = self._arg(next(bound))
+                self._concrete(n)
             elif n.op == "get_attr":  # a region within the region
                 self.env[n] = getattr(body, str(n.target))
             elif n.op == "call_function":
@@ -286,12 +322,15 @@ class ExportConverter:
 
     # --- constants --------------------------------------------------------------------------
     def _foldable(self, n: torch.fx.Node) -> bool:
-        """Every tensor it reads is known, and it draws no random numbers."""
+        """Every tensor and number it reads is known (a weight, a fixed input, what was computed
+        of them alone), and it draws no random numbers."""
         op = n.target
-        assert isinstance(op, torch._ops.OpOverload)
-        if torch.Tag.nondeterministic_seeded in op.tags:
+        if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags:
             return False
-        return all(isinstance(self.env[a], Const) for a in n.all_input_nodes)
+        if isinstance(op, torch._ops.HigherOrderOperator):
+            return False
+        return all(isinstance(held := self.env[a], Const) or
+                   (isinstance(held, (bool, int, float)) and not symbolic(held)) for a in n.all_input_nodes)
 
     def _fold(self, n: torch.fx.Node) -> Any:
         def real(a: torch.fx.Node) -> Any:
@@ -300,8 +339,38 @@ class ExportConverter:
         assert callable(n.target)
         with torch.no_grad():
             out = n.target(*torch.fx.node.map_arg(n.args, real), **torch.fx.node.map_arg(n.kwargs, real))
+        for symbol, path in (n.meta.get("unbacked_bindings") or {}).items():  # the numbers it read out
+            self.known[symbol] = sympy.sympify(pytree.key_get(out, path))
         leaves, spec = pytree.tree_flatten(out)
         return pytree.tree_unflatten([Const(t, n.name) if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+
+    def _concrete(self, n: torch.fx.Node) -> Any:
+        """``n``'s traced value with each number read out of a fixed input as what was read, its
+        sizes numbers where every one they follow from is known (its meta rewritten so, for the
+        converters that read it)."""
+        val = n.meta.get("val")
+        if not self.known or not (symbolic(val) or _data_sized(val)):
+            return val
+
+        def number(v: Any) -> Any:
+            if not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return v
+            expr = v.node.expr.xreplace(self.known)
+            if not expr.free_symbols:
+                return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v)](expr)
+            return v
+
+        def tensor(t: torch.Tensor) -> torch.Tensor:
+            shape, stride = [number(d) for d in t.shape], [number(d) for d in t.stride()]
+            if symbolic((shape, stride)):
+                return t
+            with t.fake_mode:  # type: ignore[attr-defined]
+                return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+
+        val = pytree.tree_map(lambda v: tensor(v) if isinstance(v, torch.Tensor) and _data_sized(v) else number(v),
+                              val)
+        n.meta["val"] = val
+        return val
 
     def param(self, c: Any) -> str:
         """A known tensor as a parameter (a converter's weight)."""
@@ -334,6 +403,8 @@ class ExportConverter:
             if isinstance(held, Const):
                 params.append(self.param(held))
                 return _Marker(("p", len(params) - 1))
+            if isinstance(held, (bool, int, float)) and not symbolic(held):  # read out of a fixed input
+                return held
             if not isinstance(held, str):
                 raise FrontendError(f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)}) reads {a.name!r}, "
                                     f"which is not one tensor")

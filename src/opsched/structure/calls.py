@@ -11,7 +11,7 @@ import functools
 import inspect
 import keyword
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,9 @@ ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
 class InputStructure(Pickled):
     """How a model is called: its arguments bound to the parameters of its ``forward`` (so that a
     tensor given by position or by name is the same input), the tensors among their leaves being
-    the graph's inputs, in order, and every other leaf a value the graph was specialised to.
+    the graph's inputs, in order, and every other leaf a value the graph was specialised to:
+    a non-tensor argument, or a tensor named in ``fixed`` (a vision tower's ``grid_thw``, whose
+    values set its sizes), which a call must then pass with the same values.
 
     Arguments are kept in a canonical form: bound to the signature, positional where they can
     be, and left out where a non-tensor one equals its parameter's default (``attention_mask=None``
@@ -48,21 +50,27 @@ class InputStructure(Pickled):
     places: tuple[str, ...]               # per leaf: where it sits in the call (``input_ids``, ``xs[1]``)
 
     @classmethod
-    def of(cls, forward: Callable[..., Any], example: ExampleInputs) -> InputStructure:
+    def of(cls, forward: Callable[..., Any], example: ExampleInputs, fixed: Collection[str] = ()) -> InputStructure:
         """The structure of calling ``forward`` with ``example``: one tensor, a sequence of
-        positional arguments or a mapping of keyword arguments."""
+        positional arguments or a mapping of keyword arguments; the tensors that ``fixed`` names
+        (an argument, or a place within one: ``"grid_thw"``, ``"xs[1]"``) are values of the call."""
         try:
             signature: inspect.Signature | None = inspect.signature(forward)
         except (TypeError, ValueError):  # a builtin or an extension's forward: positional only
             signature = None
         args, kwargs = split_example(example)
         try:
-            return cls._of(signature, *_canonical(signature, args, kwargs))
+            structure = cls._of(signature, *_canonical(signature, args, kwargs), fixed=fixed)
         except TypeError as e:  # the signature refuses the example
             shown = _describe_call(pytree.tree_flatten((args, kwargs))[1], pytree.tree_leaves((args, kwargs)))
             where = getattr(forward, "__qualname__", "forward")
             raise FrontendError(f"{where}{signature or '(...)'} cannot be called as {shown} with the example "
                                 f"inputs: {e}") from None
+        if unmatched := [f for f in fixed if not any(_within(place, f) for place in structure.fixed_places)]:
+            tensors = ", ".join(repr(p) for p, s in zip(structure.places, structure.slots) if s is not None)
+            raise InputMismatchError(f"fixed_values names {', '.join(map(repr, unmatched))}, which the example call "
+                                     f"does not pass as a tensor; its tensors are {tensors or 'none'}")
+        return structure
 
     @classmethod
     def positional(cls, names: Sequence[str]) -> InputStructure:
@@ -76,11 +84,23 @@ class InputStructure(Pickled):
         return cls._of(signature, example, {})
 
     @classmethod
-    def _of(cls, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-            ) -> InputStructure:
+    def _of(cls, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+            fixed: Collection[str] = ()) -> InputStructure:
         paths, spec = pytree.tree_flatten_with_path((args, kwargs))
-        slots, constants = leaf_slots([leaf for _, leaf in paths])
-        return cls(signature, spec, slots, constants, tuple(_place(path, signature) for path, _ in paths))
+        places = tuple(_place(path, signature) for path, _ in paths)
+        held = [k for k, place in enumerate(places) if any(_within(place, f) for f in fixed)]
+        slots, constants = leaf_slots([leaf for _, leaf in paths], held)
+        return cls(signature, spec, slots, constants, places)
+
+    @functools.cached_property
+    def fixed(self) -> tuple[int, ...]:
+        """The leaves that are tensors the graph is specialised to (fixed values), by number."""
+        return tuple(k for k, c in enumerate(self.constants) if isinstance(c, torch.Tensor))
+
+    @functools.cached_property
+    def fixed_places(self) -> tuple[str, ...]:
+        """Where each fixed tensor sits in the call."""
+        return tuple(self.places[k] for k in self.fixed)
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -121,7 +141,7 @@ class InputStructure(Pickled):
                 return None
             leaves.append(kwargs[name])
         for leaf, slot, constant in zip(leaves, self.slots, self.constants):
-            if not isinstance(leaf, torch.Tensor) if slot is not None else not _same(leaf, constant):
+            if not isinstance(leaf, torch.Tensor) if slot is not None else not _holds(leaf, constant):
                 return None
         return leaves
 
@@ -143,6 +163,10 @@ class InputStructure(Pickled):
                                      f"{_describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
                                      f"traced for that call; optimize again with example inputs of the new form")
         for leaf, slot, constant, place in zip(leaves, self.slots, self.constants, self.places):
+            if slot is None and isinstance(constant, torch.Tensor) and not _holds(leaf, constant):
+                raise InputMismatchError(f"input {place!r} is fixed to {_values(constant)} (fixed_values=), and this "
+                                         f"module computes for those values alone; got {_values(leaf)}: optimize "
+                                         f"again with example inputs that pass it")
             if slot is None and not _same(leaf, constant):
                 raise InputMismatchError(f"argument {place} was {constant!r} when the model was traced, and this "
                                          f"module computes what it computed then; got {_short(leaf)}: optimize "
@@ -218,12 +242,12 @@ def _filled(spec: pytree.TreeSpec) -> str:
             f"as it will be passed (call the model with it once, then cache.reset())")
 
 
-def bind_example(forward: Callable[..., Any], example: ExampleInputs
+def bind_example(forward: Callable[..., Any], example: ExampleInputs, fixed: Collection[str] = ()
                  ) -> tuple[InputStructure, tuple[torch.Tensor, ...]]:
-    """The structure of calling ``forward`` with ``example`` (:meth:`InputStructure.of`), and the
-    example's tensors: the graph's inputs, each a copy where it shares memory with an earlier one
-    (:func:`_unaliased`)."""
-    structure = InputStructure.of(forward, example)
+    """The structure of calling ``forward`` with ``example`` (:meth:`InputStructure.of`, ``fixed``
+    its), and the example's tensors: the graph's inputs, each a copy where it shares memory with
+    an earlier one (:func:`_unaliased`)."""
+    structure = InputStructure.of(forward, example, fixed)
     return structure, _unaliased(structure.tensors(*split_example(example)), structure.names)
 
 
@@ -291,6 +315,27 @@ def _same(value: Any, fixed: Any) -> bool:
         return bool(value == fixed)
     except Exception:  # an object whose equality is not a bool
         return False
+
+
+def _holds(value: Any, fixed: Any) -> bool:
+    """Whether an argument equals the value the graph was specialised to: a fixed tensor's
+    dtype, shape and every element (read back from its device), or as :func:`_same`."""
+    if not isinstance(fixed, torch.Tensor):
+        return _same(value, fixed)
+    return (isinstance(value, torch.Tensor) and value.dtype == fixed.dtype and value.shape == fixed.shape
+            and torch.equal(value.detach().to(fixed.device), fixed))
+
+
+def _within(place: str, name: str) -> bool:
+    """Whether a leaf's ``place`` in a call is ``name``'s, or lies within it (``xs[1]`` in ``xs``)."""
+    return place == name or (place.startswith(name) and place[len(name)] in "[.")
+
+
+def _values(value: Any) -> str:
+    """A fixed tensor's values for messages: every one where they are few, else its form."""
+    if isinstance(value, torch.Tensor) and value.numel() <= 16:
+        return f"{value.tolist()} ({str(value.dtype).removeprefix('torch.')})"
+    return _short(value)
 
 
 def _place(path: tuple[Any, ...], signature: inspect.Signature | None) -> str:

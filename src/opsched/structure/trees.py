@@ -4,7 +4,7 @@ and pickling a tree spec as plain data."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -38,9 +38,13 @@ def _spec_from_state(state: Any) -> pytree.TreeSpec:
     return pytree.TreeSpec(kind, context, [_spec_from_state(c) for c in children])
 
 
-def leaf_slots(leaves: Sequence[Any]) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
+def leaf_slots(leaves: Sequence[Any], fixed: Collection[int] = ()
+               ) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
     """Per leaf, the graph value it is (tensors, numbered in order) or None, and the leaf itself
-    where it is not a tensor (None where it is)."""
+    where it is not a tensor (None where it is); a tensor numbered in ``fixed`` is a value too,
+    copied (the graph is specialised to its values, which the caller may change later)."""
     numbers = itertools.count()
-    slots = tuple(next(numbers) if isinstance(x, torch.Tensor) else None for x in leaves)
-    return slots, tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
+    value = [not isinstance(x, torch.Tensor) or k in fixed for k, x in enumerate(leaves)]
+    slots = tuple(None if v else next(numbers) for v in value)
+    return slots, tuple((x.detach().clone() if isinstance(x, torch.Tensor) else x) if v else None
+                        for x, v in zip(leaves, value))
