@@ -10,7 +10,10 @@ main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 m
 encoder-decoder 8 decoder tokens, and for a text-and-image model an image, with an image token
 placed before the text for each feature its ``get_image_features`` makes of it (as its processor
 places them) where it needs them, else the text alone; for a vision tower, an image's patches and
-their grid. Models past ``--max-params`` (counted on the meta device) are not built.
+their grid, the grid a fixed value (``fixed_values=``: the tower sizes its tensors by its numbers);
+for a video model, a clip of its frames; for a forecaster, its context of past values. A timm
+backbone (DETR's) is made transformers' own of the same family where timm is not installed.
+Models past ``--max-params`` (counted on the meta device) are not built.
 ``optimize`` runs with the analytic cost model and its own check against the model, and the
 largest difference of its outputs from eager's is recorded.
 
@@ -149,6 +152,42 @@ def _follow(config: Any, heads: tuple[Any, ...]) -> None:
         rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
 
 
+def _held(config: Any, key: str) -> list[int]:
+    """Every int value of field ``key`` in ``config`` and its sub-configs, outermost first, each once
+    (an audio model's mel bins live in its encoder's config)."""
+    from transformers import PretrainedConfig
+
+    values, stack = [], [config]
+    while stack:
+        c = stack.pop(0)
+        value = _field(c, key)
+        if isinstance(value, int) and not isinstance(value, bool) and value not in values:
+            values.append(value)
+        stack.extend(v for v in vars(c).values() if isinstance(v, PretrainedConfig))
+    return values
+
+
+def timm_free(config: Any) -> Any:
+    """``config`` with each timm backbone it names (DETR's default ResNet-50, OmDet-Turbo's Swin)
+    made transformers' own, of the same family and stages, where timm is not installed (it is
+    not on this CPU machine); as it is otherwise."""
+    import importlib.util
+
+    from transformers import PretrainedConfig, ResNetConfig, SwinConfig
+
+    if importlib.util.find_spec("timm") is not None:
+        return config
+    for key, sub in vars(config).items():
+        if type(sub).__name__ == "TimmBackboneConfig":
+            indices, family = list(sub.out_indices), str(getattr(sub, "backbone", ""))
+            made = {"resnet": ResNetConfig, "swin": SwinConfig}.get(family.split("_")[0].rstrip("0123456789"))
+            if made is not None:
+                setattr(config, key, made(out_features=[f"stage{i}" for i in indices]))
+        elif isinstance(sub, PretrainedConfig):
+            timm_free(sub)
+    return config
+
+
 def _size(config: Any, key: str, default: int) -> int:
     """An int field of ``config`` or of its vision config (the first of a list), else ``default``."""
     value = getattr(config, key, None)
@@ -165,7 +204,10 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     of the image's features ("image placed", :func:`image_placed`), else its tokens alone ("text
     alone": its image needs sizes beside it, which only its processor knows); for an audio
     model's features, the other layout ("features transposed"); for a vision tower that takes an
-    image's grid, :func:`patch_grids`."""
+    image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
+    where the model's own has none, or its samples on a channel of their own (a codec's)."""
+    import torch
+
     grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
                  if n.endswith("grid_thw") and p.default is p.empty), None)  # a tower's, not its whole model's
     if grid is not None:
@@ -180,6 +222,13 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
         candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
                                              .contiguous()}
+        for bins in _held(config, "num_mel_bins"):  # an encoder's own, where the whole model's config has none
+            if bins != inputs["input_features"].shape[1]:
+                features = torch.randn(1, bins, 3000)
+                candidates[f"{bins} mel bins"] = {**inputs, "input_features": features}
+                candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
+    if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
+        candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
     return candidates
 
 
@@ -269,6 +318,18 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
         inputs = {"input_values": torch.randn(1, 8000)}
     elif main == "input_features":
         inputs = {"input_features": torch.randn(1, _size(config, "num_mel_bins", 80), 3000)}
+    elif main == "pixel_values_videos":  # (batch, frames, channels, side, side)
+        frames = (_held(config, "num_frames") or [8])[0]
+        inputs = {"pixel_values_videos": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()}
+    elif main == "past_values":  # a forecaster's history: (batch, steps), of each channel where it has several
+        steps, channels = _size(config, "context_length", 512), getattr(config, "num_input_channels", None)
+        values = torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
+        inputs = {"past_values": values}
+        params = inspect.signature(model.forward).parameters
+        if "past_values_padding" in params:  # TimesFM's: which steps are padding (none)
+            inputs["past_values_padding"] = torch.zeros_like(values)
+        if "freq" in params and params["freq"].default is params["freq"].empty:  # TimesFM's frequency class
+            inputs["freq"] = torch.zeros(1, 1, dtype=torch.long)
     else:
         raise ValueError(f"no example for a main input {main!r}")
     if getattr(config, "is_encoder_decoder", False) and \
@@ -303,7 +364,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     for label, sizes in (("small", SMALL), ("layers", LAYERS)):
         try:
             torch.manual_seed(0)
-            config = shrunk(CONFIG_MAPPING[architecture](), sizes)
+            config = shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes)
             with torch.device("meta"):
                 row["class"] = type(meta := AutoModel.from_config(config)).__name__
             row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6
@@ -329,9 +390,14 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         row.pop("form", None)
         errors = [r for r in reasons if not r.endswith(" parameters")]
         return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
+    # a tower's grid of patches (and VideoLLaMA3's merges) sets its sizes by value: fixed, as a
+    # deployment at one image size fixes it
+    fixed = [k for k in inputs if k.endswith("grid_thw") or k == "merge_sizes"]
+    if fixed:
+        row["fixed"] = fixed
     start = time.perf_counter()
     try:
-        module = opsched.optimize(model, inputs, cost="analytic", progress=False)
+        module = opsched.optimize(model, inputs, cost="analytic", progress=False, fixed_values=fixed)
         with torch.no_grad():
             got = module(**inputs)
     except OpschedError as e:
@@ -443,7 +509,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                   f"for each of the image's features), {sum(r['form'] == 'text alone' for r in equal)} their text "
                   f"alone; "
                   f"{sum(r['form'] == 'features transposed' for r in equal)} audio models given their features as "
-                  f"(frames, mel bins); optimize() took "
+                  f"(frames, mel bins); {sum(bool(r.get('fixed')) for r in equal)} vision towers given their grid as "
+                  f"a fixed value; optimize() took "
                   f"longest on " + ", ".join(f"{r['model']} ({r['seconds']:.0f} s)" for r in slow) + ".", ""]
     ours = [r for r in rows if r["outcome"] in ("refused", "failed", "crashed")]
     if ours:
