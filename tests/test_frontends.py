@@ -132,6 +132,32 @@ def test_a_model_sized_by_an_integer_input_is_specialised_to_its_values() -> Non
             m(patches, torch.tensor([[1, 2, 3], [1, 2, 1]]))
 
 
+def test_what_a_model_computes_of_fixed_values_alone_is_computed_while_traced(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The grid's consequences (its numbers, the arange of a count, a tensor of Python's values)
+    are computed for real while the model is traced: no draft_export, and the graph holds none of
+    those calls. Where the model writes traced values into one in place (a buffer of zeros the
+    size of the grid, summed into), that trace is given up for draft_export's, equal too."""
+
+    class Scatter(nn.Module):
+        def forward(self, patches: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+            owner = torch.repeat_interleave(torch.arange(len(grid)), grid.prod(-1))  # each patch's image
+            pooled = torch.zeros(len(grid), patches.shape[1])
+            pooled.index_add_(0, owner, patches)
+            return pooled / torch.tensor(grid.prod(-1).tolist())[:, None]
+
+    grid, patches = torch.tensor([[1, 2, 3], [1, 1, 2]]), torch.randn(8, 8)
+    with caplog.at_level(logging.INFO, logger="opsched.frontends"):
+        graph = from_torch(_GridTower().eval(), (patches, grid), fixed_values=("grid",))
+    assert not [r for r in caplog.records if "draft_export" in r.getMessage()]
+    assert not any(n.attrs.get("target", "").startswith(("aten::arange", "aten::cumsum")) for n in graph.nodes)
+    with caplog.at_level(logging.INFO, logger="opsched.frontends"):
+        module = opsched.optimize(Scatter(), (patches, grid), cost="analytic", fixed_values=("grid",))
+    assert [r for r in caplog.records if "writes traced values into a fixed value in place" in r.getMessage()]
+    fresh = torch.randn(8, 8)
+    assert_close(module(fresh, grid), Scatter()(fresh, grid))
+
+
 def test_fixing_an_input_refuses_a_branch_on_a_number_read_out_of_another() -> None:
     """A model traced with fixed values takes each branch on a number as the example does; where
     the number is read out of a tensor not fixed, the graph would hold for the example alone."""

@@ -25,7 +25,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from opsched.errors import FrontendError
-from opsched.frontends._common import quieted, symbolic
+from opsched.frontends._common import log, quieted, symbolic
+from opsched.frontends.fixed_values import WithFixedValues
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
 
@@ -45,11 +46,23 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     fixed; raises :class:`FrontendError` with torch.export's reason where it cannot trace.
 
     Where the model reads numbers out of fixed inputs to size its tensors (a vision tower's
-    ``grid_thw``), torch.export cannot trace it, and :func:`torch.export.draft_export` does, taking
-    each branch on such a number as the example's values take it; the converter then refuses a
+    ``grid_thw``), torch.export cannot trace it. What the model computes of the fixed values alone
+    is then computed for real while it is traced (:mod:`opsched.frontends.fixed_values`), and where
+    that fails, :func:`torch.export.draft_export` traces it, taking each branch on such a number as
+    the example's values take it; the converter then folds what it computed of them, and refuses a
     number read out of any tensor but a fixed one (:class:`ExportConverter`)."""
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     held = {k: leaves[k] for k in fixed}
+    if held:
+        with_values = WithFixedValues(module, args, kwargs, held)
+        try:
+            program = _exported(with_values, *with_values.call, draft=False)
+        except Exception as e:  # noqa: BLE001 (a call the fixed values cannot be computed through: draft_export's turn)
+            log.info("%s: tracing with its fixed values computed failed (%s: %s); tracing with "
+                     "torch.export.draft_export", name, type(e).__name__,
+                     str(e).strip().splitlines()[0][:200] if str(e).strip() else "")
+        else:
+            return ExportConverter(program, name, root=WithFixedValues.ROOT).run()
     draft = False
     try:
         try:

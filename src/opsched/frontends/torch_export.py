@@ -137,8 +137,9 @@ class ExportConverter:
     tensor is refused, even one only asserted on: the assertion guards that branch."""
 
     def __init__(self, program: torch.export.ExportedProgram, name: str,
-                 fixed: Mapping[int, torch.Tensor] | None = None, *, draft: bool = False) -> None:
+                 fixed: Mapping[int, torch.Tensor] | None = None, *, draft: bool = False, root: str = "") -> None:
         self.program = program
+        self.root = root  # the model's own path in the program's module (a wrapper's ``inner.``), left out of names
         self.ctx = ConversionContext(name)
         self.env: dict[torch.fx.Node, Any] = {}
         self.fixed = dict(fixed or {})
@@ -158,7 +159,7 @@ class ExportConverter:
         for n in self.program.graph.nodes:
             if n.op == "placeholder":
                 if n.name in weights:
-                    self.env[n] = Const(tables[weights[n.name]], weights[n.name])
+                    self.env[n] = Const(tables[weights[n.name]], weights[n.name].removeprefix(self.root))
                 elif (place := next(users)) in self.fixed:
                     self.env[n] = Const(self.fixed[place], n.name)
                 else:
@@ -454,6 +455,7 @@ class ExportConverter:
         stack = n.meta.get("nn_module_stack") or {}
         if stack:
             path, kind = list(stack.values())[-1]
+            path = "" if path == self.root.rstrip(".") else path.removeprefix(self.root)
             kind = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
             if path and kind.startswith("torch.nn.modules.") and not kind.startswith("torch.nn.modules.container."):
                 key = path.replace(".", "_")
