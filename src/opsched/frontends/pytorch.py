@@ -233,9 +233,11 @@ def from_torch(module: Model, example_inputs: ExampleInputs | None = None, *, na
     computes of them alone is computed here. A vision tower sizes its tensors by the numbers in
     its ``grid_thw`` (an image's frames, rows and columns of patches), which one static graph can
     hold only for given values: ``from_torch(tower, {"hidden_states": x, "grid_thw": grid},
-    fixed_values=("grid_thw",))``. Such a model is traced by :func:`torch.export.draft_export`,
-    and refused where it reads a number out of any other tensor (each of its branches on one
-    would hold for the example alone). A module made of the graph refuses other values.
+    fixed_values=("grid_thw",))``. What the model computes of the fixed values alone is computed
+    while it is traced (:mod:`opsched.frontends.fixed_values`), else it is traced by
+    :func:`torch.export.draft_export` and refused where it branches on a number read out of any
+    other tensor (the branch would hold for the example alone). A module made of the graph
+    refuses other values.
     """
     if tracer not in TRACERS:
         raise FrontendError(f"tracer must be one of {', '.join(TRACERS)}, got {tracer!r}")
