@@ -97,8 +97,9 @@ class _GridTower(nn.Module):
         super().__init__()
         self.proj, self.branch = nn.Linear(8, 8), branch
 
-    def forward(self, patches: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.proj(patches)
+    def forward(self, patches: torch.Tensor, grid: torch.Tensor, scale: float = 1.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.proj(patches) * scale
         if self.branch and x.sum() > 0:  # a branch on the data, not the grid
             x = -x
         images = [part.softmax(0).sum(0, keepdim=True) for part in torch.split(x, grid.prod(-1).tolist())]
@@ -125,6 +126,8 @@ def test_a_model_sized_by_an_integer_input_is_specialised_to_its_values() -> Non
             assert_close(module(x, grid), model(x, grid))
     with torch.no_grad():
         assert_close(module(fresh, grid=grid.clone()), model(fresh, grid))  # by name, an equal tensor
+        # bound to the signature first (a default passed): the fixed grid was refused as unequal
+        assert_close(module(fresh, grid, scale=1.0), model(fresh, grid))
     import pickle
     for m in (module, pickle.loads(pickle.dumps(module))):
         with pytest.raises(InputMismatchError, match=r"input 'grid' is fixed to \[\[1, 2, 3\], \[1, 1, 2\]\] \(int64\) "

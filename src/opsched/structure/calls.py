@@ -163,11 +163,11 @@ class InputStructure(Pickled):
                                      f"{_describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
                                      f"traced for that call; optimize again with example inputs of the new form")
         for leaf, slot, constant, place in zip(leaves, self.slots, self.constants, self.places):
-            if slot is None and isinstance(constant, torch.Tensor) and not _holds(leaf, constant):
-                raise InputMismatchError(f"input {place!r} is fixed to {_values(constant)} (fixed_values=), and this "
-                                         f"module computes for those values alone; got {_values(leaf)}: optimize "
-                                         f"again with example inputs that pass it")
-            if slot is None and not _same(leaf, constant):
+            if slot is None and not _holds(leaf, constant):
+                if isinstance(constant, torch.Tensor):
+                    raise InputMismatchError(f"input {place!r} is fixed to {_values(constant)} (fixed_values=), and "
+                                             f"this module computes for those values alone; got {_values(leaf)}: "
+                                             f"optimize again with example inputs that pass it")
                 raise InputMismatchError(f"argument {place} was {constant!r} when the model was traced, and this "
                                          f"module computes what it computed then; got {_short(leaf)}: optimize "
                                          f"again with example inputs that pass it")
