@@ -1,4 +1,5 @@
-"""What both frontends share: the conversion context and the report of opaque nodes."""
+"""What both frontends share: the conversion context, the report of opaque nodes, and a traced
+call's FLOPs."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 from opsched.ir.types import DTYPE_BYTES
 
 __all__ = ["Unsupported", "ConversionContext", "In", "held_type", "report_opaque", "fx_ancestors",
-           "check_weight_writes", "replaying", "quieted", "symbolic"]
+           "check_weight_writes", "replaying", "quieted", "symbolic", "traced_flops"]
 
 log = logging.getLogger("opsched.frontends")
 
@@ -207,3 +208,39 @@ def check_weight_writes(model: str, written: Mapping[str, bool]) -> None:
     if written:
         log.warning("%s changes %s in place in forward; the scheduled module computes the same outputs but leaves "
                     "%s as it was", model, ", ".join(written), "it" if len(written) == 1 else "them")
+
+
+#: FLOPs per element where PyTorch's flop counter has no rule: of the output (elementwise), of
+#: the first input (reductions, norms: a few passes over it).
+_PER_OUTPUT = {"elementwise": 1, "activation": 4}
+_PER_INPUT = {"reduce": 1, "pool": 1, "norm": 5}
+
+
+def traced_flops(n: torch.fx.Node, index: int | None = None) -> int:
+    """A traced ATen call's FLOPs (its ``index``-th result's, for a call with several) by
+    PyTorch's own rules (its flop counter, run on the fake tensors, so nothing is computed);
+    where it has none, a count per element by category."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsched.ir.ops.aten import category_of
+
+    op = n.target
+    assert isinstance(op, torch._ops.OpOverload)
+
+    def fake(a: torch.fx.Node) -> Any:
+        return a.meta.get("val")
+    try:
+        with FlopCounterMode(display=False) as counter:
+            op(*torch.fx.node.map_arg(n.args, fake), **torch.fx.node.map_arg(n.kwargs, fake))
+        counted = int(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 (an estimate: no rule, then the count below)
+        counted = 0
+    if counted:
+        return counted
+    category = category_of(op)
+    if op._schema.name == "aten::scaled_dot_product_attention":  # Q K^T and P V; the CPU kernel has no rule
+        q, k, v = (a.meta["val"] for a in n.args[:3])  # type: ignore[union-attr]
+        return int(2 * q.numel() * k.shape[-2] + 2 * q.shape[:-1].numel() * k.shape[-2] * v.shape[-1])
+    out = n.meta["val"] if index is None else n.meta["val"][index]
+    first = next((a.meta["val"] for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), out)
+    return int(_PER_OUTPUT.get(category, 0) * out.numel() + _PER_INPUT.get(category, 0) * first.numel())

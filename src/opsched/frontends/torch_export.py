@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
@@ -50,7 +49,9 @@ from opsched.frontends._common import (
     log,
     replaying,
     symbolic,
+    traced_flops,
 )
+from opsched.frontends.read_numbers import ReadNumbers, data_sized
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
 
@@ -87,12 +88,6 @@ class _DataDependent:
     dropped (module docstring); a call that computes a tensor from it is refused."""
 
     origin: torch.fx.Node  # the call that read it out of a tensor
-
-
-def _data_sized(val: Any) -> bool:
-    """Whether a traced value holds a tensor whose sizes or strides are numbers read out of tensors."""
-    return any(isinstance(t, torch.Tensor) and symbolic((tuple(t.shape), t.stride()))
-               for t in pytree.tree_leaves(val))
 
 
 def _target_text(n: torch.fx.Node) -> str:
@@ -144,7 +139,7 @@ class ExportConverter:
         self.env: dict[torch.fx.Node, Any] = {}
         self.fixed = dict(fixed or {})
         self.draft = draft
-        self.known: dict[sympy.Symbol, sympy.Basic] = {}  # symbol (u0) -> its value, read out of a fixed input
+        self.known = ReadNumbers()  # the numbers read out of fixed inputs, as folded
         self._constants: dict[int, str] = {}  # id(Const) -> its constant node
         self._module_names: dict[str, int] = {}
         self.dropped_assertions: list[str] = []  # where the model asserts on its tensors' values
@@ -237,7 +232,7 @@ class ExportConverter:
         if n.meta.get("val") is None:
             self._asserted(n)
             return None  # an assertion (_assert_scalar, _assert_tensor_metadata, ...): nothing to compute
-        sized = _data_sized(n.meta["val"])
+        sized = data_sized(n.meta["val"])
         val = self._concrete(n)
         read = next((h for a in n.all_input_nodes if isinstance(h := self.env[a], _DataDependent)), None)
         tensors = any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val))
@@ -340,37 +335,16 @@ class ExportConverter:
         assert callable(n.target)
         with torch.no_grad():
             out = n.target(*torch.fx.node.map_arg(n.args, real), **torch.fx.node.map_arg(n.kwargs, real))
-        for symbol, path in (n.meta.get("unbacked_bindings") or {}).items():  # the numbers it read out
-            self.known[symbol] = sympy.sympify(pytree.key_get(out, path))
+        self.known.bind(n, out)
         leaves, spec = pytree.tree_flatten(out)
         return pytree.tree_unflatten([Const(t, n.name) if isinstance(t, torch.Tensor) else t for t in leaves], spec)
 
     def _concrete(self, n: torch.fx.Node) -> Any:
-        """``n``'s traced value with each number read out of a fixed input as what was read, its
-        sizes numbers where every one they follow from is known (its meta rewritten so, for the
-        converters that read it)."""
+        """``n``'s traced value with the numbers read out of fixed inputs substituted
+        (:meth:`ReadNumbers.concrete`), its meta rewritten so, for the converters that read it."""
         val = n.meta.get("val")
-        if not self.known or not (symbolic(val) or _data_sized(val)):
-            return val
-
-        def number(v: Any) -> Any:
-            if not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return v
-            expr = v.node.expr.xreplace(self.known)
-            if not expr.free_symbols:
-                return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v)](expr)
-            return v
-
-        def tensor(t: torch.Tensor) -> torch.Tensor:
-            shape, stride = [number(d) for d in t.shape], [number(d) for d in t.stride()]
-            if symbolic((shape, stride)):
-                return t
-            with t.fake_mode:  # type: ignore[attr-defined]
-                return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-
-        val = pytree.tree_map(lambda v: tensor(v) if isinstance(v, torch.Tensor) and _data_sized(v) else number(v),
-                              val)
-        n.meta["val"] = val
+        if self.known and (symbolic(val) or data_sized(val)):
+            n.meta["val"] = val = self.known.concrete(val)
         return val
 
     def param(self, c: Any) -> str:
@@ -421,7 +395,7 @@ class ExportConverter:
         out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)})")
         attrs = {"target": target_of(op), "args": encode_args(tuple(args), markers)[1],
                  "kwargs": tuple((k, encode_args(v, markers)) for k, v in kwargs.items()),
-                 "flops": _flops(n, index)}
+                 "flops": traced_flops(n, index)}
         if index is not None:
             attrs["index"] = index
         return self.ctx.add(generic_kind(op), inputs, name=self.name(n) if index is None else f"{n.name}_{index}",
@@ -475,38 +449,3 @@ class _Marker:
 
     def __init__(self, code: tuple[str, int]) -> None:
         self.code = code
-
-
-#: FLOPs per element where PyTorch's flop counter has no rule: of the output (elementwise), of
-#: the first input (reductions, norms: a few passes over it).
-_PER_OUTPUT = {"elementwise": 1, "activation": 4}
-_PER_INPUT = {"reduce": 1, "pool": 1, "norm": 5}
-
-
-def _flops(n: torch.fx.Node, index: int | None) -> int:
-    """The call's FLOPs by PyTorch's own rules (its flop counter, run on the fake tensors, so
-    nothing is computed); where it has none, a count per element by category."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from opsched.ir.ops.aten import category_of
-
-    op = n.target
-    assert isinstance(op, torch._ops.OpOverload)
-
-    def fake(a: torch.fx.Node) -> Any:
-        return a.meta.get("val")
-    try:
-        with FlopCounterMode(display=False) as counter:
-            op(*torch.fx.node.map_arg(n.args, fake), **torch.fx.node.map_arg(n.kwargs, fake))
-        counted = int(counter.get_total_flops())
-    except Exception:  # noqa: BLE001 (an estimate: no rule, then the count below)
-        counted = 0
-    if counted:
-        return counted
-    category = category_of(op)
-    if op._schema.name == "aten::scaled_dot_product_attention":  # Q K^T and P V; the CPU kernel has no rule
-        q, k, v = (a.meta["val"] for a in n.args[:3])  # type: ignore[union-attr]
-        return int(2 * q.numel() * k.shape[-2] + 2 * q.shape[:-1].numel() * k.shape[-2] * v.shape[-1])
-    out = n.meta["val"] if index is None else n.meta["val"][index]
-    first = next((a.meta["val"] for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)), out)
-    return int(_PER_OUTPUT.get(category, 0) * out.numel() + _PER_INPUT.get(category, 0) * first.numel())
