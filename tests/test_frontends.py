@@ -1922,3 +1922,48 @@ def test_a_model_on_another_device_imports_with_every_weight_left_there(name: st
     model = get_model(name).eval().to("meta")
     graph = from_torch(model, *(t.to("meta") for t in example_inputs(name)))
     assert graph.params and {t.device.type for t in graph.params.values()} == {"meta"}
+
+
+class _Mixed(nn.Module):
+    """Calls PyTorch's flop counter has rules for (a linear, an einsum it decomposes into a
+    batched product, attention), calls it runs to count nothing (cumsum, topk, sort), and an
+    elementwise one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        s = torch.einsum("bij,bkj->bik", h, x)
+        a = F.scaled_dot_product_attention(h[:, None], x[:, None], h[:, None])[:, 0]
+        top = torch.topk(s, 2, dim=-1).values.sum(-1, keepdim=True)
+        return torch.cumsum(a, -1) + torch.sort(h, -1).values * top
+
+
+def test_flops_of_traced_calls_are_pytorchs_counts_and_calls_it_cannot_count_skip_its_counter() -> None:
+    """A traced call's FLOPs are what PyTorch's flop counter counts on its fake tensors; calls
+    the counter has no rule for and cannot decompose are not run through it (a millisecond a
+    node) and count as they did through it: nothing, then opsched's own count per element."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from opsched.frontends._common import _counted_by_torch, traced_flops
+
+    program = torch.export.export(_Mixed().eval(), (torch.randn(2, 5, 8),))
+    calls = [n for n in program.graph.nodes if isinstance(n.target, torch._ops.OpOverload)]
+    skipped, counted = set(), set()
+    for n in calls:
+        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta.get("val"))
+        with FlopCounterMode(display=False) as counter:
+            n.target(*args[0], **args[1])
+        by_torch = int(counter.get_total_flops())
+        if not _counted_by_torch(n.target):
+            assert by_torch == 0, n.target
+            skipped.add(n.target._schema.name)
+        elif by_torch:
+            assert traced_flops(n) == by_torch, n.target
+            counted.add(n.target._schema.name)
+    assert {"aten::cumsum", "aten::sort", "aten::topk"} <= skipped
+    assert {"aten::linear", "aten::einsum"} <= counted
+    cumsum = next(n for n in calls if n.target._schema.name == "aten::cumsum")
+    assert traced_flops(cumsum) == 2 * 5 * 8  # opsched's count for a reduction: a pass over its input
