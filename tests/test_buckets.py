@@ -218,3 +218,42 @@ def test_an_onnx_file_of_open_sizes_gets_a_bucket_per_shape(tmp_path: Path, mode
         np.testing.assert_array_equal(switch(x=x).numpy(),
                                       reference.run(None, {"x": x.numpy(), "mode": np.array(1, np.int64)})[0])
     assert len(switch.buckets) == 2
+
+
+class _Tower(nn.Module):
+    """A vision tower in small: its images' patches, one after another, attended per image, the
+    split sized by the grid of patches (frames, rows, columns) of each, read out as numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, patches: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        x = self.proj(patches)
+        rows = grid[:, 1].tolist()
+        parts = torch.split(x, grid.prod(-1).tolist())
+        return torch.cat([p.softmax(0) * r for p, r in zip(parts, rows)])
+
+
+def test_a_fixed_input_gets_a_bucket_per_value_saved_and_loaded_with_them(tmp_path: Path) -> None:
+    """With ``fixed_values``, two grids of one shape (and as many patches) are two buckets, each
+    equal to eager, the first met again reused; saved with the grids' values and loaded with no
+    search."""
+    model = _Tower().eval()
+    patches, grid, other = torch.randn(8, 8), torch.tensor([[1, 2, 3], [1, 1, 2]]), torch.tensor([[1, 1, 2], [1, 3, 2]])
+    fast = opsched.optimize_per_shape(model, (patches, grid), cost="analytic", fixed_values=("grid",))
+    with torch.no_grad():
+        for g in (other, grid, other):
+            assert_close([fast(patches, g)], [model(patches, g)])
+    keys = [(((8, 8), "float32"), ((2, 3), "int64", (1, 2, 3, 1, 1, 2))),
+            (((8, 8), "float32"), ((2, 3), "int64", (1, 1, 2, 1, 3, 2)))]
+    assert list(fast.buckets) == keys
+    assert "[8x8 float32, 2x3 int64 = [1, 1, 2, 1, 3, 2]]" in str(fast.report())
+    fast.save(tmp_path / "grids.json")
+    saved = json.loads((tmp_path / "grids.json").read_text())["buckets"]
+    assert saved[1]["inputs"] == [[[8, 8], "float32"], [[2, 3], "int64", [1, 1, 2, 1, 3, 2]]]
+    loaded = opsched.load_per_shape(model, tmp_path / "grids.json", (patches, other), cost="analytic",
+                                    fixed_values=("grid",))
+    with torch.no_grad():
+        assert_close([loaded(patches, grid)], [model(patches, grid)])
+    assert list(loaded.buckets) == keys[::-1] and all(m.outcome.seconds is None for m in loaded.buckets.values())

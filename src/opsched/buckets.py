@@ -10,6 +10,9 @@ later process costs a search, not a measurement), and reused after. ``save(path)
 bucket's schedule to one JSON file; :func:`load_per_shape` reapplies them, importing the model
 at each saved shape on its first call, with no search.
 
+A model with ``fixed_values`` (a vision tower's ``grid_thw``) is specialised to those inputs'
+values too, so a bucket is made per shape and per fixed value: each image grid its own bucket.
+
 Shapes are not unbounded: a bucket holds its own import and plan (and, on ONNX Runtime, its
 sessions), so past ``max_shapes`` a call of a new shape is refused, naming the shapes held.
 
@@ -30,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +49,15 @@ from opsched.report import OptimizeReport
 from opsched.schedule import Schedule, read_json, write_json
 from opsched.structure import ExampleInputs, InputStructure, bind_example
 
-__all__ = ["OnnxSource", "ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape", "load_per_shape",
-           "shapes_of"]
+__all__ = ["InputForm", "OnnxSource", "ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape",
+           "load_per_shape", "shapes_of"]
 
 log = logging.getLogger(__name__)
 
-#: Per graph input, its shape and dtype: what a bucket is specialised to.
-Shapes = tuple[tuple[tuple[int, ...], str], ...]
+#: A graph input's shape and dtype, and its values (flattened) where it is one of ``fixed_values``.
+InputForm = tuple[tuple[int, ...], str] | tuple[tuple[int, ...], str, tuple[Any, ...]]
+#: Per graph input, its form: what a bucket is specialised to.
+Shapes = tuple[InputForm, ...]
 
 #: How many shapes a model's buckets hold by default.
 MAX_SHAPES = 16
@@ -107,18 +112,31 @@ class OnnxSource:
         """The file imported at ``shapes`` (one per input, in order)."""
         from opsched.frontends import from_onnx
 
-        return from_onnx(self.path, input_shapes={n: shape for n, (shape, _) in zip(self.inputs, shapes)},
+        return from_onnx(self.path, input_shapes={n: form[0] for n, form in zip(self.inputs, shapes)},
                          input_values=self.input_values)
 
 
 
-def shapes_of(tensors: Sequence[torch.Tensor]) -> Shapes:
-    return tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors)
+def input_form(shape: Sequence[int], dtype: str, values: Sequence[Any] | None = None) -> InputForm:
+    if values is None:
+        return tuple(int(n) for n in shape), dtype
+    return tuple(int(n) for n in shape), dtype, tuple(values)
+
+
+def shapes_of(tensors: Sequence[torch.Tensor], valued: Collection[int] = ()) -> Shapes:
+    """Each tensor's shape and dtype, and the values of those numbered in ``valued``."""
+    return tuple(input_form(t.shape, str(t.dtype).removeprefix("torch."), t.flatten().tolist() if k in valued else None)
+                 for k, t in enumerate(tensors))
 
 
 def describe(shapes: Shapes) -> str:
-    """``1x16 int64, 1x16 int64``."""
-    return ", ".join(f"{'x'.join(map(str, shape)) or 'scalar'} {dtype}" for shape, dtype in shapes)
+    """``1x16 int64, 1x16 int64``; a fixed input with its values, ``1x3 int64 = [1, 8, 8]``."""
+    def one(shape: tuple[int, ...], dtype: str, *values: tuple[Any, ...]) -> str:
+        text = f"{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+        for v in values:
+            text += f" = [{', '.join(map(str, v[:8]))}{', ...' if len(v) > 8 else ''}]"
+        return text
+    return ", ".join(one(*entry) for entry in shapes)
 
 
 @dataclass(frozen=True)
@@ -172,8 +190,8 @@ class ShapeBuckets(nn.Module):
         module, example_inputs, self.name = as_module(model, example_inputs, "optimize_per_shape()")
         object.__setattr__(self, "model", model)  # not a submodule: its parameters stay its own
         structure, tensors = bind_example(module.forward, example_inputs)
-        self.inputs = structure  # how the model is called, whatever the shapes
-        self._make(tensors, shapes_of(tensors))
+        self.inputs = structure  # how the model is called, whatever the shapes (and fixed values)
+        self._make(tensors, self._key(tensors))
 
     @property
     def buckets(self) -> dict[Shapes, ScheduledModule]:
@@ -181,7 +199,7 @@ class ShapeBuckets(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         tensors = self.inputs.tensors(args, kwargs)
-        shapes = shapes_of(tensors)
+        shapes = self._key(tensors)
         module = self._buckets.get(shapes)
         if module is None:
             with self._lock:  # two threads meeting a new shape at once make one bucket
@@ -189,6 +207,11 @@ class ShapeBuckets(nn.Module):
                 if module is None:
                     module = self._make(tensors, shapes)
         return module(*args, **kwargs)
+
+    def _key(self, tensors: Sequence[torch.Tensor]) -> Shapes:
+        """The bucket of a call whose graph inputs are ``tensors``: their shapes, and the values
+        of those ``fixed_values`` names."""
+        return shapes_of(tensors, self.inputs.inputs_within(self.options.get("fixed_values", ())))
 
     def _example(self, tensors: Sequence[torch.Tensor]) -> ExampleInputs:
         """The call whose graph inputs are ``tensors``, as :func:`opsched.optimize` takes example
@@ -252,8 +275,8 @@ class ShapeBuckets(nn.Module):
         """Every bucket's schedule (and any loaded but not yet met), in one JSON file."""
         schedules = {**self.saved, **{shapes: m.schedule for shapes, m in self._buckets.items()}}
         data = {"format": FORMAT, "version": FORMAT_VERSION,
-                "buckets": [{"inputs": [[list(shape), dtype] for shape, dtype in shapes], "schedule": s.to_dict()}
-                            for shapes, s in schedules.items()]}
+                "buckets": [{"inputs": [[list(shape), dtype, *map(list, values)] for shape, dtype, *values in shapes],
+                             "schedule": s.to_dict()} for shapes, s in schedules.items()]}
         write_json(path, data)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -311,7 +334,7 @@ def load_per_shape(model: Model | str | os.PathLike[str], path: str | os.PathLik
     saved: dict[Shapes, Schedule] = {}
     try:
         for k, bucket in enumerate(data["buckets"]):
-            shapes = tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in bucket["inputs"])
+            shapes = tuple(input_form(shape, str(dtype), *values) for shape, dtype, *values in bucket["inputs"])
             saved[shapes] = Schedule.from_dict(bucket["schedule"], f"{source}, bucket {k}")
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidScheduleError(f"{source}: malformed buckets: {type(e).__name__}: {e}") from None

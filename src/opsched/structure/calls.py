@@ -102,6 +102,10 @@ class InputStructure(Pickled):
         """Where each fixed tensor sits in the call."""
         return tuple(self.places[k] for k in self.fixed)
 
+    def inputs_within(self, names: Collection[str]) -> tuple[int, ...]:
+        """The graph inputs (by number) at or within the places ``names`` name (``fixed`` does)."""
+        return tuple(k for k, place in enumerate(self.names) if any(_within(place, f) for f in names))
+
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
         """Per graph input, where it sits in the call."""
