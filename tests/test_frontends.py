@@ -140,7 +140,9 @@ def test_what_a_model_computes_of_fixed_values_alone_is_computed_while_traced(
     """The grid's consequences (its numbers, the arange of a count, a tensor of Python's values)
     are computed for real while the model is traced: no draft_export, and the graph holds none of
     those calls. Where the model writes traced values into one in place (a buffer of zeros the
-    size of the grid, summed into), that trace is given up for draft_export's, equal too."""
+    size of the grid, summed into), that trace is given up for torch.export's plain one (the
+    grid's numbers unbacked sizes, bound at conversion; draft_export fails on this model), equal
+    too."""
 
     class Scatter(nn.Module):
         def forward(self, patches: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:

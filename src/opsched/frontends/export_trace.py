@@ -66,6 +66,11 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     draft = False
     try:
         try:
+            # with values fixed, a plain trace first: where the model reads their numbers without
+            # branching on them (a repeat_interleave by the grid, a tensor of its .tolist()), it
+            # succeeds with their sizes unbacked, bound by the converter; draft_export traces only
+            # what it refuses (and may fail where it succeeds: an int64 division of such a tensor
+            # met promote_types returning NotImplemented under draft_export in torch 2.13)
             program = _exported(module, args, kwargs, draft=False if held else None)
         except Exception as e:  # torch.export raises many types for the same root causes
             if not held or not re.search(r"data.dependent", str(e), re.IGNORECASE):
