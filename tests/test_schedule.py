@@ -280,6 +280,35 @@ def test_cut_costs_by_hand() -> None:
     assert cut_latency(graph, stages, None) == 0.0  # a backend that charges nothing
 
 
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 14))
+@settings(max_examples=60, deadline=None)
+def test_cut_costs_are_the_live_values_at_each_cut(seed: int, n: int) -> None:
+    """cut_latency keeps the live values as nodes run; at every cut it charges what
+    :func:`live_values` finds afresh there: random stage sequences (chunks of a topological
+    order after a prefix done, some split in two groups), costs on some values only."""
+    graph, rng = random_dag(n, seed), random.Random(seed)
+    values = [*(i.name for i in graph.inputs), *(nd.name for nd in graph.nodes)]
+    priced = rng.sample(values, rng.randint(0, len(values)))
+    cut = SegmentCut(0.25, {v: rng.random() for v in priced}, {v: rng.random() for v in priced[::2]})
+    names = [nd.name for nd in graph.nodes]
+    start = rng.randint(0, len(names) - 1)
+    done, stages, k = names[:start], [], start
+    while k < len(names):
+        chunk = names[k:k + rng.randint(1, 4)]
+        k += len(chunk)
+        split = rng.randint(1, len(chunk) - 1) if len(chunk) > 1 and rng.random() < 0.6 else len(chunk)
+        stages.append(Stage(tuple(g for g in (tuple(chunk[:split]), tuple(chunk[split:])) if g)))
+    want, finished = 0.0, set(done)
+    for stage in stages:
+        if len(stage.groups) > 1:
+            want += cut.resume_ms + sum(cut.leave_ms.get(v, 0.0) for v in live_values(graph, finished))
+            finished.update(stage.nodes)
+            want += sum(cut.enter_ms.get(v, 0.0) for v in live_values(graph, finished))
+        else:
+            finished.update(stage.nodes)
+    assert cut_latency(graph, stages, cut, done) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
 def test_cpu_presets_charge_the_cut_of_their_segments_gpu_presets_do_not() -> None:
     graph = fork_join("x")
     stages = [Stage((("a",),)), Stage((("b",), ("c",))), Stage((("d",),))]

@@ -8,6 +8,7 @@ and bound described in :mod:`opsched.schedulers.ios`.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,22 +107,16 @@ class PartCuts:
     def build(cls, ug: UnitGraph, part: list[int], cut: SegmentCut) -> PartCuts:
         local = {u: i for i, u in enumerate(part)}
         first, last = part[0], part[-1]
-        g = ug.graph
-        readers: dict[str, set[int]] = {}  # earlier values -> units (global) that read them
-        for u in range(first, len(ug)):
-            for v in ug.units[u]:
-                for x in g.node(v).inputs:
-                    if x not in g.index or ug.unit_of[x] < first:
-                        readers.setdefault(x, set()).add(u)
         always = [0.0, 0.0]
         outside = []
-        for x, us in readers.items():
+        for x in ug.live_before[first]:  # earlier values a unit of the part or after it reads
+            us = ug.reader_units[x]
             leave, enter = cut.leave_ms.get(x, 0.0), cut.enter_ms.get(x, 0.0)
-            if any(u > last for u in us):
+            if us[-1] > last:
                 always[0] += leave
                 always[1] += enter
             else:
-                outside.append((sum(1 << local[u] for u in us), leave, enter))
+                outside.append((sum(1 << local[u] for u in us[bisect.bisect_left(us, first):]), leave, enter))
         inside = tuple((any(s > last for s in ug.succs[u]), cut.leave_ms.get(ug.units[u][-1], 0.0),
                         cut.enter_ms.get(ug.units[u][-1], 0.0)) for u in part)
         return cls(cut.resume_ms, (always[0], always[1]), tuple(sorted(outside)), inside)

@@ -50,22 +50,6 @@ def cut_units(ug: UnitGraph) -> list[int]:
     return cuts
 
 
-def _crossing(ug: UnitGraph) -> list[int]:
-    """crossing[q]: how many units at positions <= q are read by units after q."""
-    n = len(ug)
-    last_use = [max(s, default=u) for u, s in enumerate(ug.succs)]
-    delta = [0] * (n + 1)
-    for u in range(n):
-        if last_use[u] > u:
-            delta[u] += 1
-            delta[last_use[u]] -= 1
-    out, running = [], 0
-    for q in range(n):
-        running += delta[q]
-        out.append(running)
-    return out
-
-
 def down_sets(anc: Sequence[int], cap: int | None = None) -> int:
     """The sets of a DAG's nodes closed under predecessors (the empty set and the whole included),
     the DAG given by each node's ancestors as a bitmask (:func:`opsched._toposort.ancestor_masks`),
@@ -108,7 +92,7 @@ def partition(ug: UnitGraph, max_part_size: int = 50) -> list[list[int]]:
         raise ValueError(f"max_part_size must be positive, got {max_part_size}")
     n = len(ug)
     bounds = sorted(set(cut_units(ug)) | {n - 1}) if n else []
-    crossing = _crossing(ug)
+    crossing = ug.crossing
     parts: list[list[int]] = []
     start = 0
     for end in bounds:  # block = units start..end inclusive (a cut closes its block)
@@ -124,7 +108,7 @@ def split_to_fit(ug: UnitGraph, part: list[int], max_states: int) -> list[list[i
     fewest values are live across the boundary within that run's later half."""
     if max_states < 2:
         raise ValueError(f"max_states must be at least 2 (a single unit's down-sets), got {max_states}")
-    crossing = _crossing(ug)
+    crossing = ug.crossing
 
     def fits(lo: int, hi: int) -> bool:
         return state_count(ug, range(lo, hi + 1), max_states) <= max_states
@@ -141,7 +125,7 @@ def split_to_fit(ug: UnitGraph, part: list[int], max_states: int) -> list[list[i
     return [*pieces, list(range(lo, hi + 1))]
 
 
-def _split(lo: int, hi: int, cap: int, crossing: list[int]) -> list[list[int]]:
+def _split(lo: int, hi: int, cap: int, crossing: Sequence[int]) -> list[list[int]]:
     """Split units lo..hi (inclusive) into parts of at most ``cap`` units."""
     if hi - lo + 1 <= cap:
         return [list(range(lo, hi + 1))]

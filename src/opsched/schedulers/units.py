@@ -112,6 +112,42 @@ class UnitGraph:
                 out[p].append(u)
         return tuple(tuple(s) for s in out)
 
+    @cached_property
+    def crossing(self) -> tuple[int, ...]:
+        """Per position q: how many units at positions <= q are read by units after q."""
+        n = len(self)
+        delta = [0] * (n + 1)
+        for u, s in enumerate(self.succs):
+            last = max(s, default=u)
+            if last > u:
+                delta[u] += 1
+                delta[last] -= 1
+        out, running = [], 0
+        for q in range(n):
+            running += delta[q]
+            out.append(running)
+        return tuple(out)
+
+    @cached_property
+    def reader_units(self) -> dict[str, tuple[int, ...]]:
+        """Value (graph input or node) -> the units whose nodes read it, ascending, each once."""
+        unit_of = self.unit_of
+        return {v: tuple(sorted({unit_of[r] for r in rs})) for v, rs in self.graph.readers.items()}
+
+    @cached_property
+    def live_before(self) -> tuple[tuple[str, ...], ...]:
+        """Per position q (0 to ``len(self)``): the values given (graph inputs) or computed by
+        units before q that a unit at q or after reads, in the order they are defined. Found in
+        one sweep, so a search over many parts asks each its values at no cost of the graph's
+        size (a part's cuts: :class:`~opsched.schedulers.ios_part.PartCuts`)."""
+        index, unit_of = self.graph.index, self.unit_of
+        out: list[list[str]] = [[] for _ in range(len(self) + 1)]
+        for v, us in self.reader_units.items():
+            made = unit_of[v] if v in index else -1
+            for q in range(made + 1, (us[-1] if us else made) + 1):
+                out[q].append(v)
+        return tuple(tuple(vs) for vs in out)
+
     def local_masks(self, part: Sequence[int]) -> tuple[list[int], list[int]]:
         """Bitmasks over ``part`` (units in topological order; bit i is ``part[i]``): each unit's
         direct successors and all its ancestors within the part."""
