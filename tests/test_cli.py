@@ -252,6 +252,35 @@ def number():
 
 def embedding():
     return nn.Embedding(10, 4)
+
+
+class Tower(nn.Module):  # patches of images, attended per image, sized and signed by the grid of each
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, patches, grid):
+        x = self.proj(patches)
+        if int(grid.prod(-1).max()) > 4:
+            x = -x
+        return torch.cat([p.softmax(0) for p in torch.split(x, grid.prod(-1).tolist())])
+
+
+def tower():
+    torch.manual_seed(0)
+    return Tower(), (torch.randn(8, 8), torch.tensor([[1, 2, 3], [1, 1, 2]]))
+
+
+class Halve(nn.Module):
+    def forward(self, x):
+        return x / 2
+
+
+def halved():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), Halve())
+    model.example_input_shape = (1, 3, 8, 8)
+    return model
 """
 
 
@@ -290,6 +319,40 @@ def test_a_factory_gives_a_model_and_example_inputs(tmp_path, monkeypatch, capsy
              r"such as token ids, or several tensors, needs its factory to return \(module, example inputs\).\)$")]:
         with pytest.raises(OpschedError, match=why):
             load_model(spec, **kwargs)
+
+
+def test_a_factorys_model_is_imported_with_the_flags_of_from_torch(tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``--fixed-value``, ``--tracer`` and ``--leaf-module`` are from_torch's fixed_values, tracer
+    and leaf_modules: a tower sized by its grid is refused without the first (the error naming the
+    flag) and optimized with it; the others are refused for a model that is not a module to trace."""
+    from opsched.cli.models import TorchImport, load_model
+    from opsched.errors import FrontendError, OpschedError
+
+    (tmp_path / "cli_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["optimize", "cli_factories:tower", "--cost", "analytic", "--rounds", "1", "--out", str(tmp_path / "o")]
+    assert main(args) == 1
+    assert "(on the command line: --fixed-value grid)" in capsys.readouterr().err
+    assert main([*args, "--fixed-value", "grid"]) == 0
+    assert "as fast as eager PyTorch" in capsys.readouterr().out
+    loaded = load_model("cli_factories:tower", how=TorchImport(fixed_values=("grid",)))
+    assert [i.name for i in loaded.graph.inputs] == ["patches"] and [t.shape for t in loaded.inputs] == [(8, 8)]
+    assert [n.op for n in load_model("cli_factories:halved").graph.nodes] == ["conv2d", "aten.elementwise"]
+    halved = load_model("cli_factories:halved", how=TorchImport(tracer="fx", leaf_modules=("cli_factories:Halve",)))
+    assert [n.op for n in halved.graph.nodes] == ["conv2d", "opaque"]
+    for spec, how, error, why in [
+            ("cli_factories:conv", TorchImport(leaf_modules=("torch.nn:Nope",)), OpschedError,
+             r"cannot load 'torch.nn:Nope': AttributeError: .*the class's module is imported"),
+            ("cli_factories:conv", TorchImport(leaf_modules=("torch.nn:functional",)), OpschedError,
+             r"--leaf-module torch.nn:functional: a torch.nn.Module subclass, got module"),
+            ("cli_factories:conv", TorchImport(tracer="jit"), FrontendError, r"tracer must be one of auto, export, fx"),
+            ("cli_factories:conv", TorchImport(fixed_values=("grid",)), OpschedError, r"fixed_values names 'grid'"),
+            (str(tmp_path / "m.onnx"), TorchImport(tracer="fx", fixed_values=("x",)), OpschedError,
+             r"--tracer, --fixed-value: for a PyTorch module to import \(a zoo model or a package.module:factory\); "
+             r".*m.onnx is not one")]:
+        with pytest.raises(error, match=why):
+            load_model(spec, how=how)
 
 
 def test_a_factory_module_in_the_current_directory_loads(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -62,7 +62,13 @@ class UnknownOpError(GraphError):
 
 # --- frontends ----------------------------------------------------------------------------
 class FrontendError(OpschedError):
-    """A model could not be imported."""
+    """A model could not be imported. ``fixable`` names the tensor arguments whose values, fixed
+    (``fixed_values=``), would let it be traced, where the message says so: for a caller that
+    says it its own way (the command line's ``--fixed-value``)."""
+
+    def __init__(self, message: str, *, fixable: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fixable = fixable
 
 
 class UntraceableModuleError(FrontendError):

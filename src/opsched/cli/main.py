@@ -11,10 +11,15 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from opsched.errors import OpschedError
 
-__all__ = ["INPUT_SHAPE_HELP", "add_input_arguments", "main", "subcommand", "positive_int", "subcommand_parser"]
+if TYPE_CHECKING:
+    from opsched.cli.models import TorchImport
+
+__all__ = ["INPUT_SHAPE_HELP", "add_input_arguments", "main", "subcommand", "positive_int", "subcommand_parser",
+           "torch_import"]
 
 Handler = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], Handler]
@@ -36,11 +41,27 @@ INPUT_SHAPE_HELP = ("an input's shape, e.g. 1,3,224,224 (a package.module:factor
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    """``--input-shape`` and ``--input-value``: how a model's inputs are fixed (:func:`load_model`)."""
+    """``--input-shape`` and ``--input-value``: how a model's inputs are fixed; ``--tracer``,
+    ``--fixed-value`` and ``--leaf-module``: how a PyTorch module is imported (:func:`load_model`)."""
     p.add_argument("--input-shape", action="append", default=[], metavar="[NAME=]SHAPE", help=INPUT_SHAPE_HELP)
     p.add_argument("--input-value", action="append", default=[], metavar="NAME=VALUE",
                    help="fix an .onnx file's input at a value, e.g. sr=16000 (a list: NAME=1,2,3): the model "
                         "computes with it as a constant (a sample rate, a mode the drawn inputs would not select)")
+    p.add_argument("--tracer", default="auto",
+                   help="how a PyTorch module is traced: export (torch.export), fx (torch.fx), or auto (the default: "
+                        "torch.export, then torch.fx where it cannot)")
+    p.add_argument("--fixed-value", action="append", default=[], metavar="NAME",
+                   help="a factory's tensor argument whose values size the model (a vision tower's grid_thw): the "
+                        "schedule is made for the example's values, and the module refuses others")
+    p.add_argument("--leaf-module", action="append", default=[], metavar="PACKAGE.MODULE:CLASS",
+                   help="a submodule type to keep whole, run as PyTorch runs it (one opaque step)")
+
+
+def torch_import(args: argparse.Namespace) -> TorchImport:
+    """What :func:`add_input_arguments`' import flags were given."""
+    from opsched.cli.models import TorchImport
+
+    return TorchImport(args.tracer, tuple(args.fixed_value), tuple(args.leaf_module))
 
 
 def positive_int(text: str) -> int:

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,7 +17,34 @@ from opsched.errors import FrontendError, OpschedError
 from opsched.ir import Graph
 from opsched.structure import ExampleInputs, InputStructure, bind_example
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "TorchImport", "load_model"]
+
+
+@dataclass(frozen=True)
+class TorchImport:
+    """How a PyTorch module (a zoo model, a factory's) is imported: :func:`opsched.from_torch`'s
+    ``tracer``, ``fixed_values`` and ``leaf_modules``, the last as ``package.module:Class``."""
+
+    tracer: str = "auto"
+    fixed_values: tuple[str, ...] = ()
+    leaf_modules: tuple[str, ...] = ()
+
+    @property
+    def flags(self) -> list[str]:
+        """The command-line flags that set what is not the default."""
+        return [flag for flag, value in (("--tracer", self.tracer != "auto"), ("--fixed-value", self.fixed_values),
+                                         ("--leaf-module", self.leaf_modules)) if value]
+
+    def options(self) -> dict[str, Any]:
+        """:func:`opsched.from_torch`'s keyword arguments, the leaf module classes imported."""
+        leaves = []
+        for spec in self.leaf_modules:
+            found = _imported(spec, "the class")
+            if not (isinstance(found, type) and issubclass(found, nn.Module)):
+                raise OpschedError(f"--leaf-module {spec}: a torch.nn.Module subclass, got {type(found).__name__} "
+                                   f"{found!r}")
+            leaves.append(found)
+        return {"tracer": self.tracer, "fixed_values": self.fixed_values, "leaf_modules": tuple(leaves)}
 
 
 @dataclass
@@ -30,8 +58,8 @@ class LoadedModel:
     onnx_values: Mapping[str, float | list[float]] = field(default_factory=dict)  # its inputs fixed
 
 
-def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), input_values: Sequence[str] = ()
-               ) -> LoadedModel:
+def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), input_values: Sequence[str] = (),
+               how: TorchImport = TorchImport()) -> LoadedModel:
     """The model ``spec`` names, imported, with example inputs: for a zoo model at ``batch``; for
     a factory (see :func:`_from_factory`) at the example inputs it returns, else at its one
     ``input_shapes`` entry (``"1,3,224,224"``) or its ``example_input_shape``; for an ONNX file at
@@ -39,7 +67,7 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), inpu
     ``input_shapes`` (``"NAME=1,128"``, or unnamed for a file of one input). ONNX inputs are
     random: normal floats, integers and booleans of 0 and 1 (valid token ids, masks and segment
     ids alike). ``input_values`` (``"NAME=16000"``) fix an ONNX file's inputs at values
-    (:func:`opsched.from_onnx`'s ``input_values``)."""
+    (:func:`opsched.from_onnx`'s ``input_values``). ``how`` imports a zoo model or a factory's."""
     from opsched.frontends import from_onnx, from_torch
     from opsched.models import MODELS, example_inputs, get_model
 
@@ -47,13 +75,16 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), inpu
     values = _parse_values(input_values)
     if values and not spec.endswith(".onnx"):
         raise OpschedError(f"--input-value is for .onnx files; {spec} is called with tensors of its own")
+    if how.flags and (spec.endswith((".onnx", ".pt2", *TORCHSCRIPT)) or (spec not in MODELS and ":" not in spec)):
+        raise OpschedError(f"{', '.join(how.flags)}: for a PyTorch module to import (a zoo model or a "
+                           f"package.module:factory); {spec} is not one")
     if spec in MODELS:
         if input_shapes:
             raise OpschedError(f"{spec} is a zoo model: its shape is fixed but for --batch; --input-shape is for "
                                f".onnx files and package.module:factory models")
-        module, inputs = get_model(spec), example_inputs(spec, batch)
-        call = bind_example(module.forward, inputs)[0]
-        return LoadedModel(spec, from_torch(module, inputs, name=spec), inputs, module, call)
+        module, given = get_model(spec), example_inputs(spec, batch)
+        call, inputs = bind_example(module.forward, given, how.fixed_values)
+        return LoadedModel(spec, from_torch(module, given, name=spec, **how.options()), inputs, module, call)
     if spec.endswith(".onnx"):
         graph = from_onnx(spec, input_shapes=_onnx_shapes(spec, batch, unnamed, named, set(values)),
                           input_values=values)
@@ -67,11 +98,14 @@ def load_model(spec: str, batch: int = 1, input_shapes: Sequence[str] = (), inpu
     if ":" in spec:
         name = spec.partition(":")[2]
         module, example, drawn = _from_factory(spec, batch, unnamed, named)
-        call, inputs = bind_example(module.forward, example)
+        call, inputs = bind_example(module.forward, example, how.fixed_values)
         try:
-            graph = from_torch(module, example, name=name)
+            graph = from_torch(module, example, name=name, **how.options())
         except FrontendError as e:
             if not drawn:
+                if e.fixable and not how.fixed_values:
+                    flags = " ".join(f"--fixed-value {n}" for n in e.fixable)
+                    raise type(e)(f"{e} (on the command line: {flags})", fixable=e.fixable) from e
                 raise
             shape = ",".join(map(str, inputs[0].shape))
             raise type(e)(f"{e}. (Its example input was a random float32 tensor of shape {shape}; a model whose "
@@ -150,15 +184,7 @@ def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
     arguments such as a tokenizer's output); a module alone is called on one random float tensor
     of the ``--input-shape`` given, else of its ``example_input_shape``. The flag: whether the
     example was drawn so."""
-    mod_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` finds a module of this directory
-        sys.path.insert(0, os.getcwd())
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise OpschedError(f"cannot load {spec!r}: {type(e).__name__}: {e} (a factory's module is imported from "
-                           f"the current directory or the installed packages)") from None
-    made = factory()
+    made = _imported(spec, "the factory")()
     module, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(module, nn.Module):
         raise OpschedError(f"{spec}() returned {type(made).__name__}: a factory returns an nn.Module, or a pair "
@@ -183,6 +209,19 @@ def _from_factory(spec: str, batch: int, unnamed: tuple[int, ...] | None,
                            f"example_input_shape attribute on the module, or return (module, example inputs) from "
                            f"the factory")
     return module, torch.randn(*shape), True
+
+
+def _imported(spec: str, what: str) -> Any:
+    """What ``package.module:name`` names, its module imported as ``python -m`` would import it
+    (from the current directory or the installed packages); ``what`` it is, for the error."""
+    mod_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` finds a module of this directory
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise OpschedError(f"cannot load {spec!r}: {type(e).__name__}: {e} ({what}'s module is imported from the "
+                           f"current directory or the installed packages, as package.module:name)") from None
 
 
 def _parse_shapes(values: Sequence[str]) -> tuple[tuple[int, ...] | None, dict[str, tuple[int, ...]]]:

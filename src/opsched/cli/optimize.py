@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from opsched._text import size
-from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand
+from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand, torch_import
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
@@ -78,7 +78,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         request = check_request(device=args.device, scheduler=names, backend=backends, dtype=args.dtype,
                                 **options)
         progress = phases(True)
-        loaded = load_model(args.model, args.batch, args.input_shape, args.input_value)
+        loaded = load_model(args.model, args.batch, args.input_shape, args.input_value, torch_import(args))
         module = optimize_graph(loaded.graph, device=args.device, dtype=args.dtype, graphs=not args.no_graphs,
                                 channels_last=args.channels_last, scheduler=names, cost=args.cost,
                                 backend=backends, cache_dir=args.cache_dir, rounds=args.rounds,

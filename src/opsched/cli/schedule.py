@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand
+from opsched.cli.main import Handler, add_input_arguments, positive_int, subcommand, torch_import
 from opsched.cli.options import add_scheduler_flags, scheduler_values
 from opsched.cli.table import format_table
 
@@ -37,7 +37,7 @@ def _setup(p: argparse.ArgumentParser) -> Handler:
         if args.memory_budget is not None:
             values["memory_budget"] = int(args.memory_budget * 2**20)
         options = scheduler_options([args.scheduler], kind, values, cores=cost.spec.slots)
-        graph = load_model(args.model, args.batch, args.input_shape, args.input_value).graph
+        graph = load_model(args.model, args.batch, args.input_shape, args.input_value, torch_import(args)).graph
         results = {name: schedule(graph, name, cost) for name in ("sequential", "greedy") if name != args.scheduler}
         chosen = results[args.scheduler] = schedule(graph, args.scheduler, cost, options[args.scheduler],
                                                     progress=ProgressBar("searching", enabled=not args.quiet).update)

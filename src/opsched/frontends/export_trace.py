@@ -73,13 +73,15 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
             # met promote_types returning NotImplemented under draft_export in torch 2.13)
             program = _exported(module, args, kwargs, draft=False if held else None)
         except Exception as e:  # torch.export raises many types for the same root causes
-            if not held or not re.search(r"data.dependent", str(e), re.IGNORECASE):
+            if not held or not _data_dependent(str(e)):
                 raise
             program, draft = _exported(module, args, kwargs, draft=True), True
     except Exception as e:
-        hint = _hint(str(e), _sizing(module, args, kwargs), bool(held)) or _unmade_hint(str(e), module, args, kwargs)
+        sizing = () if held or not _data_dependent(str(e)) else tuple(_sizing(module, args, kwargs))
+        hint = _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{hint}") from e
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}{hint}",
+                            fixable=sizing) from e
     return ExportConverter(program, name, held, draft=draft).run()
 
 
@@ -162,7 +164,7 @@ def _hint(reason: str, sizing: Sequence[str] = (), fixing: bool = False) -> str:
                f"return its tensors instead, or register it (torch.export.register_dataclass({kind}) for a dataclass, "
                f"which opsched.optimize does itself)")
         return f" [the model returns a {kind}, whose tensors torch.export cannot see: {fix}]"
-    if re.search(r"data.dependent", reason, re.IGNORECASE) and not fixing:
+    if _data_dependent(reason) and not fixing:
         fix = (f"; where they are the numbers of {' or '.join(sizing)} (a vision tower's grid_thw sets its sizes so), "
                f"fixed_values=({', '.join(map(repr, sizing))},) specialises the graph to the example's"
                if sizing else "")
@@ -170,6 +172,11 @@ def _hint(reason: str, sizing: Sequence[str] = (), fixing: bool = False) -> str:
                 "suppression, say), which one traced graph cannot hold: torch.compile(model, backend='opsched') "
                 f"schedules the graphs Dynamo captures between those places{fix}]")
     return ""
+
+
+def _data_dependent(reason: str) -> bool:
+    """Whether torch.export failed on sizes or a branch that depend on a tensor's values."""
+    return re.search(r"data.dependent", reason, re.IGNORECASE) is not None
 
 
 def _sizing(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:

@@ -273,7 +273,7 @@ def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Ten
         try:
             return _fx(module, structure, inputs, name, leaves)
         except FrontendError as fx_error:  # both reasons, as the type torch.fx's says
-            raise type(fx_error)(f"{export_error}; and {fx_error}") from fx_error
+            raise type(fx_error)(f"{export_error}; and {fx_error}", fixable=export_error.fixable) from fx_error
 
 
 def _fx(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Tensor, ...], name: str,
