@@ -26,6 +26,7 @@ from opsched.execution import RunOptions
 from opsched.ir import Graph, GraphBuilder, registered_ops
 from opsched.ir.ops import op_defs
 from opsched.ir.ops.activation import ACTIVATIONS
+from opsched.ir.ops.einsum import Contraction, contraction
 from opsched.ir.ops.onnx_session import OnnxModel
 from opsched.models import example_inputs, get_model
 from opsched.runtime import Plan, lower, run_graph
@@ -699,6 +700,80 @@ def test_unfold_is_one_gather_however_many_windows_it_makes() -> None:
     onnx_nodes(x, i, _Windows())
     few, many = (onnx_nodes(torch.randn(1, 4, n + 7), torch.randint(-9, 9, (3, 11)), Long()) for n in (7, 1024))
     assert few == many
+
+
+def _run_contraction(plan: Contraction, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """What the ONNX nodes of ``plan`` compute, in torch: ReduceSum, Transpose, Reshape, MatMul."""
+    folded = []
+    for k, t in enumerate((x, y)):
+        if plan.summed[k]:
+            t = t.sum(plan.summed[k])
+        folded.append(t.permute(plan.order[k]).reshape(plan.folded[k]))
+    return torch.matmul(*folded).reshape(plan.unfolded).permute(plan.to_output)
+
+
+def test_a_two_operand_einsum_is_planned_as_the_matrix_product_torch_computes() -> None:
+    """400 random equations (each label a batch label, one of either operand's size 1 at times,
+    contracted, kept by one operand or summed by it alone, in random orders) and ellipses: the
+    plan computes torch.einsum's result; equations that are not such a product have none."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(400):
+        labels = rng.sample("abcdefghij", rng.randint(1, 8))
+        kind = {c: rng.choice(("batch", "contracted", "a", "b", "summed a", "summed b")) for c in labels}
+        size = {c: rng.randint(1, 4) for c in labels}
+        a = [c for c in labels if kind[c] in ("batch", "contracted", "a", "summed a")]
+        b = [c for c in labels if kind[c] in ("batch", "contracted", "b", "summed b")]
+        out = [c for c in labels if kind[c] in ("batch", "a", "b")]
+        for term in (a, b, out):
+            rng.shuffle(term)
+        shapes = [[1 if kind[c] == "batch" and rng.random() < 0.2 else size[c] for c in term] for term in (a, b)]
+        equation = f"{''.join(a)},{''.join(b)}->{''.join(out)}"
+        plan = contraction(equation, shapes)
+        assert plan is not None, equation
+        x, y = (torch.randn(shape, dtype=torch.float64) for shape in shapes)
+        torch.testing.assert_close(_run_contraction(plan, x, y), torch.einsum(equation, x, y), rtol=1e-12, atol=1e-12)
+    for equation, shapes in [("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 6)]),
+                             ("b...,b...->b", [(2, 3, 4), (2, 3, 4)]), ("...i,i->...", [(2, 3, 4), (4,)]),
+                             ("i , j -> ij", [(3,), (4,)]), ("i,i->", [(3,), (3,)])]:
+        plan = contraction(equation, shapes)
+        assert plan is not None, equation
+        x, y = (torch.randn(shape, dtype=torch.float64) for shape in shapes)
+        torch.testing.assert_close(_run_contraction(plan, x, y), torch.einsum(equation, x, y), rtol=1e-12, atol=1e-12)
+    for equation, shapes in [("ij,jk", [(2, 3), (3, 4)]),               # the output implicit
+                             ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),  # three operands
+                             ("ii,i->i", [(2, 2), (2,)]),                 # a diagonal
+                             ("ik,k->i", [(2, 1), (3,)])]:                # a contracted size 1 broadcast
+        assert contraction(equation, shapes) is None, equation
+
+
+class _Einsums(torch.nn.Module):
+    """UnivNet's location-variable convolution, a batched product over broadcast ellipses, a sum
+    over them, and two einsums left to ONNX's Einsum: an implicit output, three operands."""
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.einsum("bildsk,biokl->bolsd", x, k), torch.einsum("...ij,...jk->...ik", m, n),
+                torch.einsum("b...,b...->b", m, m), torch.einsum("aij,ajk", m[0], n),
+                torch.einsum("ij,jk,kl->il", m[0, 0], n[0], n[0].T))
+
+
+def test_an_einsum_runs_in_the_onnx_runtime_session_as_a_matmul() -> None:
+    """ONNX Runtime's Einsum kernel is slow (UnivNet: 3x PyTorch's einsum), so a two-operand
+    einsum that is a contraction is exported as Transpose, Reshape and MatMul; the others stay
+    Einsum. All of them run in the one session, equal to eager."""
+    model = _Einsums()
+    x, k = torch.randn(1, 4, 10, 1, 6, 3), torch.randn(1, 4, 5, 3, 10)
+    m, n = torch.randn(2, 1, 3, 4), torch.randn(5, 4, 6)
+    g = opsched.from_torch(model, (x, k, m, n))
+    assert sum(node.attrs.get("target") == "aten::einsum.default" for node in g.nodes) == 5
+    ops = [node.op_type for node in _whole(g).proto.graph.node]
+    assert ops.count("MatMul") == 3 and ops.count("Einsum") == 2, ops
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    made = executor([x, k, m, n])
+    executor.close()
+    assert_close(made, list(model(x, k, m, n)))
+    assert executor.sessions == 1 and "run with torch" not in executor.describe(), executor.describe()
 
 
 class _Tiled(torch.nn.Module):

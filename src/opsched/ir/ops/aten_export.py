@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from opsched.ir.ops.onnx_builder import OnnxBuilder
 
-__all__ = ["export_as", "export_call"]
+__all__ = ["export_as", "export_call", "export_default"]
 
 
 class _OneCall(torch.nn.Module):
@@ -307,6 +307,12 @@ def export_call(b: OnnxBuilder, node: Node) -> None:
 
     if node.attrs["target"] in ONNX_FORMS:
         return ONNX_FORMS[node.attrs["target"]](b, node)
+    export_default(b, node)
+
+
+def export_default(b: OnnxBuilder, node: Node) -> None:
+    """The call exported by torch.onnx's symbolic for it (or for what it is exported as), checked:
+    :func:`export_call` where no form of ours takes its place, and a form's own fallback."""
     unfaithful = _unfaithful(node)
     if unfaithful:
         raise NotExportable(f"{node.attrs['target']}: {unfaithful}")

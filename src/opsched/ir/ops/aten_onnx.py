@@ -1,4 +1,5 @@
-"""ONNX forms of the ATen overloads that torch.onnx cannot export and models use often.
+"""ONNX forms of the ATen overloads that torch.onnx cannot export (or exports as ONNX Runtime runs
+slowly) and models use often.
 
 A generic ATen node (:mod:`opsched.ir.ops.aten`) exports through its overload's own torch.onnx
 symbolic (:mod:`opsched.ir.ops.aten_export`), except where a form here takes its place. These
@@ -15,7 +16,9 @@ one Gather;
 written over (``empty_like``, ``new_empty``), as zeros, where torch.onnx bakes in its trace's memory;
 nearest-neighbour upsampling, which torch.onnx exports as a Resize that reads other pixels, as
 Gathers; and the Fourier transforms and views of complex values, on pairs of parts
-(:mod:`opsched.ir.ops.fourier`). Each form is exact for every dtype ONNX has; it raises
+(:mod:`opsched.ir.ops.fourier`); and a two-operand ``einsum`` as the batched MatMul PyTorch
+computes it by, not ONNX's slow Einsum (:mod:`opsched.ir.ops.einsum`). Each form is exact (the
+einsum's sums within rounding of PyTorch's) for every dtype ONNX has; it raises
 :class:`NotExportable` otherwise.
 """
 
@@ -29,6 +32,7 @@ import torch
 
 from opsched.ir.node import Node
 from opsched.ir.ops.aten import SDPA, arguments, run_on
+from opsched.ir.ops.einsum import EINSUM_FORMS
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
 from opsched.ir.types import TensorType
@@ -368,4 +372,4 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                                      "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
                                                      "_upsample_nearest_exact3d") for form in ("default", "vec")},
-    **PAIR_FORMS}
+    **PAIR_FORMS, **EINSUM_FORMS}
