@@ -257,3 +257,9 @@ def test_a_fixed_input_gets_a_bucket_per_value_saved_and_loaded_with_them(tmp_pa
     with torch.no_grad():
         assert_close([loaded(patches, grid)], [model(patches, grid)])
     assert list(loaded.buckets) == keys[::-1] and all(m.outcome.seconds is None for m in loaded.buckets.values())
+    # one search, reapplied at the other grid where its graph has the same structure, else searched
+    once = opsched.optimize_per_shape(model, (patches, grid), cost="analytic", fixed_values=("grid",),
+                                      specialize="graph")
+    with torch.no_grad():
+        assert_close([once(patches, other)], [model(patches, other)])
+    assert list(once.buckets) == keys
