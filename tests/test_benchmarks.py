@@ -391,3 +391,21 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
         with pytest.raises(ValueError, match="do not match"):
             model(**candidates["as made"])
         assert model(**candidates["image placed"]).last_hidden_state.shape == (1, 592, 64)
+
+
+def test_the_sweep_passes_the_masks_a_refusal_asks_for() -> None:
+    """The harness does what opsched's refusal for an unmade mask says: a mask of ones the shape
+    of the ids it masks, each one named, and nothing where the refusal asks for none."""
+    import torch
+
+    masks_asked = _transformers_all().masks_asked
+    ids, decoded = torch.zeros(1, 5, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)
+    said = ("torch.export cannot trace LongT5Model: AttributeError: ... [the model met None where it makes a "
+            "default outside tracing: ...; pass attention_mask and decoder_attention_mask as its tokenizer or "
+            "processor gives them]")
+    masks = masks_asked(said, {"input_ids": ids, "decoder_input_ids": decoded})
+    assert sorted(masks) == ["attention_mask", "decoder_attention_mask"]
+    assert torch.equal(masks["attention_mask"], torch.ones(1, 5, dtype=torch.long))
+    assert torch.equal(masks["decoder_attention_mask"], torch.ones(1, 3, dtype=torch.long))
+    other = "torch.export cannot trace FSMTModel: GuardOnDataDependentSymNode: ..."
+    assert masks_asked(other, {"input_ids": ids}) == {}
