@@ -1969,3 +1969,31 @@ def test_flops_of_traced_calls_are_pytorchs_counts_and_calls_it_cannot_count_ski
     assert {"aten::linear", "aten::einsum"} <= counted
     cumsum = next(n for n in calls if n.target._schema.name == "aten::cumsum")
     assert traced_flops(cumsum) == 2 * 5 * 8  # opsched's count for a reduction: a pass over its input
+
+
+class _ConvertsItself(nn.Module):
+    """A router that converts its classifier to its own dtype in every forward, as
+    SwitchTransformers' does; with ``to``, a conversion that changes its weights."""
+
+    def __init__(self, to: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.classifier, self.to_dtype = nn.Linear(8, 4), to
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier = self.classifier.to(self.to_dtype)
+        return self.classifier(x.to(self.to_dtype)).softmax(-1)
+
+
+def test_a_module_converting_itself_to_what_it_is_traces_and_equals_eager() -> None:
+    """torch.export cannot apply a module's ``.to()`` to the weights it traces, even one that
+    changes nothing ("Couldn't swap Linear.weight"): that one returns the module while traced,
+    and torch's own ``nn.Module.to`` is back after."""
+    model, x = _ConvertsItself().eval(), torch.randn(3, 8)
+    to = nn.Module.to
+    module = opsched.optimize(model, x, cost="analytic", tracer="export")
+    assert nn.Module.to is to
+    with torch.no_grad():
+        assert_close(module(x), model(x))
+    with pytest.raises(FrontendError, match="torch.export cannot trace _ConvertsItself"):
+        from_torch(_ConvertsItself(torch.float64).eval(), x, tracer="export")  # a conversion of its weights
+    assert nn.Module.to is to

@@ -105,7 +105,7 @@ def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dr
     said = io.StringIO()
     # traced without grad, as it will run: a no_grad region in the model (Llama's rotary
     # embedding) is then not wrapped in a higher-order set_grad_enabled call
-    with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad():
+    with _without_partial_graph(said), warnings.catch_warnings(), torch.no_grad(), _conversions_to_nothing_skipped():
         # torch's own: the deprecation of its pytree internals, and nn.LSTM/GRU/RNN refreshing
         # their _flat_weights list in forward (no user of the model can act on either)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -126,6 +126,31 @@ def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dr
                     if n.target is torch.ops.aten.detach_.default:
                         n.target = torch.ops.aten.detach.default
             return program if _functional(program) else program.run_decompositions({})
+
+
+@contextlib.contextmanager
+def _conversions_to_nothing_skipped() -> Iterator[None]:
+    """While traced, a module's ``.to(...)`` that would change none of its parameters and buffers
+    returns the module, as eager's does in effect. SwitchTransformers' router converts itself in
+    every forward (``self.classifier = self.classifier.to(self.dtype)``), and torch.export cannot
+    apply even that to the weights it traces ("Couldn't swap Linear.weight"). A conversion that
+    changes something goes to ``nn.Module.to`` as before."""
+    to = nn.Module.to
+
+    def to_or_unchanged(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is None and (dtype is None or dtype.is_floating_point or dtype.is_complex) and all(
+                (device is None or t.device == device)
+                and (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype)
+                for t in (*self.parameters(), *self.buffers())):
+            return self
+        return to(self, *args, **kwargs)
+
+    nn.Module.to = to_or_unchanged  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.to = to  # type: ignore[method-assign]
 
 
 def _unmarked(tensor: torch.Tensor) -> torch.Tensor:
