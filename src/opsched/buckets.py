@@ -29,6 +29,7 @@ file's input names (or in their order).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -208,10 +209,15 @@ class ShapeBuckets(nn.Module):
                     module = self._make(tensors, shapes)
         return module(*args, **kwargs)
 
+    @functools.cached_property
+    def _valued(self) -> tuple[int, ...]:
+        """The graph inputs ``fixed_values`` names, by number: found once, not per call."""
+        return self.inputs.inputs_within(self.options.get("fixed_values", ()))
+
     def _key(self, tensors: Sequence[torch.Tensor]) -> Shapes:
         """The bucket of a call whose graph inputs are ``tensors``: their shapes, and the values
         of those ``fixed_values`` names."""
-        return shapes_of(tensors, self.inputs.inputs_within(self.options.get("fixed_values", ())))
+        return shapes_of(tensors, self._valued)
 
     def _example(self, tensors: Sequence[torch.Tensor]) -> ExampleInputs:
         """The call whose graph inputs are ``tensors``, as :func:`opsched.optimize` takes example

@@ -236,8 +236,8 @@ def _windows(b: OnnxBuilder, node: Node) -> None:
     dim, size, step = given["dimension"] % x.rank, given["size"], given["step"]
     count = (x.shape[dim] - size) // step + 1
     if size <= SLICED_WINDOW:
-        axis, new = b.init(np.array([dim], np.int64), b.fresh("axis")), b.init(np.array([x.rank], np.int64),
-                                                                              b.fresh("axis"))
+        axis = b.init(np.array([dim], np.int64), b.fresh("axis"))
+        new = b.init(np.array([x.rank], np.int64), b.fresh("axis"))
         stride = b.init(np.array([step], np.int64), b.fresh("step"))
         parts = []
         for j in range(size):

@@ -119,11 +119,10 @@ def _einsum(b: OnnxBuilder, node: Node) -> None:
     from opsched.ir.ops.aten_export import export_default
 
     (_, equation), (_, refs), *rest = node.attrs["args"]
-    types = [b.operand_type(node, ref) for ref in refs]
+    types = [t for ref in refs if (t := b.operand_type(node, ref)) is not None and t.dtype in MATMUL_DTYPES]
     plan = None
-    if not rest and not node.attrs["kwargs"] and len(types) == 2 and all(
-            t is not None and t.dtype in MATMUL_DTYPES for t in types) and types[0].dtype == types[1].dtype:  # type: ignore[union-attr]
-        plan = contraction(equation, [t.shape for t in types])  # type: ignore[union-attr]
+    if not rest and not node.attrs["kwargs"] and len(refs) == len(types) == 2 and types[0].dtype == types[1].dtype:
+        plan = contraction(equation, [t.shape for t in types])
     if plan is None:
         return export_default(b, node)
     operands = []
