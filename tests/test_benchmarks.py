@@ -272,7 +272,7 @@ def test_wide_parts_split_a_box_decoding_that_a_whole_search_cannot_finish(tmp_p
     ``max_states`` (2,000 here, to keep the test short) its search ends with an optimum per piece
     that beats the heuristic the whole search falls back to when its budget runs out."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "wide_parts.py"), "--models", "box_decoding", "--presets",
-           "V100:2", "--budget", "5", "--max-states", "2000", "--out", str(tmp_path)]
+           "V100:2", "--budget", "2", "--max-states", "2000", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     (record,) = json.loads((tmp_path / "wide-parts.json").read_text())["models"]
     assert record["widest_part_states"] == 66_130

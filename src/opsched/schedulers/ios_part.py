@@ -21,7 +21,7 @@ from opsched._toposort import bits
 from opsched.cost import SegmentCut, StageCoster
 from opsched.ir.ops.conv import merge_class
 from opsched.schedule import Stage
-from opsched.schedulers.endings import parallel_endings
+from opsched.schedulers.endings import parallel_endings, predecessor_masks
 from opsched.schedulers.ios_memory import PartMemory
 from opsched.schedulers.units import UnitGraph
 
@@ -149,8 +149,8 @@ class PartSolver:
         self.r, self.s, self.strategies = r, s, strategies
         self.check_budget, self.stats = check_budget, stats
         n = len(part)
-        self.succ, self.anc = ug.local_masks(part)
-        self.order = list(range(n - 1, -1, -1))
+        self.succ = ug.local_masks(part)[0]
+        self.pred = predecessor_masks(self.succ)
         graph = ug.graph
         self.merge_cls: list[object | None] = []
         for u in part:
@@ -176,12 +176,14 @@ class PartSolver:
             value = known[mask] = self.coster.latency(Stage(groups, strategy))  # type: ignore[arg-type]
         return value
 
-    def cut(self, rest: int, state: int) -> float:
-        """What an ending of several groups from ``state`` down to ``rest`` pays for the cut segments."""
+    def cut(self, state: int) -> Callable[[int], float]:
+        """What an ending of several groups from ``state`` pays for the cut segments, by the state
+        it leaves (``rest``): its part that depends on ``state`` alone found once."""
         cuts = self.cuts
         if cuts is None:
-            return 0.0
-        return cuts.resume_ms + self._live_at(cuts, rest)[0] + self._live_at(cuts, state)[1]
+            return lambda rest: 0.0
+        entering = cuts.resume_ms + self._live_at(cuts, state)[1]
+        return lambda rest: self._live_at(cuts, rest)[0] + entering
 
     def _live_at(self, cuts: PartCuts, state: int) -> tuple[float, float]:
         """(leave, enter) of the values live at ``state``, computed once per state."""
@@ -221,7 +223,7 @@ class PartSolver:
         out: list[tuple[str, int, tuple[int, ...]]] = []
         if "parallel" in self.strategies:
             out += [("parallel", m, c) for m, c in
-                    parallel_endings(state, self.succ, self.anc, self.order, self.r, self.s)]
+                    parallel_endings(state, self.succ, self.pred, self.r, self.s)]
         else:  # IOS-Merge alone: a stage is one sink unit, or a merge
             out += [("parallel", 1 << i, (1 << i,)) for i in bits(state) if not self.succ[i] & state]
         if "merge" in self.strategies:
@@ -243,12 +245,12 @@ class PartSolver:
         """(cost of ``state``, its best last stage as (strategy, group masks), the state before it)."""
         best, choice, nxt = float("inf"), None, 0
         bounded = []
-        memo, known, monotone, charges_cuts = self.memo, self.singles, self.monotone, self.cuts is not None
-        by_weight = self.by_weight
+        memo, known, monotone, by_weight = self.memo, self.singles, self.monotone, self.by_weight
+        cut_from = self.cut(state)
         for strategy, mask, comps in endings:
             rest = state & ~mask
             several = strategy == "parallel" and len(comps) > 1
-            cut = self.cut(rest, state) if several and charges_cuts else 0.0
+            cut = cut_from(rest) if several else 0.0
             if not several or not monotone:
                 total = memo[rest][0] + cut + self.price(strategy, comps, mask)
                 if total < best:
