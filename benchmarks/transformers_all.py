@@ -6,10 +6,11 @@ The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (l
 heads, experts), in it and in its sub-configs, and the few fields that must agree with those
 (a state-space model's heads, a rotary part's width); where the model then cannot be built or
 called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
-main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames), for an
-encoder-decoder 8 decoder tokens, and for a text-and-image model an image, with an image token
-placed before the text for each feature its ``get_image_features`` makes of it (as its processor
-places them) where it needs them, else the text alone; for a vision tower, an image's patches and
+main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames) and
+each further input its ``forward`` requires, made by its name; for an encoder-decoder 8
+decoder tokens, and for a text-and-image model an image, with an image token placed before the
+text for each feature its ``get_image_features`` makes of it (as its processor places them)
+where it needs them, else the text alone; for a vision tower, an image's patches and
 their grid, the grid a fixed value (``fixed_values=``: the tower sizes its tensors by its numbers);
 for a video model, a clip of its frames; for a forecaster, its context of past values. A timm
 backbone (DETR's) is made transformers' own of the same family where timm is not installed.
@@ -296,46 +297,69 @@ def patch_grids(model: Any, config: Any, grid: str) -> dict[str, dict[str, Any]]
 
 
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:
-    """Keyword inputs for ``model``'s main input (and an encoder-decoder's decoder tokens, a
-    text-and-image model's image); ``ValueError`` for a main input of another kind."""
+    """Keyword inputs for ``model``'s main input and each further one its ``forward`` requires
+    (Blip-2's text beside its image, a vision tower's image where its main input is named
+    otherwise), by name (:func:`named_input`); for an encoder-decoder, its decoder tokens; for a
+    text-and-image model, its image; ``ValueError`` for an input of another kind."""
     import torch
 
-    def image() -> torch.Tensor:
-        side = _size(config, "image_size", 224)
-        return torch.randn(1, _size(config, "num_channels", 3), side, side)
-
+    params = inspect.signature(model.forward).parameters
+    required = [n for n, p in params.items()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     main = model.main_input_name
-    if main == "input_ids":
-        inputs = {"input_ids": torch.randint(3, 100, (1, 16))}
-        if "pixel_values" in inspect.signature(model.forward).parameters and \
-                getattr(config, "vision_config", None) is not None:
-            inputs["pixel_values"] = image()
-    elif main == "pixel_values":
-        frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
-        inputs = {"pixel_values": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
-                  if isinstance(frames, int) else image()}
-    elif main == "input_values":
-        inputs = {"input_values": torch.randn(1, 8000)}
-    elif main == "input_features":
-        inputs = {"input_features": torch.randn(1, _size(config, "num_mel_bins", 80), 3000)}
-    elif main == "pixel_values_videos":  # (batch, frames, channels, side, side)
-        frames = (_held(config, "num_frames") or [8])[0]
-        inputs = {"pixel_values_videos": image().unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()}
-    elif main == "past_values":  # a forecaster's history: (batch, steps), of each channel where it has several
-        steps, channels = _size(config, "context_length", 512), getattr(config, "num_input_channels", None)
-        values = torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
-        inputs = {"past_values": values}
-        params = inspect.signature(model.forward).parameters
+    names = required if required and main not in params else list(dict.fromkeys([main, *required]))
+    inputs = {}
+    for name in names:
+        made = named_input(name, model, config)
+        if made is None:
+            raise ValueError(f"no example for a{' main' if name == main else ' required'} input {name!r}")
+        inputs[name] = made
+    if "input_ids" in inputs and "pixel_values" not in inputs and "pixel_values" in params and \
+            getattr(config, "vision_config", None) is not None:
+        inputs["pixel_values"] = _image(config)
+    if "past_values" in inputs:
+        values = inputs["past_values"]
         if "past_values_padding" in params:  # TimesFM's: which steps are padding (none)
             inputs["past_values_padding"] = torch.zeros_like(values)
         if "freq" in params and params["freq"].default is params["freq"].empty:  # TimesFM's frequency class
             inputs["freq"] = torch.zeros(1, 1, dtype=torch.long)
-    else:
-        raise ValueError(f"no example for a main input {main!r}")
     if getattr(config, "is_encoder_decoder", False) and \
-            (main == "input_ids" or "decoder_input_ids" in inspect.signature(model.forward).parameters):
+            (main == "input_ids" or "decoder_input_ids" in params):
         inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))  # a translator's, a speech recogniser's
     return inputs
+
+
+def named_input(name: str, model: Any, config: Any) -> Any:
+    """An example of the input ``name``, by what its name says it is (16 tokens, an image at its
+    config's size, a video clip, 8000 audio samples, 3000 mel frames, a forecaster's past
+    values), or None for a name of no such kind."""
+    import torch
+
+    if name.endswith("input_ids"):  # Blip-2's text, InstructBLIP's query-former's
+        return torch.randint(3, 100, (1, 16))
+    if name.endswith("pixel_values"):  # SegGPT's prompt image too
+        frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
+        image = _image(config)
+        return image.unsqueeze(1).expand(-1, frames, -1, -1, -1).clone() if isinstance(frames, int) else image
+    if name == "input_values":
+        return torch.randn(1, 8000)
+    if name == "input_features":
+        return torch.randn(1, _size(config, "num_mel_bins", 80), 3000)
+    if name == "pixel_values_videos":  # (batch, frames, channels, side, side)
+        frames = (_held(config, "num_frames") or [8])[0]
+        return _image(config).unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
+    if name == "past_values":  # a forecaster's history: (batch, steps), of each channel where it has several
+        steps, channels = _size(config, "context_length", 512), getattr(config, "num_input_channels", None)
+        return torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
+    return None
+
+
+def _image(config: Any) -> Any:
+    """An image at the config's size (224 where it has none), of its channels."""
+    import torch
+
+    side = _size(config, "image_size", 224)
+    return torch.randn(1, _size(config, "num_channels", 3), side, side)
 
 
 def first_line(e: BaseException, most: int = 400) -> str:

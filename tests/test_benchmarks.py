@@ -393,6 +393,30 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
         assert model(**candidates["image placed"]).last_hidden_state.shape == (1, 592, 64)
 
 
+def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
+    """``transformers_all.example_inputs`` (models on the meta device, nothing called): Blip-2's
+    text beside its image, its main input; InstructBLIP's query-former tokens; a vision tower
+    whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
+    a codec's mel features beside its samples."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sweep = _transformers_all()
+
+    def inputs(name: str) -> dict[str, tuple[int, ...]]:
+        config = sweep.shrunk(CONFIG_MAPPING[name](), sweep.SMALL)
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+        return {k: tuple(v.shape) for k, v in sweep.example_inputs(model, config).items()}
+
+    assert inputs("blip-2") == {"pixel_values": (1, 3, 224, 224), "input_ids": (1, 16)}
+    assert inputs("instructblip") == {"pixel_values": (1, 3, 224, 224), "qformer_input_ids": (1, 16)}
+    assert inputs("idefics3_vision") == {"pixel_values": (1, 3, 224, 224)}
+    assert set(inputs("xcodec2")) == {"input_values", "input_features"}
+
+
 def test_the_sweep_passes_the_masks_a_refusal_asks_for() -> None:
     """The harness does what opsched's refusal for an unmade mask says: a mask of ones the shape
     of the ids it masks, each one named, and nothing where the refusal asks for none."""
