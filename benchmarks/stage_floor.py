@@ -115,7 +115,7 @@ def costs_after(solver: PartSolver, endings: Endings, price: Callable[[str, int]
             continue
         for strategy, mask, comps in endings[state]:
             rest = state & ~mask
-            cut = solver.cut(rest, state) if strategy == "parallel" and len(comps) > 1 else 0.0
+            cut = solver.cut(state)(rest) if strategy == "parallel" and len(comps) > 1 else 0.0
             total = after[state] + cut + price(strategy, mask)[0]
             if total < after.get(rest, float("inf")):
                 after[rest] = total
@@ -143,7 +143,7 @@ def state_pruned_floor(solver: PartSolver, endings: Endings, price: Callable[[st
         for strategy, mask, comps in endings[state]:
             rest = state & ~mask
             several = strategy == "parallel" and len(comps) > 1
-            done = solver.memo[rest][0] + (solver.cut(rest, state) if several else 0.0)
+            done = solver.memo[rest][0] + (solver.cut(state)(rest) if several else 0.0)
             bounds = [0.0]
             if strategy == "parallel":
                 subs = [*comps, *(mask & ~c for c in comps)] if several else []
@@ -210,7 +210,7 @@ def stage_floor(graph: Graph, cost: AnalyticCostModel, r: int, s: int, max_part_
                 if strategy != "parallel" or len(comps) < 2:
                     continue
                 counts["multi-group endings"] += 1
-                done = solver.memo[state & ~mask][0] + solver.cut(state & ~mask, state)
+                done = solver.memo[state & ~mask][0] + solver.cut(state)(state & ~mask)
                 if done + max(price("parallel", c)[0] for c in comps) >= best - TIE:
                     counts["ruled out by one group"] += 1
                 elif any(done + price("parallel", mask & ~c)[0] >= best - TIE for c in comps):
