@@ -165,6 +165,52 @@ def test_structural_hash_sees_structure(change: str) -> None:
     assert build(change).structural_hash() != build("base").structural_hash()
 
 
+def test_a_views_position_is_no_part_of_its_cost_signature_but_is_of_the_graphs_identity() -> None:
+    """Two windows of one tensor, at 0:4 and 4:8, each through a ReLU: their nodes' cost signatures
+    are equal (what the search prices and reuses parts by), their signatures and the two halves'
+    structural hashes are not (what a schedule or a compiled segment is checked against); a
+    window of another stride is another cost, and the coster prices the two stages once."""
+    from opsched.cost import AnalyticCostModel, StageCoster
+    from opsched.cost.devices import device_spec
+    from opsched.schedule import Stage
+
+    b = GraphBuilder("windows")
+    x = b.input("x", (1, 16, 8, 8))
+    first = b.add("slice", [x], axis=1, start=0, end=4)
+    second = b.add("slice", [x], axis=1, start=4, end=8)
+    strided = b.add("slice", [x], axis=1, start=0, end=8, step=2)
+    outs = [b.add("relu", [v]) for v in (first, second, strided)]
+    g = b.build(outs).verify()
+    assert g.signatures[first] != g.signatures[second]
+    assert g.cost_signatures[first] == g.cost_signatures[second] != g.cost_signatures[strided]
+    assert g.cost_signatures[outs[0]] == g.signatures[outs[0]]  # not a view: nothing left out
+    halves = [g.subgraph([w, r]) for w, r in zip((first, second), outs)]
+    assert halves[0].structural_hash() != halves[1].structural_hash()
+    coster = StageCoster(g, AnalyticCostModel(device_spec("V100")))
+    for w, r in zip((first, second), outs):
+        coster.latency(Stage(((w, r),)))
+    assert (coster.stats.distinct, coster.stats.structural_hits) == (1, 1)
+
+
+def test_an_aten_views_position_arguments_alone_leave_its_cost_signature() -> None:
+    """Imported from PyTorch: ``x.select(1, 0)`` and ``x.select(1, 1)`` cost alike, as do
+    ``narrow``s at two starts; ``select`` on another dimension does not, nor does a transpose."""
+    from opsched import from_torch
+
+    class Views(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (x.select(1, 0) * 2, x.select(1, 1) * 2, x.select(2, 0) * 2, x.narrow(1, 0, 2) * 2,
+                    x.narrow(1, 1, 2) * 2, x.transpose(1, 2) * 2)
+
+    g = from_torch(Views(), (torch.randn(2, 3, 3),))
+    views = [n.name for n in g.nodes if n.op == "aten.view"]
+    assert len(views) == 6
+    sel0, sel1, other_dim, nar0, nar1, transposed = (g.cost_signatures[v] for v in views)
+    assert len({g.signatures[v] for v in views}) == 6
+    assert sel0 == sel1 and nar0 == nar1
+    assert len({sel0, other_dim, nar0, transposed}) == 4
+
+
 def test_writes_name_inputs_print_apart_from_what_is_returned_and_change_the_hash() -> None:
     """An input the model changes in place is a trailing output, named in ``writes``."""
     b = GraphBuilder("w")

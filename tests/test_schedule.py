@@ -755,6 +755,32 @@ def test_inception_blocks_are_cut_at_module_outputs(inception: Graph) -> None:
     assert sorted(u for p in parts for u in p) == list(range(len(ug)))
 
 
+def test_an_unrolled_loops_parts_are_solved_once_whatever_patch_each_reads() -> None:
+    """An unrolled loop over the patches of its input (TimesFM's normalisation, small): each step
+    selects its own patch, and parts that differ only in which patch they select are one part
+    to the search (:func:`opsched.ir.hashing.cost_signature`), solved once and reused: of its 21
+    parts, 4 are solved (9 while the select's index told them apart), and the schedule's
+    estimate is what solving each part on its own gives."""
+
+    class Loop(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.select(1, 0)
+            for i in range(1, 6):
+                p = x.select(1, i)
+                y = (y * p.sigmoid() + p.tanh()).relu()
+            return y
+
+    g = from_torch(Loop(), (torch.randn(4, 6, 32),))
+    sched = schedule(g, "ios", V100, max_lanes=4, max_part_size=4)
+    assert (sched.stats["parts"], sched.stats["parts_solved"], sched.stats["parts_reused"]) == (21, 4, 17)
+    ug = UnitGraph.build(g)
+    alone = []
+    for part in partition(ug, 4):
+        stages, _ = ios_stages(g.subgraph([v for u in part for v in ug.units[u]]), V100, max_lanes=4)
+        alone.append(estimate(g, stages, V100))
+    assert sched.estimated_ms == pytest.approx(sum(alone))
+
+
 def test_nasnet_parts_align_with_cells() -> None:
     nas = from_torch(get_model("nasnet_mobile"), example_inputs("nasnet_mobile"))
     ug = UnitGraph.build(nas)

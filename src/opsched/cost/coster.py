@@ -6,7 +6,9 @@ structurally equal when their groups, as multisets, have the same operator
 signatures in the same order with the same wiring inside each group (which external tensor
 a group reads is not part of the key: any operator reading a tensor of the right type costs
 the same). NASNet's repeated cells, RandWire's identical separable convolutions and the same
-branch at another place then share one price. Counters report how much sharing saved.
+branch at another place then share one price, and so do stages that differ only in where
+a view reads its input (:func:`opsched.ir.hashing.cost_signature`: an unrolled loop's select of
+patch 11 and of patch 12). Counters report how much sharing saved.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class StageCoster:
         self.graph, self.cost = graph, cost
         self.stats = CosterStats()
         ids: dict[str, int] = {}
-        self._node_sig = {v: ids.setdefault(sig, len(ids)) for v, sig in graph.signatures.items()}
+        self._node_sig = {v: ids.setdefault(sig, len(ids)) for v, sig in graph.cost_signatures.items()}
         self._cache: dict[tuple[object, ...], float] = {}
         self._group_keys: dict[tuple[str, ...], tuple[object, ...]] = {}  # a group recurs in many stages
 

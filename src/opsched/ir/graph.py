@@ -18,7 +18,7 @@ from opsched.errors import (
     OpschedError,
     ShapeMismatchError,
 )
-from opsched.ir.hashing import node_signature, structural_hash
+from opsched.ir.hashing import cost_signature, node_signature, structural_hash
 from opsched.ir.node import Node
 from opsched.ir.printer import format_graph
 from opsched.ir.schema import infer_type
@@ -137,6 +137,12 @@ class Graph:
     def signatures(self) -> dict[str, str]:
         """Node name -> :func:`~opsched.ir.hashing.node_signature` (what matters to its cost)."""
         return {n.name: node_signature(self, n) for n in self.nodes}
+
+    @cached_property
+    def cost_signatures(self) -> dict[str, str]:
+        """Node name -> :func:`~opsched.ir.hashing.cost_signature` (its signature without a view's
+        position in its input)."""
+        return {n.name: cost_signature(self, n) for n in self.nodes}
 
     @cached_property
     def _structural_hash(self) -> str:

@@ -7,8 +7,9 @@ they are stable across processes and Python versions (unlike ``hash()``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opsched.ir.node import Node
@@ -16,7 +17,7 @@ from opsched.ir.node import Node
 if TYPE_CHECKING:
     from opsched.ir.graph import Graph
 
-__all__ = ["structural_hash", "node_signature", "group_wiring", "stage_key"]
+__all__ = ["structural_hash", "node_signature", "cost_signature", "group_wiring", "stage_key"]
 
 
 def node_signature(graph: Graph, node: Node) -> str:
@@ -29,6 +30,20 @@ def node_signature(graph: Graph, node: Node) -> str:
         fn = graph.callables.get(node.name)
         extra = f"|{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     return f"{node.op}({ins})[{params}]{{{attrs}}}->{node.out}{extra}"
+
+
+def cost_signature(graph: Graph, node: Node) -> str:
+    """:func:`node_signature` without the attrs that only say where in its input a view reads
+    (:attr:`OpSchema.positions <opsched.ir.schema.OpSchema>`): the select of patch 11 and of
+    patch 12 of an unrolled loop cost the same, and so do the parts of the graph around them.
+    What the search prices stages and recognises repeated parts by; never a graph's identity
+    (:func:`structural_hash`), which a compiled segment or a saved schedule is checked against."""
+    from opsched.ir.schema import op_schema
+
+    positions = op_schema(node.op).positions
+    if positions is None:
+        return graph.signatures[node.name]
+    return node_signature(graph, dataclasses.replace(node, attrs=positions(node.attrs)))
 
 
 def _wiring(nodes: Sequence[Node], external: dict[str, int]) -> list[str]:
@@ -53,10 +68,12 @@ def _digest(parts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def structural_hash(graph: Graph) -> str:
+def structural_hash(graph: Graph, signatures: Mapping[str, str] | None = None) -> str:
+    """The graph's structure hashed: its inputs' types, each node's signature (``signatures``,
+    by default :func:`node_signature`'s) with its wiring, its outputs and writes."""
     external = {i.name: k for k, i in enumerate(graph.inputs)}
     ins = [str(i.type) for i in graph.inputs]
-    sigs = [graph.signatures[n.name] for n in graph.nodes]
+    sigs = [(signatures or graph.signatures)[n.name] for n in graph.nodes]
     wiring = _wiring(graph.nodes, external)
     local = {n.name: i for i, n in enumerate(graph.nodes)}
     outs = [f"%{local[v]}" if v in local else f"${external[v]}" for v in graph.outputs]

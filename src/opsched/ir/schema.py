@@ -43,6 +43,10 @@ class OpSchema:
     ``infer`` maps (input types, attrs, parameter types) to the output type, raising
     :class:`ShapeMismatchError` when the inputs do not fit; ``None`` means the op carries its
     output type itself (opaque calls). ``is_view`` ops move no bytes (they alias their input).
+    ``positions``, for a view, maps its attrs to those without what only says *where* in its
+    input it reads (a select's index, a slice's start and end: its extent is in its output
+    type), which its cost does not depend on (:func:`opsched.ir.hashing.cost_signature`); not a
+    transpose's dimensions or a slice's step, which set the strides its readers pay for.
     """
 
     name: str
@@ -51,6 +55,7 @@ class OpSchema:
     infer: ShapeRule | None
     flops: FlopRule
     is_view: bool = False
+    positions: Callable[[FrozenAttrs], FrozenAttrs] | None = None
 
 
 _REGISTRY: dict[str, OpSchema] = {}

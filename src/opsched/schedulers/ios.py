@@ -83,6 +83,7 @@ from opsched.cost import CostModel, StageCoster
 from opsched.cost.cuts import cut_latency
 from opsched.errors import ScheduleError
 from opsched.ir import Graph
+from opsched.ir.hashing import structural_hash
 from opsched.schedule import Schedule, Stage, Strategy
 from opsched.schedulers.greedy import wavefront
 from opsched.schedulers.ios_memory import PartMemory
@@ -261,4 +262,5 @@ def _fallback(ug: UnitGraph, part: list[int], coster: StageCoster, max_lanes: in
 def _part_key(graph: Graph, ug: UnitGraph, part: list[int], *options: object) -> str:
     names = [v for u in part for v in ug.units[u]]
     shape = tuple(len(ug.units[u]) for u in part)
-    return f"{graph.subgraph(names).structural_hash()}|{shape}|{options}"
+    sub = graph.subgraph(names)  # priced as the coster prices it: a view's position is no part of it
+    return f"{structural_hash(sub, sub.cost_signatures)}|{shape}|{options}"

@@ -245,6 +245,27 @@ def _export(b: OnnxBuilder, node: Node) -> None:
     export_call(b, node)
 
 
+#: A view's arguments that say only where in its input it reads, by overload: its extent is in its
+#: output type, and its cost (none on torch, a copy of its extent elsewhere) is the same wherever it lies.
+_POSITIONS: dict[str, frozenset[str]] = {
+    "aten::select.int": frozenset({"index"}),
+    "aten::slice.Tensor": frozenset({"start", "end"}),
+    "aten::narrow.default": frozenset({"start"}),
+}
+
+
+def _view_positions(attrs: FrozenAttrs) -> FrozenAttrs:
+    """A view's attrs with its position arguments (:data:`_POSITIONS`) blanked."""
+    names = _POSITIONS.get(attrs.get("target", ""))
+    if names is None:
+        return attrs
+    schema = overload(attrs["target"])._schema.arguments
+    blank = ("position", None)
+    args = tuple(blank if k < len(schema) and schema[k].name in names else a for k, a in enumerate(attrs["args"]))
+    kwargs = tuple((key, blank if key in names else v) for key, v in attrs.get("kwargs", ()))
+    return FrozenAttrs({**attrs, "args": args, "kwargs": kwargs})
+
+
 for _category, _kind in GENERIC_OPS.items():
-    register(OpDef(OpSchema(_kind, _category, (0, None), None, _flops, is_view=_category == "view"), _bound,
-                   _export))
+    register(OpDef(OpSchema(_kind, _category, (0, None), None, _flops, is_view=_category == "view",
+                            positions=_view_positions if _category == "view" else None), _bound, _export))
