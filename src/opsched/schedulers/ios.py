@@ -82,8 +82,7 @@ from typing import Any
 from opsched.cost import CostModel, StageCoster
 from opsched.cost.cuts import cut_latency
 from opsched.errors import ScheduleError
-from opsched.ir import Graph
-from opsched.ir.hashing import structural_hash
+from opsched.ir import Graph, structural_hash
 from opsched.schedule import Schedule, Stage, Strategy
 from opsched.schedulers.greedy import wavefront
 from opsched.schedulers.ios_memory import PartMemory
