@@ -36,7 +36,7 @@ from opsched.schedulers.endings import parallel_endings, predecessor_masks
 from opsched.schedulers.ios import ios_stages
 from opsched.schedulers.ios_memory import PartMemory, chain_bytes
 from opsched.schedulers.ios_part import PartSolver, SearchStats, summarize
-from opsched.schedulers.partition import cut_units, down_sets, partition, split_to_fit, state_count
+from opsched.schedulers.partition import ascending_down_sets, cut_units, down_sets, partition, split_to_fit, state_count
 from opsched.schedulers.units import UnitGraph
 from opsched.testing import fork_join, random_dag
 
@@ -665,6 +665,20 @@ def brute_force_down_sets(ug: UnitGraph, part: list[int]) -> int:
     inside = set(part)
     return sum(1 for k in range(len(part) + 1) for sub in itertools.combinations(part, k)
                if all(p in sub or p not in inside for u in sub for p in ug.preds[u]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_dps_states_are_listed_each_once_after_their_subsets(seed: int) -> None:
+    graph = random_dag(12, seed, edge_prob=0.2)
+    ug = UnitGraph.build(graph, contract=False)
+    n = len(ug)
+    pred = [sum(1 << p for p in ug.preds[u]) for u in range(n)]
+    want = sorted(sum(1 << u for u in sub) for k in range(n + 1) for sub in itertools.combinations(range(n), k)
+                  if all(p in sub for u in sub for p in ug.preds[u]))
+    assert ascending_down_sets(pred) == want  # every down-set, once, and each after its subsets (smaller numbers)
+    calls = []
+    ascending_down_sets([0] * 13, lambda: calls.append(1))  # 8192 sets: a budget check each 4096
+    assert len(calls) == 2
 
 
 def test_down_sets_by_hand() -> None:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from opsched._toposort import bits
 
-__all__ = ["parallel_endings", "predecessor_masks", "Ending"]
+__all__ = ["parallel_endings", "parallel_groups", "disjoint_unions", "predecessor_masks", "Ending"]
 
 Ending = tuple[int, tuple[int, ...]]  # (mask of the ending, masks of its groups)
 
@@ -59,11 +59,17 @@ def parallel_endings(state: int, succ: Sequence[int], pred: Sequence[int], max_g
     Units are indexed in topological order (every successor of unit u has an index above u's);
     ``succ[u]``/``pred[u]`` are bitmasks of unit u's direct successors and predecessors.
     """
-    groups = _groups(state, succ, pred, max_group_size)
-    out: list[Ending] = [(g, (g,)) for g in groups]
-    if max_groups == 1:
-        return out
+    groups = parallel_groups(state, succ, pred, max_group_size)
+    return [(g, (g,)) for g in groups] + disjoint_unions(groups, max_groups)
+
+
+def disjoint_unions(groups: Sequence[int], max_groups: int) -> list[Ending]:
+    """The endings of two to ``max_groups`` pairwise disjoint ``groups``: (their union, the groups
+    in the order given), each once."""
+    out: list[Ending] = []
     count = len(groups)
+    if max_groups < 2:
+        return out
     # (first candidate index, union, groups so far): each extended by a later disjoint group
     partial: list[tuple[int, int, tuple[int, ...]]] = [(i + 1, g, (g,)) for i, g in enumerate(groups)]
     while partial:
@@ -79,7 +85,7 @@ def parallel_endings(state: int, succ: Sequence[int], pred: Sequence[int], max_g
     return out
 
 
-def _groups(state: int, succ: Sequence[int], pred: Sequence[int], r: int) -> list[int]:
+def parallel_groups(state: int, succ: Sequence[int], pred: Sequence[int], r: int) -> list[int]:
     """The successor-closed, weakly connected sets of at most ``r`` units of ``state``."""
     closure: dict[int, tuple[int, int]] = {}  # unit v -> (D(v), its units' direct predecessors), where D(v) fits
     for v in range(state.bit_length() - 1, -1, -1):  # successors before their predecessors

@@ -21,12 +21,20 @@ from opsched._toposort import bits
 from opsched.cost import SegmentCut, StageCoster
 from opsched.ir.ops.conv import merge_class
 from opsched.schedule import Stage
-from opsched.schedulers.endings import parallel_endings, predecessor_masks
+from opsched.schedulers.endings import disjoint_unions, parallel_groups, predecessor_masks
 from opsched.schedulers.ios_memory import PartMemory
+from opsched.schedulers.partition import ascending_down_sets
 from opsched.schedulers.units import UnitGraph
 
 __all__ = ["LocalStage", "TIE", "SearchStats", "summarize", "PartSolution", "to_stage", "PartCuts", "PartSolver",
            "OverBudget"]
+
+# An ending of several groups with its bound: (bound, cost before it and its cut, the state it
+# leaves, its groups' masks).
+Bounded = tuple[float, float, int, tuple[int, ...]]
+
+# A last stage as the search finds it: (strategy, its groups' masks).
+Choice = tuple[str, tuple[int, ...]]
 
 # A stage in part-local terms: (strategy, groups as tuples of local unit indices).
 LocalStage = tuple[str, tuple[tuple[int, ...], ...]]
@@ -162,8 +170,8 @@ class PartSolver:
         # them together) and a merge's are its units.
         self.prices: dict[str, dict[int, float]] = {"parallel": {}, "merge": {}}
         self.singles: dict[int, float] = {}  # one-group stage prices by group mask (the hot lookup)
-        self.by_weight: dict[int, tuple[int, ...]] = {}  # an ending's groups, dearest first, by its mask
         self.n = n
+        self.parallel, self.merge = "parallel" in strategies, "merge" in strategies
         self.monotone = coster.cost.monotone
 
     def price(self, strategy: str, comps: tuple[int, ...], mask: int) -> float:
@@ -182,8 +190,12 @@ class PartSolver:
         cuts = self.cuts
         if cuts is None:
             return lambda rest: 0.0
-        entering = cuts.resume_ms + self._live_at(cuts, state)[1]
+        entering = self._entering(cuts, state)
         return lambda rest: self._live_at(cuts, rest)[0] + entering
+
+    def _entering(self, cuts: PartCuts, state: int) -> float:
+        """The part of a cut's charge that depends on the state an ending starts from."""
+        return cuts.resume_ms + self._live_at(cuts, state)[1]
 
     def _live_at(self, cuts: PartCuts, state: int) -> tuple[float, float]:
         """(leave, enter) of the values live at ``state``, computed once per state."""
@@ -210,99 +222,148 @@ class PartSolver:
         value = self.singles[comp] = self.price("parallel", (comp,), comp)
         return value
 
-    def heaviest_first(self, comps: tuple[int, ...], mask: int) -> tuple[int, ...]:
-        """An ending's groups, the dearest alone first (ties as enumerated). Kept per mask: an
-        ending's groups, and the order the enumeration gives them, depend on its mask alone."""
-        known = self.singles
-        singles = [known[c] if c in known else self.single(c) for c in comps]
-        order = self.by_weight[mask] = tuple(c for _, c in sorted(zip(singles, comps), key=itemgetter(0),
-                                                                   reverse=True))
-        return order
+    def groups(self, state: int) -> list[int]:
+        """The groups a stage from ``state`` may be made of: the successor-closed connected sets
+        of at most r units (:mod:`.endings`), or with IOS-Merge alone, the sink units."""
+        if self.parallel:
+            return parallel_groups(state, self.succ, self.pred, self.r)
+        return [1 << i for i in bits(state) if not self.succ[i] & state]
+
+    def merges(self, state: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The merge stages from ``state``: two or more sink units of one merge class."""
+        if not self.merge:
+            return []
+        classes: dict[object, list[int]] = defaultdict(list)
+        for i in bits(state):
+            if self.merge_cls[i] is not None and not self.succ[i] & state:
+                classes[self.merge_cls[i]].append(i)
+        return [(sum(1 << i for i in sub), tuple(1 << i for i in sub))
+                for members in classes.values() for k in range(2, len(members) + 1)
+                for sub in combinations(members, k)]
 
     def endings(self, state: int) -> list[tuple[str, int, tuple[int, ...]]]:
-        out: list[tuple[str, int, tuple[int, ...]]] = []
-        if "parallel" in self.strategies:
-            out += [("parallel", m, c) for m, c in
-                    parallel_endings(state, self.succ, self.pred, self.r, self.s)]
-        else:  # IOS-Merge alone: a stage is one sink unit, or a merge
-            out += [("parallel", 1 << i, (1 << i,)) for i in bits(state) if not self.succ[i] & state]
-        if "merge" in self.strategies:
-            classes: dict[object, list[int]] = defaultdict(list)
-            for i in bits(state):
-                if self.merge_cls[i] is not None and not self.succ[i] & state:
-                    classes[self.merge_cls[i]].append(i)
-            for members in classes.values():
-                for k in range(2, len(members) + 1):
-                    for sub in combinations(members, k):
-                        mask = sum(1 << i for i in sub)
-                        out.append(("merge", mask, tuple(1 << i for i in sub)))
-        if self.memory is not None:  # a stage over the budget is no ending: the state before it is never visited
+        """Every ending of ``state`` the search admits, as (strategy, mask, group masks): what
+        :meth:`best_ending` chooses among, listed whole (for inspection; the search itself
+        enumerates them only as far as its bound needs)."""
+        groups = self.groups(state)
+        out = [("parallel", m, c) for m, c in ([(g, (g,)) for g in groups]
+                                               + (disjoint_unions(groups, self.s) if self.parallel else []))]
+        out += [("merge", m, c) for m, c in self.merges(state)]
+        if self.memory is not None:
             out = [(st, mask, comps) for st, mask, comps in out if self.fits(st, state & ~mask, comps)]
         return out
 
-    def best_ending(self, state: int, endings: list[tuple[str, int, tuple[int, ...]]]
-                    ) -> tuple[float, tuple[str, tuple[int, ...]] | None, int]:
-        """(cost of ``state``, its best last stage as (strategy, group masks), the state before it)."""
-        best, choice, nxt = float("inf"), None, 0
-        bounded = []
-        memo, known, monotone, by_weight = self.memo, self.singles, self.monotone, self.by_weight
-        cut_from = self.cut(state)
-        for strategy, mask, comps in endings:
+    def best_ending(self, state: int) -> tuple[float, Choice | None, int]:
+        """(cost of ``state``, its best last stage as (strategy, group masks), the state before it).
+
+        Stages of one group and merges are priced outright; those of several groups are
+        combined from the groups after (:meth:`_several`)."""
+        memo, singles, memory = self.memo, self.singles, self.memory
+        best, nxt = float("inf"), 0
+        choice: Choice | None = None
+        groups = self.groups(state)
+        weighed = []  # (price alone, group)
+        for g in groups:
+            price = singles.get(g)
+            if price is None:
+                price = self.single(g)
+            weighed.append((price, g))
+            rest = state & ~g
+            if memory is not None and not self.fits("parallel", rest, (g,)):
+                continue
+            total = memo[rest][0] + price
+            if total < best:
+                best, choice, nxt = total, ("parallel", (g,)), rest
+        merges = self.merges(state)
+        for mask, comps in merges:
             rest = state & ~mask
-            several = strategy == "parallel" and len(comps) > 1
-            cut = cut_from(rest) if several else 0.0
-            if not several or not monotone:
-                total = memo[rest][0] + cut + self.price(strategy, comps, mask)
+            if memory is not None and not self.fits("merge", rest, comps):
+                continue
+            total = memo[rest][0] + self.price("merge", comps, mask)
+            if total < best:
+                best, choice, nxt = total, ("merge", comps), rest
+        self.stats.transitions += len(groups) + len(merges)
+        if not self.parallel or self.s < 2 or len(groups) < 2:
+            return best, choice, nxt
+        return self._several(state, weighed, (best, choice, nxt))
+
+    def _several(self, state: int, weighed: list[tuple[float, int]], found: tuple[float, Choice | None, int]
+                 ) -> tuple[float, Choice | None, int]:
+        """The best of ``found`` and the endings of several groups, the groups ``weighed`` with
+        their prices alone. With a monotone cost model, the branch and bound of :mod:`.ios`: the
+        groups ordered dearest first, an ending's first group is its dearest, so its bound is at
+        hand as it is combined; those that beat the best are visited in increasing order of it
+        and priced through their prefixes, the dearest groups first. Otherwise every one is
+        priced."""
+        memo, memory, stats = self.memo, self.memory, self.stats
+        best, choice, nxt = found
+        cut_from = self.cut(state)
+        if not self.monotone:
+            several = disjoint_unions([g for _, g in weighed], self.s)
+            stats.transitions += len(several)
+            for mask, comps in several:
+                rest = state & ~mask
+                if memory is not None and not self.fits("parallel", rest, comps):
+                    continue
+                total = memo[rest][0] + cut_from(rest) + self.price("parallel", comps, mask)
                 if total < best:
-                    best, choice, nxt = total, (strategy, comps), rest
-            else:
-                heavy = by_weight.get(mask) or self.heaviest_first(comps, mask)
-                bounded.append((memo[rest][0] + cut + known[heavy[0]], rest, comps, heavy, cut))
-        # Monotone models only: cheapest bound first; stop once the bound cannot beat the best.
-        bounded.sort(key=itemgetter(0))
+                    best, choice, nxt = total, ("parallel", comps), rest
+            return best, choice, nxt
+        weighed = sorted(weighed, key=itemgetter(0), reverse=True)  # stable: ties as enumerated
+        # a group that alone reaches the best is the dearest of any ending it is in: none of them wins
+        ordered = [g for price, g in weighed if price < best - TIE]
+        bounded, count = self._bounded(state, ordered, best, cut_from)
+        stats.transitions += count
+        cut_short = len(bounded) < count or len(ordered) < len(weighed)
         priced = self.prices["parallel"]
-        for bound, rest, comps, heavy, cut in bounded:
+        for bound, done, rest, comps in bounded:
             if bound >= best - TIE:
-                self.stats.pruned += 1
+                cut_short = True
                 break
-            done = self.memo[rest][0] + cut
-            prefix = heavy[0]
-            for t in range(2, len(heavy) + 1):  # price the heaviest groups first, growing the prefix
-                prefix |= heavy[t - 1]
+            if memory is not None and not self.fits("parallel", rest, comps):
+                continue
+            prefix = comps[0]
+            for t in range(2, len(comps) + 1):
+                prefix |= comps[t - 1]
                 value = priced.get(prefix)
-                total = done + (value if value is not None else self.price("parallel", tuple(heavy[:t]), prefix))
+                total = done + (value if value is not None else self.price("parallel", comps[:t], prefix))
                 if total >= best - TIE:
                     break
             else:
                 best, choice, nxt = total, ("parallel", comps), rest
+        stats.pruned += cut_short
         return best, choice, nxt
+
+    def _bounded(self, state: int, ordered: list[int], best: float, cut_from: Callable[[int], float]
+                 ) -> tuple[list[Bounded], int]:
+        """The endings of several of the groups ``ordered`` (dearest first) whose bound beats
+        ``best``, in increasing order of it, as (bound, cost before it and the cut, the state it
+        leaves, its groups); and how many endings there were."""
+        memo, singles = self.memo, self.singles
+        several = disjoint_unions(ordered, self.s)
+        kept = []
+        for mask, comps in several:
+            rest = state & ~mask
+            done = memo[rest][0] + cut_from(rest)
+            bound = done + singles[comps[0]]
+            if bound < best - TIE:
+                kept.append((bound, done, rest, comps))
+        kept.sort(key=itemgetter(0))
+        return kept, len(several)
 
     def solve(self) -> PartSolution:
         full = (1 << self.n) - 1
-        # Iterative post-order over states (no recursion limit on deep parts).
-        stack = [full]
-        waiting: dict[int, list[tuple[str, int, tuple[int, ...]]]] = {}  # endings of states on the stack
-        while stack:
-            state = stack[-1]
-            if state in self.memo:
-                stack.pop()
-                continue
-            endings = waiting.pop(state, None) or self.endings(state)
-            pending = [state & ~m for _, m, _ in endings if (state & ~m) not in self.memo]
-            if pending:
-                waiting[state] = endings
-                stack.extend(pending)
-                continue
-            stack.pop()
-            self.stats.states += 1
-            self.stats.transitions += len(endings)
-            if self.stats.states % 256 == 0:
+        memo, stats = self.memo, self.stats
+        # bottom up: every state's endings leave states solved before it
+        for state in ascending_down_sets(self.pred, self.check_budget)[1:]:
+            stats.states += 1
+            if stats.states % 256 == 0:
                 self.check_budget()
-            best, choice, nxt = self.best_ending(state, endings)
+            best, choice, nxt = self.best_ending(state)
             if choice is None:  # no stage from here fits the memory budget
-                self.memo[state] = (best, None, 0)
+                memo[state] = (best, None, 0)
                 continue
-            self.memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
+            memo[state] = (best, (choice[0], tuple(tuple(bits(c)) for c in choice[1])), nxt)
         if self.memo[full][1] is None:
             raise OverBudget
         stages: list[LocalStage] = []

@@ -22,12 +22,12 @@ unsolved parts to a heuristic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opsched._toposort import ancestor_masks
 from opsched.schedulers.units import UnitGraph
 
-__all__ = ["cut_units", "down_sets", "partition", "split_to_fit", "state_count"]
+__all__ = ["ascending_down_sets", "cut_units", "down_sets", "partition", "split_to_fit", "state_count"]
 
 
 def cut_units(ug: UnitGraph) -> list[int]:
@@ -84,6 +84,28 @@ def down_sets(anc: Sequence[int], cap: int | None = None) -> int:
 def state_count(ug: UnitGraph, part: Sequence[int], cap: int | None = None) -> int:
     """The IOS DP's states on ``part``: the down-sets of its units (:func:`down_sets`)."""
     return down_sets(ug.local_masks(part)[1], cap)
+
+
+def ascending_down_sets(pred: Sequence[int], check: Callable[[], None] = lambda: None) -> list[int]:
+    """Every down-set of a DAG as a bitmask, in increasing order, so each after all its subsets
+    (a proper subset is a smaller number); the DAG given by each node's direct predecessors as a
+    bitmask, nodes in topological order. ``check`` is called every 4,096 sets (a search's budget).
+
+    Each set is listed once, from its parent: the set without its last node, which is maximal in
+    it, so the parent is a down-set too. A set's children add a node after its last whose
+    predecessors it holds."""
+    n = len(pred)
+    out = []
+    stack = [(0, 0)]  # (down-set, first node that may join it)
+    while stack:
+        state, low = stack.pop()
+        out.append(state)
+        if not len(out) % 4096:
+            check()
+        outside = ~state
+        stack += [(state | 1 << u, u + 1) for u in range(low, n) if not pred[u] & outside]
+    out.sort()
+    return out
 
 
 def partition(ug: UnitGraph, max_part_size: int = 50) -> list[list[int]]:
