@@ -44,11 +44,11 @@ milliseconds), and one with more than ``max_states`` (20,000) is split into as f
 at most that many each, cut where few values cross (:func:`~opsched.schedulers.partition.split_to_fit`):
 the DP is exact within each piece and loses only the concurrency across the cuts. Width, not
 size, makes a part hard: 32 units in a dozen short branches (torchvision's box decoding) have
-66,130 states. Searched whole, on this repository's CPU, they took 12.7 s under the CPU2 preset
-and ran out of 120 s under H100's; split, 1.7 s and 14 s, for the same estimate (the optimum of
-operators this small is sequential on both presets). A Phi decoder layer's 29,181 took 11 s and
-ran out, split 0.9 s and 8 s; a Mamba mixer's 2.5 million ran out on both, split 1.1 s and 5.7 s
-(``docs/results/wide-parts.md``). Where concurrency pays, a split gives some of it up:
+66,130 states. Searched whole, on this repository's CPU, they took 5.3 s under the CPU2 preset
+and 79 s under H100's; split, 0.8 s and 4.2 s, for the same estimate (the optimum of operators
+this small is sequential on both presets). A Phi decoder layer's 29,181 took 4.6 s and 42 s,
+split 0.4 s and 1.7 s; a Mamba mixer's 2.5 million ran out of 120 s on both, split 0.6 s and
+2.1 s (``docs/results/wide-parts.md``). Where concurrency pays, a split gives some of it up:
 RandWire-large under H100, its parts cut to 5,000 states, searched in 4 s instead of 33 s for an
 estimate 1.5% over the optimum, cut to 500, 8.3% over (``docs/results/wide-parts-sweep.md``; a
 first version, which cut in halves, gave up 6.7% and 13%). Every zoo model's parts fit the default

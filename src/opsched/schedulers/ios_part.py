@@ -4,6 +4,15 @@ into parts, reuses solutions of identical parts and falls back where the budget 
 States are down-sets of the part's units, as bitmasks; ``cost(S) = min over endings S' of
 cost(S - S') + L(S') (+ the segment cuts an ending of several groups pays)``, with the branch
 and bound described in :mod:`opsched.schedulers.ios`.
+
+The states are solved bottom up, in increasing order as numbers
+(:func:`~opsched.schedulers.partition.ascending_down_sets`: a proper subset is a smaller
+number), so every state an ending leaves is solved before the state it starts from, and each
+state's endings are made once, as its solution needs them: its groups priced alone, ordered
+dearest first, and combined in that order, so that an ending's bound (its dearest group's price
+on top of what comes before it) is at hand as the ending is made. (A walk down from the whole
+part, which made each state's endings to find the states they leave, then again to choose
+among them, spent half its time listing and sorting them.)
 """
 
 from __future__ import annotations
