@@ -82,10 +82,51 @@ SSM_HEADS = (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_hea
 OUTCOMES = ("equal", "refused", "failed", "not built", "too large", "crashed")
 
 
+#: The fields that name a model's width, and the fields that hold a width of the same config or
+#: of another: BLIP-2's Q-Former attends to its vision tower's output, T5Gemma's decoder to its
+#: encoder's; OPT embeds its tokens at its own width (a checkpoint may embed narrower, and project),
+#: SigLIP's text tower projects to it. When a width is shrunk, the fields that held it follow, so
+#: that the model keeps its default structure (OPT no projection, BLIP-2's text its image's width).
+WIDTHS = ("hidden_size", "d_model", "n_embd")
+HELD_WIDTHS = ("encoder_hidden_size", "cross_attention_hidden_size", "word_embed_proj_dim", "projection_size")
+
+
 def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     """``config`` with each of ``sizes`` it holds as an int set (read-only fields left; with
     :data:`SMALL`, :data:`FILLED` ones it holds as None too, and :func:`_follow`'s), stage
-    depths set to one, ``layer_types`` cut to the layers kept, no cache; its sub-configs too."""
+    depths set to one, ``layer_types`` cut to the layers kept, no cache; its sub-configs too;
+    and each of :data:`HELD_WIDTHS` that held a width of :data:`WIDTHS` set to what that width
+    became."""
+    configs = _tree(config)
+    before = [{key: _field(c, key) for key in WIDTHS} for c in configs]
+    _shrunk(config, sizes)
+    became: dict[int, int] = {}
+    for c, widths in zip(configs, before):
+        for key, value in widths.items():
+            if isinstance(value, int) and isinstance(_field(c, key), int):
+                became.setdefault(value, _field(c, key))
+    for c in configs:
+        for key in HELD_WIDTHS:
+            value = _field(c, key)
+            if isinstance(value, int) and value in became and key in vars(c):
+                setattr(c, key, became[value])
+    return config
+
+
+def _tree(config: Any) -> list[Any]:
+    """``config`` and its sub-configs, outermost first."""
+    from transformers import PretrainedConfig
+
+    out, stack = [], [config]
+    while stack:
+        c = stack.pop(0)
+        out.append(c)
+        stack.extend(v for v in vars(c).values() if isinstance(v, PretrainedConfig))
+    return out
+
+
+def _shrunk(config: Any, sizes: dict[str, int]) -> None:
+    """:func:`shrunk` but for the held widths."""
     from transformers import PretrainedConfig
 
     aliases = getattr(config, "attribute_map", {})
@@ -110,8 +151,7 @@ def shrunk(config: Any, sizes: dict[str, int]) -> Any:
         config.use_cache = False
     for sub in vars(config).values():
         if isinstance(sub, PretrainedConfig):
-            shrunk(sub, sizes)
-    return config
+            _shrunk(sub, sizes)
 
 
 def _field(config: Any, key: str) -> Any:
@@ -156,15 +196,11 @@ def _follow(config: Any, heads: tuple[Any, ...]) -> None:
 def _held(config: Any, key: str) -> list[int]:
     """Every int value of field ``key`` in ``config`` and its sub-configs, outermost first, each once
     (an audio model's mel bins live in its encoder's config)."""
-    from transformers import PretrainedConfig
-
-    values, stack = [], [config]
-    while stack:
-        c = stack.pop(0)
+    values = []
+    for c in _tree(config):
         value = _field(c, key)
         if isinstance(value, int) and not isinstance(value, bool) and value not in values:
             values.append(value)
-        stack.extend(v for v in vars(c).values() if isinstance(v, PretrainedConfig))
     return values
 
 
@@ -189,6 +225,17 @@ def timm_free(config: Any) -> Any:
     return config
 
 
+def image_token_named(config: Any) -> Any:
+    """``config`` with its image token named where it holds it as None (BLIP-2's and
+    InstructBLIP's: their processors' tokenizers add it, past the text model's vocabulary, and a
+    checkpoint's config names it there): the text vocabulary's size; as it is otherwise."""
+    text = getattr(config, "text_config", None)
+    vocabulary = _field(text, "vocab_size") if text is not None else None
+    if "image_token_index" in vars(config) and config.image_token_index is None and isinstance(vocabulary, int):
+        config.image_token_index = vocabulary
+    return config
+
+
 def _size(config: Any, key: str, default: int) -> int:
     """An int field of ``config`` or of its vision config (the first of a list), else ``default``."""
     value = getattr(config, key, None)
@@ -200,9 +247,10 @@ def _size(config: Any, key: str, default: int) -> int:
 
 
 def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
-    """The inputs to try ``model`` with, best first, by what they are: :func:`example_inputs`
-    ("as made"); then, for a text-and-image model, its image with a token in the text for each
-    of the image's features ("image placed", :func:`image_placed`), else its tokens alone ("text
+    """The inputs to try ``model`` with, best first, by what they are: for a text-and-image model
+    that reads its image where its text holds the image's token, its image with that token in the
+    text for each of the image's features ("image placed", :func:`image_placed`); then
+    :func:`example_inputs` ("as made"); then, for a text-and-image model, its tokens alone ("text
     alone": its image needs sizes beside it, which only its processor knows); for an audio
     model's features, the other layout ("features transposed"); for a vision tower that takes an
     image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
@@ -217,8 +265,8 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     candidates = {"as made": inputs}
     if "pixel_values" in inputs and "input_ids" in inputs:
         placed = image_placed(model, config, inputs)
-        if placed is not None:
-            candidates["image placed"] = placed
+        if placed is not None:  # where the model reads its image at its token (BLIP-2), that before text without it
+            candidates = {"image placed": placed, **candidates}
         candidates["text alone"] = {k: v for k, v in inputs.items() if k != "pixel_values"}
     if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
         candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
@@ -235,23 +283,15 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
 
 def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """``inputs`` with the image's tokens before the text, as a text-and-image model's processor
-    places them: the config's image token once per feature that the model's own
-    ``get_image_features`` makes of the image (a token a row), the model's token embeddings grown
-    to hold it where its tokenizer added it past the config's vocabulary (as a checkpoint's
-    are); None where the model has no such token or method, or cannot make the features of the
-    image as given."""
+    places them: the config's image token once per feature of the image (:func:`_image_rows`),
+    the model's token embeddings grown to hold it where its tokenizer added it past the config's
+    vocabulary (as a checkpoint's are); None where the model has no such token, or its features
+    cannot be counted."""
     import torch
 
     token = getattr(config, "image_token_id", None)
     token = getattr(config, "image_token_index", None) if token is None else token
-    if not isinstance(token, int) or not hasattr(model, "get_image_features"):
-        return None
-    try:
-        with torch.no_grad():
-            features = model.get_image_features(pixel_values=inputs["pixel_values"])
-    except Exception:  # noqa: BLE001 (sizes beside the image, which the processor knows: the text alone then)
-        return None
-    rows = _rows(getattr(features, "pooler_output", features))
+    rows = _image_rows(model, config, inputs) if isinstance(token, int) else 0
     if not rows:
         return None
     embeddings = model.get_input_embeddings()
@@ -260,6 +300,25 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     # the text's random tokens (3-99) hold no image token: Mistral3's is 10
     text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, 4 if token == 3 else 3)
     return {**inputs, "input_ids": torch.cat([torch.full((1, rows), token), text], dim=1)}
+
+
+def _image_rows(model: Any, config: Any, inputs: dict[str, Any]) -> int:
+    """How many features a text-and-image model makes of the image (a token each): the rows of
+    what its own ``get_image_features`` makes of it, or where it has none but reads its image at
+    placeholders, its query former's queries (InstructBLIP's); 0 where it cannot tell."""
+    import torch
+
+    if not hasattr(model, "get_image_features"):
+        queries = getattr(config, "num_query_tokens", None)
+        return queries if isinstance(queries, int) and hasattr(model, "get_placeholder_mask") else 0
+    try:
+        with torch.no_grad():
+            # with the query former's text where it reads one (InstructBLIP's instruction)
+            beside = {k: v for k, v in inputs.items() if k == "qformer_input_ids"}
+            features = model.get_image_features(pixel_values=inputs["pixel_values"], **beside)
+    except Exception:  # noqa: BLE001 (sizes beside the image, which the processor knows: the text alone then)
+        return 0
+    return _rows(getattr(features, "pooler_output", features))
 
 
 def _rows(features: Any) -> int:
@@ -300,7 +359,8 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
     """Keyword inputs for ``model``'s main input and each further one its ``forward`` requires
     (Blip-2's text beside its image, a vision tower's image where its main input is named
     otherwise), by name (:func:`named_input`); for an encoder-decoder, its decoder tokens; for a
-    text-and-image model, its image; ``ValueError`` for an input of another kind."""
+    text-and-image model, its image, or its text where the image is its main input;
+    ``ValueError`` for an input of another kind."""
     import torch
 
     params = inspect.signature(model.forward).parameters
@@ -317,6 +377,12 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
     if "input_ids" in inputs and "pixel_values" not in inputs and "pixel_values" in params and \
             getattr(config, "vision_config", None) is not None:
         inputs["pixel_values"] = _image(config)
+    if "pixel_values" in inputs and getattr(config, "text_config", None) is not None:
+        # a text-and-image model whose main input is its image (InstructBLIP): its text too, and
+        # where it reads one, its query former's (the instruction)
+        for name in ("input_ids", "qformer_input_ids"):
+            if name in params and name not in inputs:
+                inputs[name] = named_input(name, model, config)
     if "past_values" in inputs:
         values = inputs["past_values"]
         if "past_values_padding" in params:  # TimesFM's: which steps are padding (none)
@@ -388,7 +454,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     for label, sizes in (("small", SMALL), ("layers", LAYERS)):
         try:
             torch.manual_seed(0)
-            config = shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes)
+            config = image_token_named(shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes))
             with torch.device("meta"):
                 row["class"] = type(meta := AutoModel.from_config(config)).__name__
             row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6

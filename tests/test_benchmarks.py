@@ -346,6 +346,14 @@ def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     assert small("gptj").rotary_dim == 8 and small("ministral").head_dim == 16
     convnext = small("convnext")  # its "layers" are its four stages, each with its width
     assert convnext.num_stages == 4 and convnext.depths == [1, 1, 1, 1]
+    # a field that held a width follows it: 1408 (BLIP-2's image tower) and 2304 (T5Gemma's encoder)
+    # before, 64 like them after; OPT's embedding width was its own width (no projection) and stays so
+    blip2 = small("blip-2")
+    assert blip2.qformer_config.encoder_hidden_size == blip2.vision_config.hidden_size == 64
+    assert small("t5gemma").decoder.cross_attention_hidden_size == 64
+    opt = small("opt")
+    assert opt.word_embed_proj_dim == opt.hidden_size == 64
+    assert small("bert").hidden_size == 64  # nothing held elsewhere: as it was
 
 
 def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
@@ -370,10 +378,13 @@ def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
 
 
 def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features() -> None:
-    """``transformers_all.candidate_inputs`` for LLaVA (built, called in eager PyTorch): after the
-    image with text that has no place for it (which LLaVA refuses), the image with one image token
-    per feature its own ``get_image_features`` makes (576: a 24x24 grid of patches) before the
-    text, its embeddings grown to hold the token its tokenizer adds past the config's vocabulary."""
+    """``transformers_all.candidate_inputs`` for LLaVA (built, called in eager PyTorch): first, the
+    image with one image token per feature its own ``get_image_features`` makes (576: a 24x24 grid
+    of patches) before the text, its embeddings grown to hold the token its tokenizer adds past
+    the config's vocabulary; then the image with text that has no place for it (which LLaVA
+    refuses). InstructBLIP, whose config names no image token (its checkpoints' tokenizers add
+    one) and whose whole model makes no features alone, is given a token named past the text's
+    vocabulary, once per query of its query former."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -383,7 +394,7 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
     config = sweep.shrunk(CONFIG_MAPPING["llava"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
     candidates = sweep.candidate_inputs(model, config)
-    assert list(candidates) == ["as made", "image placed", "text alone"]
+    assert list(candidates) == ["image placed", "as made", "text alone"]
     ids = candidates["image placed"]["input_ids"]
     assert ids.shape == (1, 576 + 16) and (ids == config.image_token_id).sum() == 576
     assert model.get_input_embeddings().num_embeddings > config.image_token_id
@@ -392,10 +403,19 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
             model(**candidates["as made"])
         assert model(**candidates["image placed"]).last_hidden_state.shape == (1, 592, 64)
 
+    config = sweep.image_token_named(sweep.shrunk(CONFIG_MAPPING["instructblip"](), sweep.SMALL))
+    assert config.image_token_index == config.text_config.vocab_size
+    model = AutoModel.from_config(config).eval()
+    placed = sweep.candidate_inputs(model, config)["image placed"]
+    assert (placed["input_ids"] == config.image_token_index).sum() == config.num_query_tokens == 32
+    with torch.no_grad():
+        model(**placed)  # the 32 tokens take the 32 queries' outputs
+
 
 def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     """``transformers_all.example_inputs`` (models on the meta device, nothing called): Blip-2's
-    text beside its image, its main input; InstructBLIP's query-former tokens; a vision tower
+    text beside its image, its main input; InstructBLIP's text and query-former tokens beside
+    its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
     a codec's mel features beside its samples."""
     pytest.importorskip("transformers")
@@ -412,7 +432,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
         return {k: tuple(v.shape) for k, v in sweep.example_inputs(model, config).items()}
 
     assert inputs("blip-2") == {"pixel_values": (1, 3, 224, 224), "input_ids": (1, 16)}
-    assert inputs("instructblip") == {"pixel_values": (1, 3, 224, 224), "qformer_input_ids": (1, 16)}
+    assert inputs("instructblip") == {"pixel_values": (1, 3, 224, 224), "input_ids": (1, 16),
+                                      "qformer_input_ids": (1, 16)}
     assert inputs("idefics3_vision") == {"pixel_values": (1, 3, 224, 224)}
     assert set(inputs("xcodec2")) == {"input_values", "input_features"}
 
