@@ -368,8 +368,11 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     main = model.main_input_name
     names = required if required and main not in params else list(dict.fromkeys([main, *required]))
-    inputs = {}
+    # SigLIP 2's image: its patches flattened, their grid beside them
+    inputs = patch_rows(config) if "spatial_shapes" in params else {}
     for name in names:
+        if name in inputs:
+            continue
         made = named_input(name, model, config)
         if made is None:
             raise ValueError(f"no example for a{' main' if name == main else ' required'} input {name!r}")
@@ -393,6 +396,19 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
             (main == "input_ids" or "decoder_input_ids" in params):
         inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))  # a translator's, a speech recogniser's
     return inputs
+
+
+def patch_rows(config: Any) -> dict[str, Any]:
+    """A native-resolution tower's image as its processor makes it (SigLIP 2's): a 16 x 16 grid
+    of patches, one row each (channels x side x side values), every row real (no padding), and
+    the grid's (rows, columns) beside them."""
+    import torch
+
+    grid = 16
+    side, channels = _size(config, "patch_size", 16), _size(config, "num_channels", 3)
+    return {"pixel_values": torch.randn(1, grid * grid, channels * side * side),
+            "pixel_attention_mask": torch.ones(1, grid * grid, dtype=torch.long),
+            "spatial_shapes": torch.tensor([[grid, grid]])}
 
 
 def named_input(name: str, model: Any, config: Any) -> Any:
@@ -482,7 +498,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
     # a tower's grid of patches (and VideoLLaMA3's merges) sets its sizes by value: fixed, as a
     # deployment at one image size fixes it
-    fixed = [k for k in inputs if k.endswith("grid_thw") or k == "merge_sizes"]
+    fixed = [k for k in inputs if k.endswith("grid_thw") or k in ("merge_sizes", "spatial_shapes")]
     if fixed:
         row["fixed"] = fixed
     start = time.perf_counter()
