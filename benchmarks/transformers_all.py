@@ -386,6 +386,13 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
         for name in ("input_ids", "qformer_input_ids"):
             if name in params and name not in inputs:
                 inputs[name] = named_input(name, model, config)
+    queries = getattr(config, "latent_query_num", None)
+    if "image_embeds_position_mask" in params and isinstance(queries, int) and "input_ids" in inputs:
+        # Kosmos-2's: its image's latent queries take places in the text, which a mask marks
+        text = inputs["input_ids"]
+        inputs["input_ids"] = torch.cat([torch.randint(3, 100, (1, queries)), text], dim=1)
+        inputs["image_embeds_position_mask"] = torch.cat([torch.ones(1, queries, dtype=torch.long),
+                                                          torch.zeros_like(text)], dim=1)
     if "past_values" in inputs:
         values = inputs["past_values"]
         if "past_values_padding" in params:  # TimesFM's: which steps are padding (none)

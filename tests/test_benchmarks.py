@@ -417,7 +417,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     text beside its image, its main input; InstructBLIP's text and query-former tokens beside
     its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
-    SigLIP 2's patches with their grid; a codec's mel features beside its samples."""
+    Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
+    features beside its samples."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -435,6 +436,9 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     assert inputs("instructblip") == {"pixel_values": (1, 3, 224, 224), "input_ids": (1, 16),
                                       "qformer_input_ids": (1, 16)}
     assert inputs("idefics3_vision") == {"pixel_values": (1, 3, 224, 224)}
+    # Kosmos-2's image takes 64 places before the text, which a mask marks
+    assert inputs("kosmos-2") == {"pixel_values": (1, 3, 224, 224), "input_ids": (1, 64 + 16),
+                                  "image_embeds_position_mask": (1, 64 + 16)}
     # SigLIP 2's image in rows of patches (3 x 16 x 16 values), all real, their 16 x 16 grid beside them
     assert inputs("siglip2_vision_model") == {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                                               "spatial_shapes": (1, 2)}
