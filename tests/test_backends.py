@@ -251,6 +251,30 @@ def test_slice_writes_and_aliases_stay_in_an_ort_session(dim: int, start: int | 
     executor.close()
 
 
+class _FilledByADouble(torch.nn.Module):
+    """A float32 tensor filled by a 0-d float64 one (VITS's): the fill has the filled tensor's type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(0.667, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y[:, 0].fill_(self.scale)
+        return torch.ones_like(x).fill_(self.scale) + y
+
+
+def test_a_fill_by_a_tensor_of_another_type_takes_the_filled_ones_type_in_a_session() -> None:
+    model, x = _FilledByADouble(), torch.randn(3, 4)
+    g = opsched.from_torch(model, x)
+    assert "aten::fill.Tensor" in {n.attrs.get("target") for n in g.nodes}
+    plan = lower(g, schedule(g, "sequential", host_cpu_model()))
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    assert_close(executor([x]), [model(x)])
+    assert isinstance(executor, LaneExecutor) and executor.sessions == 1, executor.describe()
+    executor.close()
+
+
 class _WrittenOver(torch.nn.Module):
     """Tensors made uninitialised and then written over: the inverse of an order (a mixture of
     experts' routing) and a buffer filled by a copy."""

@@ -109,11 +109,13 @@ def _index_add(b: OnnxBuilder, node: Node) -> None:
 
 
 def _fill(b: OnnxBuilder, node: Node) -> None:
-    """A tensor of the input's shape holding one value (``x.fill_(0)`` once functionalised)."""
+    """A tensor of the input's shape holding one value (``x.fill_(0)`` once functionalised); by a
+    0-d tensor's value (``fill.Tensor``), that value cast to the input's type and broadcast, as a
+    copy's (VITS fills float32 with a float64: the value's type, kept, made ONNX Runtime refuse
+    the session)."""
     _tensor_types(b, node, 1)
-    if node.attrs["args"][1][0] in ("t", "p"):  # fill.Tensor: a 0-d tensor's value
-        b.add("Expand", [_operand(b, node, 1), b.init(np.array(node.out.shape, dtype=np.int64),
-                                                       f"{node.name}_shape")], node.name)
+    if node.attrs["args"][1][0] in ("t", "p"):
+        _copy(b, node)
         return
     _constant_of_shape(b, node, arguments(node)["value"])
 
