@@ -297,7 +297,7 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     embeddings = model.get_input_embeddings()
     if embeddings is not None and token >= embeddings.num_embeddings:  # LLaVA's: its tokenizer added it
         model.resize_token_embeddings(token + 1, mean_resizing=False)
-    # the text's random tokens (3-99) hold no image token: Mistral3's is 10
+    # the text's random tokens (3-99, fewer where the vocabulary is smaller) hold no image token: Mistral3's is 10
     text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, 4 if token == 3 else 3)
     return {**inputs, "input_ids": torch.cat([torch.full((1, rows), token), text], dim=1)}
 
@@ -390,7 +390,7 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
     if "image_embeds_position_mask" in params and isinstance(queries, int) and "input_ids" in inputs:
         # Kosmos-2's: its image's latent queries take places in the text, which a mask marks
         text = inputs["input_ids"]
-        inputs["input_ids"] = torch.cat([torch.randint(3, 100, (1, queries)), text], dim=1)
+        inputs["input_ids"] = torch.cat([tokens(config, queries), text], dim=1)
         inputs["image_embeds_position_mask"] = torch.cat([torch.ones(1, queries, dtype=torch.long),
                                                           torch.zeros_like(text)], dim=1)
     if "past_values" in inputs:
@@ -401,7 +401,7 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
             inputs["freq"] = torch.zeros(1, 1, dtype=torch.long)
     if getattr(config, "is_encoder_decoder", False) and \
             (main == "input_ids" or "decoder_input_ids" in params):
-        inputs["decoder_input_ids"] = torch.randint(3, 100, (1, 8))  # a translator's, a speech recogniser's
+        inputs["decoder_input_ids"] = tokens(config, 8)  # a translator's, a speech recogniser's
     return inputs
 
 
@@ -418,6 +418,14 @@ def patch_rows(config: Any) -> dict[str, Any]:
             "spatial_shapes": torch.tensor([[grid, grid]])}
 
 
+def tokens(config: Any, count: int) -> Any:
+    """``count`` random tokens, past the first three (which are often special) and below 100, or
+    below the smallest vocabulary the config holds where that is smaller (VITS's 38 characters)."""
+    import torch
+
+    return torch.randint(3, min([100, *_held(config, "vocab_size")]), (1, count))
+
+
 def named_input(name: str, model: Any, config: Any) -> Any:
     """An example of the input ``name``, by what its name says it is (16 tokens, an image at its
     config's size, a video clip, 8000 audio samples, 3000 mel frames, a forecaster's past
@@ -425,7 +433,7 @@ def named_input(name: str, model: Any, config: Any) -> Any:
     import torch
 
     if name.endswith("input_ids"):  # Blip-2's text, InstructBLIP's query-former's
-        return torch.randint(3, 100, (1, 16))
+        return tokens(config, 16)
     if name.endswith("pixel_values"):  # SegGPT's prompt image too
         frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
         image = _image(config)
@@ -555,7 +563,8 @@ def masks_asked(error: str, inputs: dict[str, Any]) -> dict[str, Any]:
 
 def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, Any]:
     """``model`` through ``torch.compile(backend="opsched")``: the graphs Dynamo captured, those run
-    eagerly, and the largest difference from ``want``; or the error."""
+    eagerly, and the largest difference from ``want`` (None where the outputs differ in number or
+    shape); or the error."""
     import torch
 
     import opsched.dynamo
@@ -573,8 +582,9 @@ def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, 
         return {"error": first_line(e)}
     graphs = opsched.dynamo.compiled_graphs()
     a, b = tensors(got), tensors(want)
+    alike = len(a) == len(b) and all(x.shape == y.shape for x, y in zip(a, b))  # VITS's length is drawn at random
     return {"graphs": len(graphs), "eager": sum(bucket.schedule is None for g in graphs for bucket in g.buckets),
-            "max_diff": max(map(largest_difference, a, b), default=0.0) if len(a) == len(b) else None}
+            "max_diff": max(map(largest_difference, a, b), default=0.0) if alike else None}
 
 
 def compiled_text(compiled: dict[str, Any] | None) -> str:
@@ -582,7 +592,8 @@ def compiled_text(compiled: dict[str, Any] | None) -> str:
         return ""
     if "error" in compiled:
         return compiled["error"]
-    diff = "outputs differ in number" if compiled["max_diff"] is None else f"max diff {compiled['max_diff']:.1e}"
+    diff = "outputs differ in number or shape" if compiled["max_diff"] is None else \
+        f"max diff {compiled['max_diff']:.1e}"
     return f"{compiled['graphs']} graphs, {compiled['eager']} run eagerly; {diff}"
 
 
