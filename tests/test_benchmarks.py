@@ -418,7 +418,7 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
     Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
-    features beside its samples."""
+    features beside its samples; tokens within the vocabulary, where it has fewer than 100."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -443,6 +443,9 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     assert inputs("siglip2_vision_model") == {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                                               "spatial_shapes": (1, 2)}
     assert set(inputs("xcodec2")) == {"input_values", "input_features"}
+    drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
+    assert drawn.min() >= 3 and drawn.max() < 38
+    assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
 
 
 def test_the_sweep_passes_the_masks_a_refusal_asks_for() -> None:
