@@ -275,6 +275,36 @@ def test_a_fill_by_a_tensor_of_another_type_takes_the_filled_ones_type_in_a_sess
     executor.close()
 
 
+def test_a_node_whose_onnx_form_onnx_runtime_refuses_runs_with_torch_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where ONNX Runtime refuses a node's ONNX form for another reason than a missing kernel (a
+    wrong type, as the fill's was), the node runs with torch, the plan stays right, and a warning
+    names the node as a bug of the export's."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    import opsched.backends.ort_export as ort_export
+    import opsched.backends.ort_program as ort_program
+
+    def refusing(model: object, threads: int | None = None, **kwargs: object) -> object:
+        raise Fail("[ONNXRuntimeError] : 1 : FAIL : Type Error: Type (tensor(float)) does not match")
+
+    model, x = _FilledByADouble(), torch.randn(3, 4)
+    g = opsched.from_torch(model, x)
+    fill = next(n for n in g.nodes if n.attrs.get("target") == "aten::fill.Tensor")
+    real = ort_program.ort_session
+    monkeypatch.setattr(ort_export, "_NO_KERNEL", {})  # asked afresh, and answered by a refusing ONNX Runtime
+    monkeypatch.setattr(ort_program, "ort_session", refusing)
+    with caplog.at_level("WARNING", logger="opsched.backends.ort_export"):
+        why = ort_export.refusal(g, fill)
+    assert why is not None and why.startswith("ONNX Runtime refuses its ONNX form (") and "Type Error" in why
+    assert any(fill.name in r.getMessage() and "opsched's bug" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(ort_program, "ort_session", real)  # the answer kept: the other segments run in sessions
+    assert not ort_export.exportable(g, fill)
+    executor = get_backend("ort").prepare(g, lower(g, schedule(g, "sequential", host_cpu_model())), RunOptions())
+    assert_close(executor([x]), [model(x)])
+    executor.close()
+
+
 class _WrittenOver(torch.nn.Module):
     """Tensors made uninitialised and then written over: the inverse of an order (a mixture of
     experts' routing) and a buffer filled by a copy."""

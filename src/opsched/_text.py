@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["count", "size", "value_name"]
+__all__ = ["count", "first_line", "size", "value_name"]
 
 
 def count(n: int, noun: str) -> str:
     """``3 lanes``, ``1 lane``: a number and its noun, plural where it must be."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line, at most 300 characters (its type where it says nothing)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def size(nbytes: float) -> str:

@@ -11,20 +11,25 @@ integers only of some (no float64 ``Conv``, say).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from opsched._text import first_line
 from opsched.ir import Graph, Node
 from opsched.ir.ops import NotExportable, op_def
 from opsched.ir.ops.conv import export_merged
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.onnx_builder import ONNX_DTYPES, OnnxBuilder
+from opsched.ir.ops.onnx_node import ort_errors
 from opsched.ir.ops.onnx_session import OnnxModel
 from opsched.ir.types import COMPLEX_PARTS
 from opsched.runtime.plan import step_label
 
 __all__ = ["export_segment", "exportable", "refusal"]
+
+log = logging.getLogger(__name__)
 
 
 #: The element types for which ONNX Runtime's CPU provider has a kernel of every op we export.
@@ -64,8 +69,8 @@ def refusal(graph: Graph, node: Node) -> str | None:
 
 def _kernel_refusal(graph: Graph, node: Node) -> str | None:
     """Why ONNX Runtime's CPU provider makes no session of ``node`` alone (it lacks a kernel for
-    an ONNX node the node exports to, at its types), or None. Asked once per op, configuration
-    and types."""
+    an ONNX node the node exports to, at its types, or refuses the form it exports to, which is a
+    bug of the export's, logged), or None. Asked once per op, configuration and types."""
     key = (node.op, node.attrs, tuple(graph.types[v] for v in node.inputs),
            tuple(graph.param_types[p] for p in node.params), node.out)
     if key not in _NO_KERNEL:
@@ -82,6 +87,10 @@ def _kernel_refusal(graph: Graph, node: Node) -> str | None:
             kernel = found.group(1) if found else "one of its ONNX nodes"
             types = ", ".join(sorted({t.dtype for t in (node.out, *(graph.types[v] for v in node.inputs))}))
             _NO_KERNEL[key] = f"ONNX Runtime's CPU provider has no {kernel} kernel for {types}"
+        except ort_errors() as e:  # our export's fault: the node runs with torch, and says so
+            _NO_KERNEL[key] = f"ONNX Runtime refuses its ONNX form ({first_line(e)})"
+            log.warning("node %r (%s): %s; it runs with torch. This is opsched's bug: please report it",
+                        node.name, node.attrs.get("target", node.op), _NO_KERNEL[key])
     return _NO_KERNEL[key]
 
 

@@ -23,11 +23,11 @@ import torch
 from numpy.typing import ArrayLike
 from onnx import helper, numpy_helper
 
-from opsched._text import value_name
+from opsched._text import first_line, value_name
 from opsched.errors import FrontendError, MalformedModelError, UnsupportedOpError
 from opsched.frontends import onnx_fourier  # noqa: F401 (registers the DFT and STFT converters)
 from opsched.frontends._common import ConversionContext, Unsupported, report_opaque
-from opsched.frontends.onnx_file import at_our_opset, declared_dims, first_line, read_onnx
+from opsched.frontends.onnx_file import at_our_opset, declared_dims, read_onnx
 from opsched.frontends.onnx_fold import FOLDABLE
 from opsched.frontends.onnx_functions import expand_functions
 from opsched.frontends.onnx_ops import Value, converter_for, supported_onnx_ops

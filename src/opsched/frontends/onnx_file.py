@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import onnx
 from onnx import external_data_helper, helper, numpy_helper, version_converter
 
+from opsched._text import first_line
 from opsched._toposort import topological_order
 from opsched.errors import FrontendError, MalformedModelError
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.ir.ops.onnx_node import captured
 from opsched.ir.ops.onnx_session import copy_fields, inference_session, tensor_bytes
 
-__all__ = ["OnnxFile", "at_our_opset", "declared_dims", "first_line", "onnx_input_dims", "read_onnx",
+__all__ = ["OnnxFile", "at_our_opset", "declared_dims", "onnx_input_dims", "read_onnx",
            "with_nodes"]
 
 log = logging.getLogger("opsched.frontends")
@@ -357,9 +358,3 @@ def _load(path: str, external: bool = True) -> onnx.ModelProto:
             raise MalformedModelError(f"{path}: its weights are stored in files beside it, which cannot be read: "
                                       f"{first_line(e)}") from e
     return model
-
-
-def first_line(e: Exception) -> str:
-    """An exception's first line, at most 300 characters (its type where it says nothing)."""
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
