@@ -225,14 +225,18 @@ def timm_free(config: Any) -> Any:
     return config
 
 
-def image_token_named(config: Any) -> Any:
-    """``config`` with its image token named where it holds it as None (BLIP-2's and
-    InstructBLIP's: their processors' tokenizers add it, past the text model's vocabulary, and a
-    checkpoint's config names it there): the text vocabulary's size; as it is otherwise."""
+def as_checkpoints_name(config: Any) -> Any:
+    """``config`` with the fields named that a checkpoint's config names and the default one
+    holds as None: BLIP-2's and InstructBLIP's image token (their processors' tokenizers add it
+    past the text model's vocabulary: the text vocabulary's size), X-MOD's default language (the
+    first it has adapters for); as it is otherwise."""
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
     if "image_token_index" in vars(config) and config.image_token_index is None and isinstance(vocabulary, int):
         config.image_token_index = vocabulary
+    languages = _field(config, "languages")
+    if "default_language" in vars(config) and config.default_language is None and languages:
+        config.default_language = list(languages)[0]
     return config
 
 
@@ -254,7 +258,8 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     alone": its image needs sizes beside it, which only its processor knows); for an audio
     model's features, the other layout ("features transposed"); for a vision tower that takes an
     image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
-    where the model's own has none, or its samples on a channel of their own (a codec's)."""
+    where the model's own has none, or its samples on a channel of their own (a codec's), or a
+    spectrogram of its config's frames and mel bins (AST's)."""
     import torch
 
     grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
@@ -278,6 +283,9 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
                 candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
     if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
         candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
+        frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")
+        if isinstance(frames, int) and isinstance(bins, int):  # AST's: a spectrogram, (batch, frames, mel bins)
+            candidates["spectrogram"] = {**inputs, "input_values": torch.randn(1, frames, bins)}
     return candidates
 
 
@@ -485,7 +493,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     for label, sizes in (("small", SMALL), ("layers", LAYERS)):
         try:
             torch.manual_seed(0)
-            config = image_token_named(shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes))
+            config = as_checkpoints_name(shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes))
             with torch.device("meta"):
                 row["class"] = type(meta := AutoModel.from_config(config)).__name__
             row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6

@@ -403,7 +403,7 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
             model(**candidates["as made"])
         assert model(**candidates["image placed"]).last_hidden_state.shape == (1, 592, 64)
 
-    config = sweep.image_token_named(sweep.shrunk(CONFIG_MAPPING["instructblip"](), sweep.SMALL))
+    config = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["instructblip"](), sweep.SMALL))
     assert config.image_token_index == config.text_config.vocab_size
     model = AutoModel.from_config(config).eval()
     placed = sweep.candidate_inputs(model, config)["image placed"]
@@ -418,7 +418,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
     Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
-    features beside its samples; tokens within the vocabulary, where it has fewer than 100."""
+    features beside its samples; AST's spectrogram; X-MOD's default language; tokens within the
+    vocabulary, where it has fewer than 100."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -443,6 +444,12 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     assert inputs("siglip2_vision_model") == {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                                               "spatial_shapes": (1, 2)}
     assert set(inputs("xcodec2")) == {"input_values", "input_features"}
+    config = sweep.shrunk(CONFIG_MAPPING["audio-spectrogram-transformer"](), sweep.SMALL)
+    with torch.device("meta"):
+        ast = AutoModel.from_config(config)
+    spectrogram = sweep.candidate_inputs(ast, config)["spectrogram"]["input_values"]  # AST's frames x mel bins
+    assert tuple(spectrogram.shape) == (1, 1024, 128)
+    assert sweep.as_checkpoints_name(CONFIG_MAPPING["xmod"]()).default_language == "en_XX"  # its first adapter's
     drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
     assert drawn.min() >= 3 and drawn.max() < 38
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
