@@ -66,6 +66,10 @@ def test_untraceable_module_names_the_construct_and_the_fix(capsys: pytest.Captu
                                             r"depend on its tensors' values .* torch.compile\(model, "
                                             r"backend='opsched'\) schedules the graphs"):
         from_torch(DataDependent(), torch.randn(1, 3, 8, 8), tracer="export")
+    # and where in the model's code: the line that branched on a value, not torch's own code
+    with pytest.raises(FrontendError,
+                       match=r"\) at \S*test_frontends\.py:\d+ in forward \(`if x\.sum\(\) > 0:[^`]*`\) \["):
+        from_torch(DataDependent(), torch.randn(1, 3, 8, 8), tracer="export")
 
 
 class _MasksWhenEager(nn.Module):
@@ -78,12 +82,13 @@ class _MasksWhenEager(nn.Module):
 
 
 def test_a_trace_that_meets_an_unmade_mask_says_to_pass_it() -> None:
-    """torch.export fails on the None a model leaves unmade while compiled: the error says which
-    argument to pass; passed, the model traces and the module equals eager."""
+    """torch.export fails on the None a model leaves unmade while compiled: the error says where,
+    and which argument to pass; passed, the model traces and the module equals eager."""
     model, ids = _MasksWhenEager(), torch.randint(0, 9, (1, 6))
-    with pytest.raises(FrontendError, match=r"'NoneType' object has no attribute 'shape' \[the model met None where "
-                                            r"it makes a default outside tracing: .* pass attention_mask as its "
-                                            r"tokenizer or processor gives them\]"):
+    with pytest.raises(FrontendError, match=r"'NoneType' object has no attribute 'shape' at \S+:\d+ in forward "
+                                            r"\(`return ids \* attention_mask\.shape\[-1\][^`]*`\) \[the model met "
+                                            r"None where it makes a default outside tracing: .* pass attention_mask as "
+                                            r"its tokenizer or processor gives them\]"):
         from_torch(model, {"ids": ids}, tracer="export")
     module = opsched.optimize(model, {"ids": ids, "attention_mask": torch.ones_like(ids)}, cost="analytic")
     assert torch.equal(module(ids, attention_mask=torch.ones_like(ids)), model(ids))
