@@ -470,10 +470,13 @@ def _image(config: Any) -> Any:
 def first_line(e: BaseException, most: int = 400) -> str:
     """The error's type and first line, at most ``most`` characters of it: where longer, its head
     and its end, where opsched's messages say what to do (a failed check ends by whose the
-    difference is)."""
+    difference is), and between them the line of the model's code a refusal names."""
     line = (str(e).strip().splitlines() or [""])[0]
     if len(line) > most:
-        line = f"{line[:most // 3]} [...] {line[-(most - most // 3):]}"
+        place = re.search(r" at \S+:\d+ in [\w<>.]+(?: \(`[^`]*`\))?", line)
+        middle = f" [...]{place.group(0)} [...] " if place and place.group(0) not in line[-(most - most // 3):] \
+            else " [...] "
+        line = f"{line[:most // 3]}{middle}{line[-(most - most // 3):]}"
     return f"{type(e).__name__}: {line}"
 
 
