@@ -259,7 +259,8 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     model's features, the other layout ("features transposed"); for a vision tower that takes an
     image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
     where the model's own has none, or its samples on a channel of their own (a codec's), or a
-    spectrogram of its config's frames and mel bins (AST's)."""
+    spectrogram of its config's frames and mel bins (AST's); for a model that takes an image its
+    config sizes but makes no example of, its inputs with the image ("with its image": ViLT's)."""
     import torch
 
     grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
@@ -281,6 +282,9 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
                 features = torch.randn(1, bins, 3000)
                 candidates[f"{bins} mel bins"] = {**inputs, "input_features": features}
                 candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
+    if "pixel_values" not in inputs and "pixel_values" in inspect.signature(model.forward).parameters and \
+            isinstance(_field(config, "image_size"), int):  # ViLT's: one transformer over text and image
+        candidates["with its image"] = {**inputs, "pixel_values": _image(config)}
     if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
         candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
         frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")

@@ -418,8 +418,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
     Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
-    features beside its samples; AST's spectrogram; X-MOD's default language; tokens within the
-    vocabulary, where it has fewer than 100."""
+    features beside its samples; AST's spectrogram; ViLT's image; X-MOD's default language; tokens
+    within the vocabulary, where it has fewer than 100."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -450,6 +450,12 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     spectrogram = sweep.candidate_inputs(ast, config)["spectrogram"]["input_values"]  # AST's frames x mel bins
     assert tuple(spectrogram.shape) == (1, 1024, 128)
     assert sweep.as_checkpoints_name(CONFIG_MAPPING["xmod"]()).default_language == "en_XX"  # its first adapter's
+    config = sweep.shrunk(CONFIG_MAPPING["vilt"](), sweep.SMALL)
+    with torch.device("meta"):
+        vilt = AutoModel.from_config(config)
+    candidates = sweep.candidate_inputs(vilt, config)  # ViLT's text first, then with the image its config sizes
+    assert list(candidates)[:1] == ["as made"] and tuple(candidates["with its image"]["pixel_values"].shape) == \
+        (1, 3, 384, 384)
     drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
     assert drawn.min() >= 3 and drawn.max() < 38
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
