@@ -217,10 +217,12 @@ class _Keypoints(nn.Module):
 
 def test_a_tensor_whose_size_depends_on_the_data_is_named_with_its_node() -> None:
     """torch.export traces nonzero with a size it leaves unknown; the conversion reached it as a
-    bare GuardOnDataDependentSymNode from the depth of the IR."""
-    with pytest.raises(FrontendError, match=r"node 'nonzero' \(aten::nonzero.default\) gives a tensor "
-                                                     r"whose size \(u\d+\) depends on the values it reads.*"
-                                                     r"torch.compile\(model, backend='opsched'\)"):
+    bare GuardOnDataDependentSymNode from the depth of the IR. Now named, with the line of the
+    model's code that made it."""
+    with pytest.raises(FrontendError, match=r"node 'nonzero' \(aten::nonzero.default\) at test_frontends.py:\d+ "
+                                            r"\(`return torch.nonzero\(peaks & \(scores > 0.5\)\).float\(\)`\) gives "
+                                            r"a tensor whose size \(u\d+\) depends on the values it reads.*"
+                                            r"torch.compile\(model, backend='opsched'\)"):
         from_torch(_Keypoints(), torch.rand(1, 16, 16), tracer="export")
 
 

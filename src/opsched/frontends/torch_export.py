@@ -97,14 +97,26 @@ def _target_text(n: torch.fx.Node) -> str:
 
 def _site(n: torch.fx.Node) -> str:
     """Where the model's source made call ``n``: its file's name and line, and the code there."""
+    found = _source(n)
+    return f"{found[0]}: {found[1]}".rstrip(": ") if found else n.name
+
+
+def _at(n: torch.fx.Node) -> str:
+    """`` at file:line (`code`)`` where the model's source made call ``n``, where that is known."""
+    found = _source(n)
+    return "" if found is None else f" at {found[0]}" + (f" (`{found[1]}`)" if found[1] else "")
+
+
+def _source(n: torch.fx.Node) -> tuple[str, str] | None:
+    """(file's name:line, the code there) of the innermost frame of call ``n``'s stack trace."""
     frames = [line.strip() for line in (n.meta.get("stack_trace") or "").splitlines() if line.strip()]
     for i in range(len(frames) - 1, -1, -1):
         if frames[i].startswith("File "):
             where = frames[i].split('"')
             line = frames[i].rsplit("line ", 1)[-1].split(",")[0]
-            code = frames[i + 1] if i + 1 < len(frames) else ""
-            return f"{Path(where[1]).name if len(where) > 1 else '?'}:{line}: {code}".rstrip(": ")
-    return n.name
+            code = frames[i + 1] if i + 1 < len(frames) and not frames[i + 1].startswith("File ") else ""
+            return f"{Path(where[1]).name if len(where) > 1 else '?'}:{line}", code
+    return None
 
 
 def _transparent_body(n: torch.fx.Node) -> torch.fx.Node | None:
@@ -269,9 +281,9 @@ class ExportConverter:
 
     def _computed_from(self, read: _DataDependent, n: torch.fx.Node) -> Any:
         raise FrontendError(
-            f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) gives a value that depends "
-            f"on tensor data and node {n.name!r} ({_target_text(n)}) computes a tensor from it; a static graph "
-            f"cannot hold it")
+            f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}){_at(read.origin)} gives a "
+            f"value that depends on tensor data and node {n.name!r} ({_target_text(n)}){_at(n)} computes a tensor "
+            f"from it; a static graph cannot hold it")
 
     def _asserted(self, n: torch.fx.Node) -> None:
         """An assertion on a number read out of a tensor is dropped, and said where it stood; in a
@@ -392,7 +404,7 @@ class ExportConverter:
             if isinstance(m, _Marker):
                 markers[id(m)] = m.code
         val = n.meta["val"] if index is None else n.meta["val"][index]
-        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)})")
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)}){_at(n)}")
         attrs = {"target": target_of(op), "args": encode_args(tuple(args), markers)[1],
                  "kwargs": tuple((k, encode_args(v, markers)) for k, v in kwargs.items()),
                  "flops": traced_flops(n, index)}
@@ -418,7 +430,7 @@ class ExportConverter:
         target = op.__name__
         call.__qualname__ = target
         val = n.meta["val"] if index is None else n.meta["val"][index]
-        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target})")
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target}){_at(n)}")
         return self.ctx.add("opaque", [self.env[a] for a in tensors], name=n.name if index is None else
                             f"{n.name}_{index}", out=out, fn=call, target=target)
 
