@@ -477,10 +477,14 @@ def first_line(e: BaseException, most: int = 400) -> str:
     difference is), and between them the line of the model's code a refusal names."""
     line = (str(e).strip().splitlines() or [""])[0]
     if len(line) > most:
-        place = re.search(r" at \S+:\d+ in [\w<>.]+(?: \(`[^`]*`\))?", line)
-        middle = f" [...]{place.group(0)} [...] " if place and place.group(0) not in line[-(most - most // 3):] \
-            else " [...] "
-        line = f"{line[:most // 3]}{middle}{line[-(most - most // 3):]}"
+        head, tail = most // 3, len(line) - (most - most // 3)
+        place = re.search(r" at \S+:\d+(?: in [\w<>.]+)?(?: \(`[^`]*`\))?", line)
+        middle = " [...] "
+        if place and place.start() < head:  # the head holds it whole
+            head = max(head, place.end())
+        elif place and place.end() <= tail:
+            middle = f" [...]{place.group(0)} [...] "
+        line = line if head >= tail else f"{line[:head]}{middle}{line[tail:]}"
     return f"{type(e).__name__}: {line}"
 
 

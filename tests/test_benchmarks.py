@@ -461,6 +461,18 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
 
 
+def test_the_sweeps_short_errors_keep_the_line_a_refusal_names() -> None:
+    """The harness shortens an error to its head and end; the place in the model's code a refusal
+    names is kept between them, or in the head where it starts there."""
+    first_line = _transformers_all().first_line
+    place = " at transformers/models/fsmt/modeling_fsmt.py:266 in make_padding_mask (`if not padding_mask.any():`)"
+    short = first_line(RuntimeError("x" * 300 + place + " y" * 300))
+    assert f" [...]{place} [...] " in short and short.endswith(" y")
+    early = " at modeling_xmod.py:435 (`hidden_states = self.lang_adapter(lang_ids, hidden_states)`)"
+    short = first_line(RuntimeError("node 'index'" + early + " gives" + " y" * 300))
+    assert short.startswith(f"RuntimeError: node 'index'{early}") and short.count(early) == 1
+
+
 def test_the_sweep_passes_the_masks_a_refusal_asks_for() -> None:
     """The harness does what opsched's refusal for an unmade mask says: a mask of ones the shape
     of the ids it masks, each one named, and nothing where the refusal asks for none."""
