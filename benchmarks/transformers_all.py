@@ -225,6 +225,19 @@ def timm_free(config: Any) -> Any:
     return config
 
 
+def default_config(architecture: str) -> Any:
+    """``architecture``'s default config; a forecaster's that has no default horizon (the time
+    series transformers', whose models refuse to be built without one) made with one of 24 steps
+    and one time feature, as a checkpoint's names them."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    made = CONFIG_MAPPING[architecture]
+    config = made()
+    if "prediction_length" in vars(config) and config.prediction_length is None:
+        config = made(prediction_length=24, num_time_features=1)
+    return config
+
+
 def as_checkpoints_name(config: Any) -> Any:
     """``config`` with the fields named that a checkpoint's config names and the default one
     holds as None: BLIP-2's and InstructBLIP's image token (their processors' tokenizers add it
@@ -405,12 +418,8 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
         inputs["input_ids"] = torch.cat([tokens(config, queries), text], dim=1)
         inputs["image_embeds_position_mask"] = torch.cat([torch.ones(1, queries, dtype=torch.long),
                                                           torch.zeros_like(text)], dim=1)
-    if "past_values" in inputs:
-        values = inputs["past_values"]
-        if "past_values_padding" in params:  # TimesFM's: which steps are padding (none)
-            inputs["past_values_padding"] = torch.zeros_like(values)
-        if "freq" in params and params["freq"].default is params["freq"].empty:  # TimesFM's frequency class
-            inputs["freq"] = torch.zeros(1, 1, dtype=torch.long)
+    if "past_values" in inputs and "past_values_padding" in params:  # TimesFM 2.5's, where it may be left out
+        inputs["past_values_padding"] = named_input("past_values_padding", model, config)
     if getattr(config, "is_encoder_decoder", False) and \
             (main == "input_ids" or "decoder_input_ids" in params):
         inputs["decoder_input_ids"] = tokens(config, 8)  # a translator's, a speech recogniser's
@@ -458,9 +467,24 @@ def named_input(name: str, model: Any, config: Any) -> Any:
         frames = (_held(config, "num_frames") or [8])[0]
         return _image(config).unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
     if name == "past_values":  # a forecaster's history: (batch, steps), of each channel where it has several
-        steps, channels = _size(config, "context_length", 512), getattr(config, "num_input_channels", None)
+        steps, channels = _history(config), getattr(config, "num_input_channels", None)
         return torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
+    if name == "past_values_padding":  # TimesFM's: which steps are padding (none)
+        return torch.zeros(1, _history(config))
+    if name == "freq":  # TimesFM's frequency class
+        return torch.zeros(1, 1, dtype=torch.long)
+    if name == "past_time_features":  # the time series transformers': (batch, steps, features)
+        return torch.randn(1, _history(config), _size(config, "num_time_features", 1))
+    if name == "past_observed_mask":  # every step observed
+        return torch.ones(1, _history(config))
     return None
+
+
+def _history(config: Any) -> int:
+    """A forecaster's steps of history: its context, and as many before it as its longest lag
+    reaches back (the time series transformers' lagged inputs)."""
+    lags = getattr(config, "lags_sequence", None)
+    return _size(config, "context_length", 512) + (max(lags) if lags else 0)
 
 
 def _image(config: Any) -> Any:
@@ -492,7 +516,6 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     """One architecture built, called and optimized: its row."""
     import torch
     from transformers import AutoModel
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     import opsched
     from opsched.check import largest_difference
@@ -504,7 +527,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     for label, sizes in (("small", SMALL), ("layers", LAYERS)):
         try:
             torch.manual_seed(0)
-            config = as_checkpoints_name(shrunk(timm_free(CONFIG_MAPPING[architecture]()), sizes))
+            config = as_checkpoints_name(shrunk(timm_free(default_config(architecture)), sizes))
             with torch.device("meta"):
                 row["class"] = type(meta := AutoModel.from_config(config)).__name__
             row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6

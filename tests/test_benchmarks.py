@@ -418,7 +418,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     its image, its main input; a vision tower
     whose main input is named ``input_ids`` but whose forward takes only an image, the image alone;
     Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
-    features beside its samples; AST's spectrogram; ViLT's image; X-MOD's default language; tokens
+    features beside its samples; AST's spectrogram; ViLT's image; X-MOD's default language; TimesFM's
+    padding and frequency; a time series transformer's history, time features and mask; tokens
     within the vocabulary, where it has fewer than 100."""
     pytest.importorskip("transformers")
     import torch
@@ -456,6 +457,13 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     candidates = sweep.candidate_inputs(vilt, config)  # ViLT's text first, then with the image its config sizes
     assert list(candidates)[:1] == ["as made"] and tuple(candidates["with its image"]["pixel_values"].shape) == \
         (1, 3, 384, 384)
+    assert set(inputs("timesfm")) == {"past_values", "past_values_padding", "freq"}  # each required one, by name
+    # a forecaster with no default horizon given one (24 steps), and its history reaching back its longest lag (7)
+    config = sweep.shrunk(sweep.default_config("time_series_transformer"), sweep.SMALL)
+    with torch.device("meta"):
+        forecaster = AutoModel.from_config(config)
+    made = {k: tuple(v.shape) for k, v in sweep.example_inputs(forecaster, config).items()}
+    assert made == {"past_values": (1, 31), "past_time_features": (1, 31, 1), "past_observed_mask": (1, 31)}
     drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
     assert drawn.min() >= 3 and drawn.max() < 38
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
