@@ -14,12 +14,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
-import linecache
-import os
 import re
 import sys
-import sysconfig
-import traceback
 import warnings
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
@@ -31,6 +27,7 @@ from torch import nn
 from opsched.errors import FrontendError
 from opsched.frontends._common import log, quieted, symbolic
 from opsched.frontends.fixed_values import WithFixedValues
+from opsched.frontends.model_source import failure_place
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
 
@@ -85,7 +82,7 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
         hint = _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-                            f"{_caused_at(e)}{hint}", fixable=sizing) from e
+                            f"{failure_place(e)}{hint}", fixable=sizing) from e
     return ExportConverter(program, name, held, draft=draft).run()
 
 
@@ -201,35 +198,6 @@ def _hint(reason: str, sizing: Sequence[str] = (), fixing: bool = False) -> str:
                 "suppression, say), which one traced graph cannot hold: torch.compile(model, backend='opsched') "
                 f"schedules the graphs Dynamo captures between those places{fix}]")
     return ""
-
-
-def _caused_at(error: BaseException) -> str:
-    """Where in the model's code torch.export met what it could not trace: the innermost frame of
-    ``error``'s traceback outside torch, opsched and Python's own library (a non-strict trace runs
-    the model's Python, so a branch on a tensor's value fails in it), as `` at file:line in
-    function (`code`)``, the file named from the path entry it is under (a library's from its
-    package); nothing where there is none."""
-    place = None
-    for frame, line in traceback.walk_tb(error.__traceback__):
-        file = os.path.abspath(frame.f_code.co_filename)
-        if not frame.f_code.co_filename.startswith("<") and not file.startswith(_NOT_THE_MODELS) and \
-                (file.startswith(_INSTALLED) or not file.startswith(_PYTHONS)):
-            place = (file, line, frame.f_code.co_name)
-    if place is None:
-        return ""
-    file, line, function = place
-    roots = [os.path.abspath(r) + os.sep for r in sys.path if r and file.startswith(os.path.abspath(r) + os.sep)]
-    shown = file[len(max(roots, key=len)):] if roots else file
-    code = linecache.getline(file, line).strip()
-    return f" at {shown}:{line} in {function}" + (f" (`{code[:120]}`)" if code else "")
-
-
-#: Code whose frames are not the model's: torch's, opsched's, and Python's own library's but for
-#: the packages installed within it (transformers').
-_NOT_THE_MODELS = tuple(os.path.abspath(d) + os.sep for d in (os.path.dirname(torch.__file__),
-                                                              os.path.dirname(os.path.dirname(__file__))))
-_PYTHONS = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-_INSTALLED = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib"))
 
 
 def _data_dependent(reason: str) -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,6 +50,7 @@ from opsched.frontends._common import (
     symbolic,
     traced_flops,
 )
+from opsched.frontends.model_source import call_place, call_site
 from opsched.frontends.read_numbers import ReadNumbers, data_sized
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
@@ -93,30 +93,6 @@ class _DataDependent:
 def _target_text(n: torch.fx.Node) -> str:
     op = n.target
     return target_of(op) if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", str(op))
-
-
-def _site(n: torch.fx.Node) -> str:
-    """Where the model's source made call ``n``: its file's name and line, and the code there."""
-    found = _source(n)
-    return f"{found[0]}: {found[1]}".rstrip(": ") if found else n.name
-
-
-def _at(n: torch.fx.Node) -> str:
-    """`` at file:line (`code`)`` where the model's source made call ``n``, where that is known."""
-    found = _source(n)
-    return "" if found is None else f" at {found[0]}" + (f" (`{found[1]}`)" if found[1] else "")
-
-
-def _source(n: torch.fx.Node) -> tuple[str, str] | None:
-    """(file's name:line, the code there) of the innermost frame of call ``n``'s stack trace."""
-    frames = [line.strip() for line in (n.meta.get("stack_trace") or "").splitlines() if line.strip()]
-    for i in range(len(frames) - 1, -1, -1):
-        if frames[i].startswith("File "):
-            where = frames[i].split('"')
-            line = frames[i].rsplit("line ", 1)[-1].split(",")[0]
-            code = frames[i + 1] if i + 1 < len(frames) and not frames[i + 1].startswith("File ") else ""
-            return f"{Path(where[1]).name if len(where) > 1 else '?'}:{line}", code
-    return None
 
 
 def _transparent_body(n: torch.fx.Node) -> torch.fx.Node | None:
@@ -281,9 +257,9 @@ class ExportConverter:
 
     def _computed_from(self, read: _DataDependent, n: torch.fx.Node) -> Any:
         raise FrontendError(
-            f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}){_at(read.origin)} gives a "
-            f"value that depends on tensor data and node {n.name!r} ({_target_text(n)}){_at(n)} computes a tensor "
-            f"from it; a static graph cannot hold it")
+            f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}){call_place(read.origin)} "
+            f"gives a value that depends on tensor data and node {n.name!r} ({_target_text(n)}){call_place(n)} "
+            f"computes a tensor from it; a static graph cannot hold it")
 
     def _asserted(self, n: torch.fx.Node) -> None:
         """An assertion on a number read out of a tensor is dropped, and said where it stood; in a
@@ -294,10 +270,10 @@ class ExportConverter:
         if self.draft:
             raise FrontendError(
                 f"{self.ctx.b.name}: node {read.origin.name!r} ({_target_text(read.origin)}) reads a number out of a "
-                f"tensor that is not a fixed input, and the model branches on it at {_site(n)}: one graph holds one "
-                f"branch, right for this example's values only; fix the inputs it is read from (fixed_values=), or "
+                f"tensor that is not a fixed input, and the model branches on it at {call_site(n)}: one graph holds "
+                f"one branch, right for this example's values only; fix the inputs it is read from (fixed_values=), or "
                 f"use torch.compile(model, backend='opsched')")
-        self.dropped_assertions.append(_site(n))
+        self.dropped_assertions.append(call_site(n))
 
     def _inline(self, body: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple[Any, ...]:
         """``body``'s calls converted on ``operands``, in place of the higher-order call that
@@ -404,7 +380,7 @@ class ExportConverter:
             if isinstance(m, _Marker):
                 markers[id(m)] = m.code
         val = n.meta["val"] if index is None else n.meta["val"][index]
-        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)}){_at(n)}")
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target_of(op)}){call_place(n)}")
         attrs = {"target": target_of(op), "args": encode_args(tuple(args), markers)[1],
                  "kwargs": tuple((k, encode_args(v, markers)) for k, v in kwargs.items()),
                  "flops": traced_flops(n, index)}
@@ -430,7 +406,7 @@ class ExportConverter:
         target = op.__name__
         call.__qualname__ = target
         val = n.meta["val"] if index is None else n.meta["val"][index]
-        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target}){_at(n)}")
+        out = held_type(val, f"{self.ctx.b.name}: node {n.name!r} ({target}){call_place(n)}")
         return self.ctx.add("opaque", [self.env[a] for a in tensors], name=n.name if index is None else
                             f"{n.name}_{index}", out=out, fn=call, target=target)
 

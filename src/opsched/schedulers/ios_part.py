@@ -163,7 +163,7 @@ class PartSolver:
         self.memory = memory
         self._bytes: dict[int, int] = {}  # live bytes per state, with a memory budget
         self._live: dict[int, tuple[float, float]] = {}
-        self.r, self.s, self.strategies = r, s, strategies
+        self.r, self.s = r, s
         self.check_budget, self.stats = check_budget, stats
         n = len(part)
         self.succ = ug.local_masks(part)[0]

@@ -98,6 +98,12 @@ def _slice_export(b: OnnxBuilder, n: Node) -> None:
     b.add("Slice", [n.inputs[0]] + [b.init(a.astype(np.int64), "s") for a in arrays], n.name)
 
 
+def _slice_extent(attrs: FrozenAttrs) -> FrozenAttrs:
+    """A slice's attrs without its start and end: where its window lies, not how wide it is
+    (its output type) or how it strides."""
+    return FrozenAttrs({k: v for k, v in attrs.items() if k not in ("start", "end")})
+
+
 # --- reshapes -----------------------------------------------------------------------------
 def _flatten_infer(inputs: Sequence[TensorType], attrs: FrozenAttrs, params: Sequence[TensorType]) -> TensorType:
     (x,) = inputs
@@ -146,12 +152,6 @@ def _identity_export(b: OnnxBuilder, n: Node) -> None:
 
 register(OpDef(OpSchema("concat", "data", (1, None), _concat_infer, zero_flops), _concat_kernel, _concat_export))
 register(OpDef(OpSchema("pad", "data", (1, 1), _pad_infer, zero_flops), _pad_kernel, _pad_export))
-def _slice_extent(attrs: FrozenAttrs) -> FrozenAttrs:
-    """A slice's attrs without its start and end: where its window lies, not how wide it is
-    (its output type) or how it strides."""
-    return FrozenAttrs({k: v for k, v in attrs.items() if k not in ("start", "end")})
-
-
 register(OpDef(OpSchema("slice", "view", (1, 1), _slice_infer, zero_flops, is_view=True, positions=_slice_extent),
                _slice_kernel, _slice_export))
 register(OpDef(OpSchema("flatten", "view", (1, 1), _flatten_infer, zero_flops, is_view=True), _flatten_kernel,
