@@ -7,7 +7,8 @@ heads, experts), in it and in its sub-configs, and the few fields that must agre
 (a state-space model's heads, a rotary part's width); where the model then cannot be built or
 called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
 main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames) and
-each further input its ``forward`` requires, made by its name; for an encoder-decoder 8
+each further input its ``forward`` requires, made by its name, or that it names in refusing to run
+without it (Bros's boxes, LXMERT's regions); for an encoder-decoder 8
 decoder tokens, and for a text-and-image model an image, with an image token placed before the
 text for each feature its ``get_image_features`` makes of it (as its processor places them)
 where it needs them, else the text alone; for a vision tower, an image's patches and
@@ -41,6 +42,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import json
 import re
@@ -90,6 +92,10 @@ OUTCOMES = ("equal", "refused", "failed", "not built", "too large", "crashed")
 WIDTHS = ("hidden_size", "d_model", "n_embd")
 HELD_WIDTHS = ("encoder_hidden_size", "cross_attention_hidden_size", "word_embed_proj_dim", "projection_size")
 
+#: The fields that hold a head's width (the width over the heads), which follow it as the widths
+#: do: Bros projects its boxes' embeddings to a head's width, to add them to its attention's scores.
+HELD_HEAD_WIDTHS = ("dim_bbox_projection",)
+
 
 def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     """``config`` with each of ``sizes`` it holds as an int set (read-only fields left; with
@@ -98,19 +104,29 @@ def shrunk(config: Any, sizes: dict[str, int]) -> Any:
     and each of :data:`HELD_WIDTHS` that held a width of :data:`WIDTHS` set to what that width
     became."""
     configs = _tree(config)
-    before = [{key: _field(c, key) for key in WIDTHS} for c in configs]
+    before = [({key: _field(c, key) for key in WIDTHS}, _head_width(c)) for c in configs]
     _shrunk(config, sizes)
     became: dict[int, int] = {}
-    for c, widths in zip(configs, before):
+    head_became: dict[int, int] = {}
+    for c, (widths, head) in zip(configs, before):
         for key, value in widths.items():
             if isinstance(value, int) and isinstance(_field(c, key), int):
                 became.setdefault(value, _field(c, key))
+        if head is not None and (now := _head_width(c)) is not None:
+            head_became.setdefault(head, now)
     for c in configs:
-        for key in HELD_WIDTHS:
-            value = _field(c, key)
-            if isinstance(value, int) and value in became and key in vars(c):
-                setattr(c, key, became[value])
+        for keys, follows in ((HELD_WIDTHS, became), (HELD_HEAD_WIDTHS, head_became)):
+            for key in keys:
+                value = _field(c, key)
+                if isinstance(value, int) and value in follows and key in vars(c):
+                    setattr(c, key, follows[value])
     return config
+
+
+def _head_width(config: Any) -> int | None:
+    """A head's width in ``config``: its hidden size over its attention heads; None where it has not both."""
+    hidden, heads = _field(config, "hidden_size"), _field(config, "num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
 
 
 def _tree(config: Any) -> list[Any]:
@@ -240,13 +256,14 @@ def default_config(architecture: str) -> Any:
 
 def as_checkpoints_name(config: Any) -> Any:
     """``config`` with the fields named that a checkpoint's config names and the default one
-    holds as None: BLIP-2's and InstructBLIP's image token (their processors' tokenizers add it
-    past the text model's vocabulary: the text vocabulary's size), X-MOD's default language (the
-    first it has adapters for); as it is otherwise."""
+    holds as None: BLIP-2's and InstructBLIP's image token, InstructBLIP-Video's video token (their
+    processors' tokenizers add it past the text model's vocabulary: the text vocabulary's size),
+    X-MOD's default language (the first it has adapters for); as it is otherwise."""
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
-    if "image_token_index" in vars(config) and config.image_token_index is None and isinstance(vocabulary, int):
-        config.image_token_index = vocabulary
+    for key in ("image_token_index", "video_token_index"):
+        if key in vars(config) and getattr(config, key) is None and isinstance(vocabulary, int):
+            setattr(config, key, vocabulary)
     languages = _field(config, "languages")
     if "default_language" in vars(config) and config.default_language is None and languages:
         config.default_language = list(languages)[0]
@@ -269,7 +286,10 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     text for each of the image's features ("image placed", :func:`image_placed`); then
     :func:`example_inputs` ("as made"); then, for a text-and-image model, its tokens alone ("text
     alone": its image needs sizes beside it, which only its processor knows); for an audio
-    model's features, the other layout ("features transposed"); for a vision tower that takes an
+    model's features, the other layout ("features transposed"), or frames stacked to its feature
+    projection's width (w2v-BERT's); for a model given an image, a clip of its frames, with its
+    token placed for each of the clip's features where it reads them so (InstructBLIP-Video's),
+    then without; for a vision tower that takes an
     image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
     where the model's own has none, or its samples on a channel of their own (a codec's), or a
     spectrogram of its config's frames and mel bins (AST's); for a model that takes an image its
@@ -295,9 +315,15 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
                 features = torch.randn(1, bins, 3000)
                 candidates[f"{bins} mel bins"] = {**inputs, "input_features": features}
                 candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
+        for width in _held(config, "feature_projection_input_dim"):  # w2v-BERT's: frames stacked in twos
+            candidates[f"frames of {width}"] = {**inputs, "input_features": torch.randn(1, 1500, width)}
     if "pixel_values" not in inputs and "pixel_values" in inspect.signature(model.forward).parameters and \
             isinstance(_field(config, "image_size"), int):  # ViLT's: one transformer over text and image
         candidates["with its image"] = {**inputs, "pixel_values": _image(config)}
+    if "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:  # a video model's (X-CLIP's frames: its tower's)
+        clip = {**inputs, "pixel_values": _clip(config)}
+        placed = image_placed(model, config, clip) if "input_ids" in clip else None
+        candidates.update({"a clip placed": placed} if placed is not None else {}, **{"a clip": clip})
     if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
         candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
         frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")
@@ -314,8 +340,8 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     cannot be counted."""
     import torch
 
-    token = getattr(config, "image_token_id", None)
-    token = getattr(config, "image_token_index", None) if token is None else token
+    named = (getattr(config, key, None) for key in ("image_token_id", "image_token_index", "video_token_index"))
+    token = next((t for t in named if t is not None), None)
     rows = _image_rows(model, config, inputs) if isinstance(token, int) else 0
     if not rows:
         return None
@@ -333,9 +359,10 @@ def _image_rows(model: Any, config: Any, inputs: dict[str, Any]) -> int:
     placeholders, its query former's queries (InstructBLIP's); 0 where it cannot tell."""
     import torch
 
-    if not hasattr(model, "get_image_features"):
-        queries = getattr(config, "num_query_tokens", None)
-        return queries if isinstance(queries, int) and hasattr(model, "get_placeholder_mask") else 0
+    if not hasattr(model, "get_image_features"):  # of a clip, each frame's (InstructBLIP-Video's)
+        queries, image = getattr(config, "num_query_tokens", None), inputs["pixel_values"]
+        frames = image.shape[1] if image.dim() == 5 else 1
+        return queries * frames if isinstance(queries, int) and hasattr(model, "get_placeholder_mask") else 0
     try:
         with torch.no_grad():
             # with the query former's text where it reads one (InstructBLIP's instruction)
@@ -449,8 +476,8 @@ def tokens(config: Any, count: int) -> Any:
 
 def named_input(name: str, model: Any, config: Any) -> Any:
     """An example of the input ``name``, by what its name says it is (16 tokens, an image at its
-    config's size, a video clip, 8000 audio samples, 3000 mel frames, a forecaster's past
-    values), or None for a name of no such kind."""
+    config's size, a video clip, 16 rows of embeddings at the width of the model or of what it
+    attends to, or one of :func:`by_name`), or None for a name of no such kind."""
     import torch
 
     if name.endswith("input_ids"):  # Blip-2's text, InstructBLIP's query-former's
@@ -459,25 +486,56 @@ def named_input(name: str, model: Any, config: Any) -> Any:
         frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
         image = _image(config)
         return image.unsqueeze(1).expand(-1, frames, -1, -1, -1).clone() if isinstance(frames, int) else image
-    if name == "input_values":
-        return torch.randn(1, 8000)
-    if name == "input_features":
-        return torch.randn(1, _size(config, "num_mel_bins", 80), 3000)
-    if name == "pixel_values_videos":  # (batch, frames, channels, side, side)
-        frames = (_held(config, "num_frames") or [8])[0]
-        return _image(config).unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
-    if name == "past_values":  # a forecaster's history: (batch, steps), of each channel where it has several
-        steps, channels = _history(config), getattr(config, "num_input_channels", None)
-        return torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
-    if name == "past_values_padding":  # TimesFM's: which steps are padding (none)
-        return torch.zeros(1, _history(config))
-    if name == "freq":  # TimesFM's frequency class
-        return torch.zeros(1, 1, dtype=torch.long)
-    if name == "past_time_features":  # the time series transformers': (batch, steps, features)
-        return torch.randn(1, _history(config), _size(config, "num_time_features", 1))
-    if name == "past_observed_mask":  # every step observed
-        return torch.ones(1, _history(config))
-    return None
+    if name.endswith(("_embeds", "hidden_states")):  # an input at a width of the model, 16 rows of it:
+        width = _size(config, "hidden_size", 64)  # its own, or what it attends to (BLIP-2's Q-Former, its image's)
+        return torch.randn(1, 16, _size(config, "encoder_hidden_size", width) if name.startswith("encoder_") else width)
+    made = by_name().get(name)
+    return made(config) if made is not None else None
+
+
+def _boxes(config: Any) -> Any:
+    """16 boxes, (x0, y0, x1, y1) within the image, as fractions of its sides."""
+    import torch
+
+    corners = torch.rand(1, 16, 2, 2).sort(dim=2).values  # each box's least (x, y), then its greatest
+    return corners.reshape(1, 16, 4)
+
+
+def _clip(config: Any) -> Any:
+    """A video's frames, (batch, frames, channels, side, side): as many as the config says, else 8."""
+    frames = (_held(config, "num_frames") or [8])[0]
+    return _image(config).unsqueeze(1).expand(-1, frames, -1, -1, -1).clone()
+
+
+def _past_values(config: Any) -> Any:
+    """A forecaster's history: (batch, steps), of each channel where it has several."""
+    import torch
+
+    steps, channels = _history(config), getattr(config, "num_input_channels", None)
+    return torch.randn(1, steps, channels) if isinstance(channels, int) else torch.randn(1, steps)
+
+
+@functools.cache
+def by_name() -> dict[str, Any]:
+    """The inputs :func:`named_input` makes by their whole name, each from the config: a function
+    of it (built at first use: a worker's, which imports torch, not the process that starts them)."""
+    import torch
+
+    return {
+        "input_values": lambda c: torch.randn(1, 8000),  # audio samples
+        "input_features": lambda c: torch.randn(1, _size(c, "num_mel_bins", 80), 3000),  # (batch, mel bins, frames)
+        "input_features_mask": lambda c: torch.ones(1, 3000, dtype=torch.long),  # a speech encoder's: all real
+        "bbox": _boxes,  # a document model's words' boxes
+        "visual_pos": _boxes,  # LXMERT's regions'
+        "visual_feats": lambda c: torch.randn(1, 16, _size(c, "visual_feat_dim", 2048)),  # their detector's features
+        "pixel_values_videos": _clip,
+        "past_values": _past_values,
+        "past_values_padding": lambda c: torch.zeros(1, _history(c)),  # TimesFM's: which steps are padding (none)
+        "freq": lambda c: torch.zeros(1, 1, dtype=torch.long),  # TimesFM's frequency class
+        # the time series transformers': (batch, steps, features), every step observed
+        "past_time_features": lambda c: torch.randn(1, _history(c), _size(c, "num_time_features", 1)),
+        "past_observed_mask": lambda c: torch.ones(1, _history(c)),
+    }
 
 
 def _history(config: Any) -> int:
@@ -491,8 +549,11 @@ def _image(config: Any) -> Any:
     """An image at the config's size (224 where it has none), of its channels."""
     import torch
 
-    side = _size(config, "image_size", 224)
-    return torch.randn(1, _size(config, "num_channels", 3), side, side)
+    # (height, width) where a config gives both: SegGPT's, MGP-STR's
+    size = next((s for c in (config, getattr(config, "vision_config", None)) if (s := _field(c, "image_size"))), None)
+    pair = isinstance(size, (list, tuple)) and len(size) == 2
+    height, width = size if pair else (_size(config, "image_size", 224),) * 2
+    return torch.randn(1, _size(config, "num_channels", 3), height, width)
 
 
 def first_line(e: BaseException, most: int = 400) -> str:
@@ -538,8 +599,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
             for form, inputs in candidate_inputs(model, config).items():
                 row["form"] = form
                 try:
-                    with torch.no_grad():
-                        want = model(**inputs)
+                    want, inputs = called(model, config, inputs)
                     break
                 except Exception as e:  # noqa: BLE001 (the next candidate, or the reason below)
                     reasons.append(first_line(e))
@@ -586,6 +646,26 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         return {**row, "outcome": "failed", "error": f"{len(a)} output tensors against the model's {len(b)}"}
     row["max_diff"] = max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
     return {**row, "outcome": "equal"}
+
+
+def called(model: Any, config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``model`` called on ``inputs`` in eager PyTorch, and the inputs it was called on: where it
+    refuses for want of an input it may be called without, which its error names (Bros's "You
+    have to specify bbox", LXMERT's "`visual_feats` cannot be `None`"), with that input too
+    (:func:`named_input`), as often as it names another; the last error where it names none."""
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    while True:
+        try:
+            with torch.no_grad():
+                return model(**inputs), inputs
+        except Exception as e:
+            named = {n: made for n in params if n not in inputs and re.search(rf"\b{n}\b", str(e), re.IGNORECASE)
+                     and (made := named_input(n, model, config)) is not None}
+            if not named:
+                raise
+            inputs = {**inputs, **named}
 
 
 def masks_asked(error: str, inputs: dict[str, Any]) -> dict[str, Any]:

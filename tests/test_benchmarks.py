@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -353,6 +354,8 @@ def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     assert small("t5gemma").decoder.cross_attention_hidden_size == 64
     opt = small("opt")
     assert opt.word_embed_proj_dim == opt.hidden_size == 64
+    bros = small("bros")  # its boxes' embedding is a head wide (768 / 12 before, 64 / 4 after)
+    assert bros.dim_bbox_projection == 16
     assert small("bert").hidden_size == 64  # nothing held elsewhere: as it was
 
 
@@ -464,9 +467,49 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
         forecaster = AutoModel.from_config(config)
     made = {k: tuple(v.shape) for k, v in sweep.example_inputs(forecaster, config).items()}
     assert made == {"past_values": (1, 31), "past_time_features": (1, 31, 1), "past_observed_mask": (1, 31)}
+    assert inputs("mgp-str") == {"pixel_values": (1, 3, 32, 128)}  # its config's (height, width)
+    # the Q-Former's own queries; the image features it attends to (which it asks for) at its image tower's width
+    assert inputs("blip_2_qformer") == {"query_embeds": (1, 16, 64)}
+    qformer = sweep.shrunk(CONFIG_MAPPING["blip_2_qformer"](), sweep.SMALL)
+    assert sweep.named_input("encoder_hidden_states", None, qformer).shape == (1, 16, 1408)
+    config = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["instructblipvideo"](), sweep.SMALL))
+    with torch.device("meta"):
+        video = AutoModel.from_config(config)
+    clip = sweep.candidate_inputs(video, config)["a clip placed"]  # 8 frames, 32 queries each, a token a query
+    assert tuple(clip["pixel_values"].shape) == (1, 8, 3, 224, 224)
+    assert (clip["input_ids"] == config.video_token_index).sum() == 8 * 32
     drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
     assert drawn.min() >= 3 and drawn.max() < 38
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
+
+
+def test_the_sweep_gives_a_model_the_inputs_its_errors_name() -> None:
+    """``transformers_all.called``: a model that may be called without an input but refuses, naming
+    it, is called again with it, made by its name, as often as it names another (LXMERT asks for
+    its regions' features, then their boxes); boxes are (x0, y0, x1, y1) within the image. An
+    error that names no input it takes is the model's own, raised as it is."""
+    import torch
+
+    sweep = _transformers_all()
+
+    class Regions(torch.nn.Module):
+        def forward(self, input_ids: Any, visual_feats: Any = None, visual_pos: Any = None) -> Any:
+            if visual_feats is None:
+                raise ValueError("`visual_feats` cannot be `None`")
+            if visual_pos is None:
+                raise ValueError("visual_pos is required beside them")
+            if input_ids.shape[1] > 16:
+                raise ValueError("too long for its positions")
+            return visual_feats.sum(-1) + visual_pos.sum(-1)
+
+    config = types.SimpleNamespace(visual_feat_dim=8)
+    out, inputs = sweep.called(Regions(), config, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
+    assert sorted(inputs) == ["input_ids", "visual_feats", "visual_pos"] and out.shape == (1, 16)
+    assert inputs["visual_feats"].shape == (1, 16, 8)
+    boxes = inputs["visual_pos"]
+    assert ((boxes >= 0) & (boxes <= 1)).all() and (boxes[..., :2] <= boxes[..., 2:]).all()
+    with pytest.raises(ValueError, match="too long"):
+        sweep.called(Regions(), config, {"input_ids": torch.ones(1, 20, dtype=torch.long)})
 
 
 def test_the_sweeps_short_errors_keep_the_line_a_refusal_names() -> None:
