@@ -189,6 +189,55 @@ def test_fixed_values_must_name_tensors_of_the_call() -> None:
         from_torch(model, args, fixed_values=("grid",), tracer="fx")
 
 
+class _PaddedConv(nn.Module):
+    """An audio codec's convolution (Mimi's, EnCodec's): its stride and kernel size kept as integer
+    buffers, which size the padding that makes every frame whole."""
+
+    def __init__(self, stride: int = 3, kernel: int = 5) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 2, kernel, stride)
+        self.stride = nn.Buffer(torch.tensor(stride), persistent=False)
+        self.kernel_size = nn.Buffer(torch.tensor(kernel), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[-1]
+        frames = torch.ceil((length - self.kernel_size) / self.stride + 1).to(torch.int64)
+        extra = (frames - 1) * self.stride + self.kernel_size - length
+        if extra > 0:  # where the last frame is not whole
+            x = nn.functional.pad(x, (0, extra))
+        return self.conv(nn.functional.pad(x, (self.kernel_size - self.stride, 0)))
+
+
+def test_a_model_that_sizes_its_tensors_by_numbers_it_keeps_in_buffers_is_traced_with_them_fixed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """torch.export sees a model's buffers as inputs of unknown value, so a padding sized by
+    integers kept in buffers is a size it cannot know. Those numbers are the model's, fixed as its
+    weights are: the model is traced again with them computed, the graph holds no arithmetic on
+    them, the module equals eager on fresh inputs, and the model keeps its own buffers. A model
+    whose sizes follow its input's values is still refused, as before, with torch.export's reason."""
+    model, x = nn.Sequential(_PaddedConv(), _PaddedConv(2, 4)).eval(), torch.randn(1, 2, 16)
+    with pytest.raises(Exception, match="data-dependent"):
+        torch.export.export(model, (x,), strict=False)
+    with caplog.at_level(logging.INFO, logger="opsched.frontends"):
+        graph = from_torch(model, (x,), tracer="export")
+    assert [r for r in caplog.records if "traced with its 4 scalar buffers fixed" in r.getMessage()]
+    assert [n.op for n in graph.nodes] == ["pad", "pad", "aten.conv"] * 2  # each padding a constant
+    assert [n.attrs["pads"] for n in graph.nodes if n.op == "pad"] == [(0, 1), (2, 0), (0, 1), (2, 0)]
+    module = opsched.optimize(model, (x,), cost="analytic")
+    fresh = torch.randn(1, 2, 16)
+    with torch.no_grad():
+        assert_close(module(fresh), model(fresh))
+    assert all(type(b) is torch.Tensor for b in model.buffers()) and int(model[0].stride) == 3
+
+    class Counted(_PaddedConv):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x[:, :, : int((x > 0).sum())])  # a size the data sets
+
+    with pytest.raises(FrontendError, match=r"torch.export cannot trace Counted: .*data-dependent.* at "
+                                            r"\S*test_frontends\.py:\d+ in forward"):
+        from_torch(Counted().eval(), (x,), tracer="export")
+
+
 def test_a_weight_registered_by_a_conversion_taken_back_registers_anew() -> None:
     """A converter that registers a weight and then cannot type its call is taken back, weight
     and all; the weight's next use registered it under the name taken back, which the graph no

@@ -26,7 +26,7 @@ from torch import nn
 
 from opsched.errors import FrontendError
 from opsched.frontends._common import log, quieted, symbolic
-from opsched.frontends.fixed_values import WithFixedValues
+from opsched.frontends.fixed_values import WithFixedValues, scalar_buffers
 from opsched.frontends.model_source import failure_place
 from opsched.frontends.torch_export import ExportConverter
 from opsched.ir import Graph
@@ -51,7 +51,9 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     is then computed for real while it is traced (:mod:`opsched.frontends.fixed_values`), and where
     that fails, :func:`torch.export.draft_export` traces it, taking each branch on such a number as
     the example's values take it; the converter then folds what it computed of them, and refuses a
-    number read out of any tensor but a fixed one (:class:`ExportConverter`)."""
+    number read out of any tensor but a fixed one (:class:`ExportConverter`). A model that keeps
+    numbers in buffers and sizes its tensors by them (Mimi's convolutions, their strides) is
+    traced again with those fixed, as its weights are (:func:`_buffers_fixed`)."""
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     held = {k: leaves[k] for k in fixed}
     if held:
@@ -78,12 +80,31 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
                 raise
             program, draft = _exported(module, args, kwargs, draft=True), True
     except Exception as e:
+        if not held and _data_dependent(str(e)) and (graph := _buffers_fixed(module, args, kwargs, name)) is not None:
+            return graph
         sizing = () if held or not _data_dependent(str(e)) else tuple(_sizing(module, args, kwargs))
         hint = _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
                             f"{failure_place(e)}{hint}", fixable=sizing) from e
     return ExportConverter(program, name, held, draft=draft).run()
+
+
+def _buffers_fixed(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph | None:
+    """``module`` traced with the numbers it keeps in buffers fixed (:func:`scalar_buffers`: what
+    it computes of them alone computed while traced, as of fixed inputs), and converted; None
+    where it keeps none, or still cannot be traced (its sizes follow its inputs' values then)."""
+    buffers = scalar_buffers(module)
+    if not buffers:
+        return None
+    with_buffers = WithFixedValues(module, args, kwargs, (), buffers)
+    try:
+        program = _exported(with_buffers, *with_buffers.call, draft=False)
+    except Exception as e:  # noqa: BLE001 (not the buffers' doing: the first failure is the one to report)
+        log.info("%s: tracing with its %d scalar buffers fixed failed too (%s)", name, len(buffers), type(e).__name__)
+        return None
+    log.info("%s: traced with its %d scalar buffers fixed (%s)", name, len(buffers), ", ".join(buffers[:3]))
+    return ExportConverter(program, name, root=WithFixedValues.ROOT).run()
 
 
 def program_outputs(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:

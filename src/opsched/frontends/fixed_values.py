@@ -22,6 +22,11 @@ tensor where a number is expected, which reaches no subclass), and
 in C++). What is left is one static program with the fixed values' consequences as constants: no
 number the trace cannot know. :func:`opsched.frontends.export_trace.export_graph` tries this
 first, and :func:`torch.export.draft_export` where it fails.
+
+A model's own numbers kept in buffers (:func:`scalar_buffers`: Mimi's convolutions keep their
+stride and kernel size as integer tensors and size their padding by them) are inputs of unknown
+value to torch.export too; :class:`WithFixedValues` holds them as fixed values while the model
+runs, which is how :func:`~opsched.frontends.export_trace.export_graph` traces such a model.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["FixedValue", "FixedValues", "WithFixedValues"]
+__all__ = ["FixedValue", "FixedValues", "WithFixedValues", "scalar_buffers"]
 
 
 class FixedValue(torch.Tensor):
@@ -86,16 +91,27 @@ _OF_VALUES = frozenset({torch.tensor, torch.as_tensor, torch.arange, torch.zeros
                         torch.linspace, torch.eye})
 
 
+def scalar_buffers(module: nn.Module) -> list[str]:
+    """The qualified names of ``module``'s buffers that hold one integer or flag: numbers the model
+    keeps as tensors (Mimi's and EnCodec's convolutions keep their stride and kernel size so, and
+    size their padding by them), which torch.export sees as inputs of unknown value."""
+    return [name for name, b in module.named_buffers()
+            if b.dim() == 0 and not (b.is_floating_point() or b.is_complex())]
+
+
 class WithFixedValues(nn.Module):
     """``inner`` called as it is, but for the leaves of its call numbered in ``fixed``: this
-    module takes None there (:attr:`call`), and passes ``inner`` those leaves' fixed values. It
-    takes its arguments by ``inner.forward``'s signature, so that torch.export names the graph's
-    inputs as it names the model's; its submodule is ``inner``, a prefix the converter leaves
-    out of node names (:attr:`ROOT`)."""
+    module takes None there (:attr:`call`), and passes ``inner`` those leaves' fixed values; and
+    the buffers of ``inner`` named in ``buffers``, which it holds as fixed values while ``inner``
+    runs (their values as they are now: the scheduled module holds the weights it was made with).
+    It takes its arguments by ``inner.forward``'s signature, so that torch.export names the
+    graph's inputs as it names the model's; its submodule is ``inner``, a prefix the converter
+    leaves out of node names (:attr:`ROOT`)."""
 
     ROOT = "inner."
 
-    def __init__(self, inner: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], fixed: Collection[int]) -> None:
+    def __init__(self, inner: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], fixed: Collection[int],
+                 buffers: Collection[str] = ()) -> None:
         super().__init__()
         self.inner = inner
         leaves, self._spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
@@ -103,13 +119,24 @@ class WithFixedValues(nn.Module):
         args, kwargs = pytree.tree_unflatten([None if k in self._fixed else x for k, x in enumerate(leaves)],
                                              self._spec)
         self.call = (tuple(args), dict(kwargs))
+        # read now: while torch.export traces, the module's buffers are its stand-ins of unknown value
+        held = [(inner.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2], inner.get_buffer(name))
+                for name in buffers]
+        self._buffers_fixed = [(owner, key, FixedValue(real.detach().clone())) for owner, key, real in held]
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             leaves, spec = pytree.tree_flatten((args, kwargs))
             fixed_in = [self._fixed.get(k, x) for k, x in enumerate(leaves)]
             args, kwargs = pytree.tree_unflatten(fixed_in, spec)
-            with FixedValues():
-                return _real(self.inner(*args, **kwargs))
+            traced = [(owner, key, owner._buffers[key]) for owner, key, _ in self._buffers_fixed]
+            for owner, key, value in self._buffers_fixed:
+                owner._buffers[key] = value
+            try:
+                with FixedValues():
+                    return _real(self.inner(*args, **kwargs))
+            finally:
+                for owner, key, stand_in in traced:
+                    owner._buffers[key] = stand_in
 
         forward.__signature__ = inspect.signature(inner.forward)  # type: ignore[attr-defined]
         self.forward = forward
