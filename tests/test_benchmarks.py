@@ -512,6 +512,22 @@ def test_the_sweep_gives_a_model_the_inputs_its_errors_name() -> None:
         sweep.called(Regions(), config, {"input_ids": torch.ones(1, 20, dtype=torch.long)})
 
 
+def test_the_sweeps_largest_difference_leaves_out_a_model_that_draws_random_numbers(tmp_path: Path) -> None:
+    """A model that draws random numbers in eval (Informer samples its attention's keys) passes the
+    check where its draws happen to differ little: the report's largest difference is of the
+    models that draw none, and the one that draws is named apart, with its calls that draw."""
+    import argparse
+
+    equal = {"outcome": "equal", "opaque": 0, "operators": 10, "inputs": ["input_ids"], "form": "as made",
+             "seconds": 1.0}
+    rows = [{**equal, "model": "bert", "max_diff": 1e-6},
+            {**equal, "model": "informer", "max_diff": 2.9e-4, "draws": ["randint", "randint_1"]}]
+    _transformers_all().report(rows, argparse.Namespace(name="drawn", out=tmp_path))
+    text = (tmp_path / "drawn.md").read_text()
+    assert ("the largest difference from eager 1.0e-06 (bert) of those that draw no random numbers, and 2.9e-04 "
+            "for informer, which draws them (2 calls)") in text
+
+
 def test_the_sweeps_short_errors_keep_the_line_a_refusal_names() -> None:
     """The harness shortens an error to its head and end; the place in the model's code a refusal
     names is kept between them, or in the head where it starts there."""

@@ -16,7 +16,7 @@ from opsched.progress import Progress
 from opsched.structure import InputStructure
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "largest_difference", "placed_inputs",
-           "placed_model", "fresh_inputs", "verify_against"]
+           "placed_model", "fresh_inputs", "verify_against", "draws_random"]
 
 log = logging.getLogger("opsched")
 
@@ -103,7 +103,7 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1, integers: bool =
 def _why_apart(graph: Graph) -> str:
     """What may set a module's outputs apart from its model's: random numbers drawn in the model
     (no two calls of it agree), else a path its Python control flow took for the example only."""
-    drawn = [f"{n.name!r} ({n.attrs['target']})" for n in graph.nodes if _draws(n)]
+    drawn = [f"{n.name!r} ({n.attrs['target']})" for n in graph.nodes if draws_random(n)]
     if drawn:
         return (f"the model draws random numbers ({', '.join(drawn[:3])}), so no two of its calls agree: give it "
                 f"those numbers as an input where it takes them (ViTMAE's noise=), or pass verify=False")
@@ -138,7 +138,7 @@ def _traced_apart(model: nn.Module, call: InputStructure, xs: Sequence[torch.Ten
             f"the example inputs)")
 
 
-def _draws(node: Node) -> bool:
+def draws_random(node: Node) -> bool:
     """Whether a generic node draws random numbers: its overload may (``rand``, a dropout), and
     its arguments do not switch that off (an attention's ``dropout_p=0``, ``train=False``)."""
     from opsched.ir.ops.aten import arguments, overload
@@ -251,7 +251,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
             if a.shape != e.shape or a.dtype != e.dtype or err > tol:
                 arbiter = ""
                 if a.shape == e.shape and a.dtype == e.dtype and leaf is not None and e.is_floating_point() \
-                        and e.dtype != torch.float64 and not any(map(_draws, graph.nodes)):  # a draw: no arbiter
+                        and e.dtype != torch.float64 and not any(map(draws_random, graph.nodes)):  # a draw: no arbiter
                     truth = truth if truth is not None else _in_float64(model, call, xs) or []
                     fine, arbiter = _as_true(a, e, truth[leaf] if leaf < len(truth) else None, tol)
                     if fine:
@@ -259,7 +259,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                                  "%.3g, and as near the model's float64 output as the model%s", which, what, err, tol,
                                  arbiter)
                         continue
-                traced = None if leaf is None or any(map(_draws, graph.nodes)) else \
+                traced = None if leaf is None or any(map(draws_random, graph.nodes)) else \
                     _traced_apart(model, call, xs, leaf, e, tol, k == 0)
                 raise ExecutionError(f"on {which}, the scheduled module's {what} differs from the model's "
                                      f"(shape {tuple(a.shape)} against {tuple(e.shape)}, dtype "
