@@ -11,7 +11,9 @@ each further input its ``forward`` requires, made by its name, or that it names 
 without it (Bros's boxes, LXMERT's regions); for an encoder-decoder 8
 decoder tokens, and for a text-and-image model an image, with an image token placed before the
 text for each feature its ``get_image_features`` makes of it (as its processor places them)
-where it needs them, else the text alone; for a vision tower, an image's patches and
+where it needs them, in rows of patches beside their grid where it takes them so (Qwen2-VL's,
+the grid and the tokens' kinds fixed values), or beside its size (Mistral3's), else the text
+alone; for a vision tower, an image's patches and
 their grid, the grid a fixed value (``fixed_values=``: the tower sizes its tensors by its numbers);
 for a video model, a clip of its frames; for a forecaster, its context of past values. A timm
 backbone (DETR's) is made transformers' own of the same family where timm is not installed.
@@ -258,12 +260,18 @@ def as_checkpoints_name(config: Any) -> Any:
     """``config`` with the fields named that a checkpoint's config names and the default one
     holds as None: BLIP-2's and InstructBLIP's image token, InstructBLIP-Video's video token (their
     processors' tokenizers add it past the text model's vocabulary: the text vocabulary's size),
-    X-MOD's default language (the first it has adapters for); as it is otherwise."""
+    X-MOD's default language (the first it has adapters for); and the width a vision tower projects
+    its features to, its text model's, where the default config holds another (Qwen3-VL's 3584
+    beside its text's 4096: a checkpoint's config holds its own two, equal); as it is otherwise."""
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
     for key in ("image_token_index", "video_token_index"):
         if key in vars(config) and getattr(config, key) is None and isinstance(vocabulary, int):
             setattr(config, key, vocabulary)
+    vision, width = getattr(config, "vision_config", None), _field(text, "hidden_size")
+    for key in ("out_hidden_size", "text_hidden_size"):
+        if vision is not None and isinstance(_field(vision, key), int) and isinstance(width, int):
+            setattr(vision, key, width)
     languages = _field(config, "languages")
     if "default_language" in vars(config) and config.default_language is None and languages:
         config.default_language = list(languages)[0]
@@ -306,6 +314,12 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
         placed = image_placed(model, config, inputs)
         if placed is not None:  # where the model reads its image at its token (BLIP-2), that before text without it
             candidates = {"image placed": placed, **candidates}
+        gridded = gridded_image(model, config, inputs)
+        if gridded is not None:  # Qwen2-VL's: its image in rows of patches beside their grid
+            candidates = {"image placed, in patches": gridded, **candidates}
+        sized = sized_image(model, config, inputs)
+        if sized is not None:  # Mistral3's: its image beside its size
+            candidates = {"image placed, with its size": sized, **candidates}
         candidates["text alone"] = {k: v for k, v in inputs.items() if k != "pixel_values"}
     if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
         candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
@@ -340,8 +354,7 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     cannot be counted."""
     import torch
 
-    named = (getattr(config, key, None) for key in ("image_token_id", "image_token_index", "video_token_index"))
-    token = next((t for t in named if t is not None), None)
+    token = _image_token(config)
     rows = _image_rows(model, config, inputs) if isinstance(token, int) else 0
     if not rows:
         return None
@@ -351,6 +364,44 @@ def image_placed(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, A
     # the text's random tokens (3-99, fewer where the vocabulary is smaller) hold no image token: Mistral3's is 10
     text = inputs["input_ids"].masked_fill(inputs["input_ids"] == token, 4 if token == 3 else 3)
     return {**inputs, "input_ids": torch.cat([torch.full((1, rows), token), text], dim=1)}
+
+
+def _image_token(config: Any) -> int | None:
+    """The token a text-and-image model's text holds in its image's place (its video's where it
+    reads a clip), None where its config names none."""
+    named = (getattr(config, key, None) for key in ("image_token_id", "image_token_index", "video_token_index"))
+    return next((t for t in named if t is not None), None)
+
+
+def gridded_image(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """For a text-and-image model that takes its image as its vision tower does, in rows of
+    patches beside their grid (``image_grid_thw``: Qwen2-VL's and its kin's, as their processors
+    make it), ``inputs`` with that image (:func:`_patches`, of the frames a patch of its tower
+    spans) and its tokens placed (:func:`image_placed`), and where the model takes them, the
+    tokens' kinds (``mm_token_type_ids``: 1 at the image's tokens, as the processor marks them);
+    None for a model of another kind, or one whose image tokens cannot be counted."""
+    features = getattr(model, "get_image_features", None)
+    if features is None or "image_grid_thw" not in inspect.signature(features).parameters:
+        return None
+    patches, grid = _patches(config, _size(config, "temporal_patch_size", 1))
+    placed = image_placed(model, config, {**inputs, "pixel_values": patches, "image_grid_thw": grid})
+    if placed is not None and "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        placed["mm_token_type_ids"] = (placed["input_ids"] == _image_token(config)).long()
+    return placed
+
+
+def sized_image(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """For a text-and-image model that takes its image's size beside it (``image_sizes``:
+    Mistral3's, LLaVA-NeXT's, as their processors make it), ``inputs`` with that size, (height,
+    width), and its tokens placed (:func:`image_placed`); None for a model of another kind, or
+    one whose image tokens cannot be counted so."""
+    features = getattr(model, "get_image_features", None)
+    if features is None or "image_sizes" not in inspect.signature(features).parameters:
+        return None
+    import torch
+
+    image = inputs["pixel_values"]
+    return image_placed(model, config, {**inputs, "image_sizes": torch.tensor([list(image.shape[-2:])])})
 
 
 def _image_rows(model: Any, config: Any, inputs: dict[str, Any]) -> int:
@@ -365,8 +416,8 @@ def _image_rows(model: Any, config: Any, inputs: dict[str, Any]) -> int:
         return queries * frames if isinstance(queries, int) and hasattr(model, "get_placeholder_mask") else 0
     try:
         with torch.no_grad():
-            # with the query former's text where it reads one (InstructBLIP's instruction)
-            beside = {k: v for k, v in inputs.items() if k == "qformer_input_ids"}
+            # with the query former's text where it reads one (InstructBLIP's instruction), the image's grid or size
+            beside = {k: v for k, v in inputs.items() if k in ("qformer_input_ids", "image_grid_thw", "image_sizes")}
             features = model.get_image_features(pixel_values=inputs["pixel_values"], **beside)
     except Exception:  # noqa: BLE001 (sizes beside the image, which the processor knows: the text alone then)
         return 0
@@ -396,15 +447,26 @@ def patch_grids(model: Any, config: Any, grid: str) -> dict[str, dict[str, Any]]
     merge = _size(config, "spatial_merge_size", 1)
     side, frames = _size(config, "patch_size", 14), _size(config, "temporal_patch_size", 1)
     channels = _size(config, "in_channels", _size(config, "num_channels", 3))
-    rows = 4 * merge
     params = inspect.signature(model.forward).parameters
     first = next(n for n, p in params.items() if n != grid and p.default is p.empty and p.kind is not p.VAR_KEYWORD)
-    beside = {grid: torch.tensor([[1, rows, rows]])}
+    patches, grid_thw = _patches(config, 1)
+    beside = {grid: grid_thw}
     if "merge_sizes" in params:  # VideoLLaMA3's, an image's merge
         beside["merge_sizes"] = torch.tensor([merge])
-    candidates = {f"patches of {t} frames": {first: torch.randn(rows * rows, channels * t * side * side), **beside}
+    candidates = {f"patches of {t} frames": {first: _patches(config, t)[0], **beside}
                   for t in dict.fromkeys((frames, 1, 2))}
-    return {**candidates, "patches as images": {first: torch.randn(rows * rows, channels, side, side), **beside}}
+    return {**candidates, "patches as images": {first: patches.reshape(len(patches), channels, side, side), **beside}}
+
+
+def _patches(config: Any, frames: int) -> tuple[Any, Any]:
+    """An image of 4 x 4 merged patches (a merge of m x m patches a token) as a vision tower takes
+    it: a row per patch, of channels x ``frames`` x side x side values, and its grid of (frames,
+    rows, columns) patches."""
+    import torch
+
+    merge, side = _size(config, "spatial_merge_size", 1), _size(config, "patch_size", 14)
+    channels, rows = _size(config, "in_channels", _size(config, "num_channels", 3)), 4 * merge
+    return torch.randn(rows * rows, channels * frames * side * side), torch.tensor([[1, rows, rows]])
 
 
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:
@@ -614,8 +676,9 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         errors = [r for r in reasons if not r.endswith(" parameters")]
         return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
     # a tower's grid of patches (and VideoLLaMA3's merges) sets its sizes by value: fixed, as a
-    # deployment at one image size fixes it
-    fixed = [k for k in inputs if k.endswith("grid_thw") or k in ("merge_sizes", "spatial_shapes")]
+    # deployment at one image size fixes it; and a text-and-image model's prompt layout (which
+    # tokens are the image's, from which Qwen2-VL computes its positions), as one template fixes it
+    fixed = [k for k in inputs if k.endswith("grid_thw") or k in ("merge_sizes", "spatial_shapes", "mm_token_type_ids")]
     if fixed:
         row["fixed"] = fixed
     start = time.perf_counter()

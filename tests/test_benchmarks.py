@@ -397,7 +397,7 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
     config = sweep.shrunk(CONFIG_MAPPING["llava"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
     candidates = sweep.candidate_inputs(model, config)
-    assert list(candidates) == ["image placed", "as made", "text alone"]
+    assert list(candidates) == ["image placed", "as made", "text alone", "a clip"]
     ids = candidates["image placed"]["input_ids"]
     assert ids.shape == (1, 576 + 16) and (ids == config.image_token_id).sum() == 576
     assert model.get_input_embeddings().num_embeddings > config.image_token_id
@@ -413,6 +413,51 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
     assert (placed["input_ids"] == config.image_token_index).sum() == config.num_query_tokens == 32
     with torch.no_grad():
         model(**placed)  # the 32 tokens take the 32 queries' outputs
+
+
+def test_a_text_and_image_model_that_takes_patches_and_their_grid_is_given_them_with_its_tokens() -> None:
+    """``transformers_all.candidate_inputs`` for Qwen2-VL (built, called in eager PyTorch): first,
+    its image as its processor makes it, a row per patch (3 channels x 2 frames x 14 x 14) of an
+    8 x 8 grid, one image token per 2 x 2 merge of patches (16) before the text, and the tokens'
+    kinds marking them, from which it computes its positions."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sweep = _transformers_all()
+    config = sweep.shrunk(CONFIG_MAPPING["qwen2_vl"](), sweep.SMALL)
+    model = AutoModel.from_config(config).eval()
+    form, inputs = next(iter(sweep.candidate_inputs(model, config).items()))
+    assert form == "image placed, in patches"
+    assert sorted(inputs) == ["image_grid_thw", "input_ids", "mm_token_type_ids", "pixel_values"]
+    assert inputs["pixel_values"].shape == (64, 3 * 2 * 14 * 14) and inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
+    placed = inputs["input_ids"] == config.image_token_id
+    assert placed.sum() == 64 // 4 and torch.equal(inputs["mm_token_type_ids"], placed.long())
+    with torch.no_grad():
+        assert model(**inputs).last_hidden_state.shape == (1, 16 + 16, 64)
+    # Qwen3-VL's default config projects its image to 3584 beside its text's 4096; a checkpoint's, to its text's
+    config = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["qwen3_vl"](), sweep.SMALL))
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 64
+
+
+def test_a_text_and_image_model_that_takes_its_images_size_is_given_it_with_its_tokens() -> None:
+    """Mistral3 (built, called in eager PyTorch) is given its image at its config's size beside
+    that size, (height, width), and a token for each feature its tower makes of it: 1540 / 14 =
+    110 patches a side, merged 2 x 2 (55 x 55)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModel
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    sweep = _transformers_all()
+    config = sweep.shrunk(CONFIG_MAPPING["mistral3"](), sweep.SMALL)
+    model = AutoModel.from_config(config).eval()
+    form, inputs = next(iter(sweep.candidate_inputs(model, config).items()))
+    assert form == "image placed, with its size" and inputs["image_sizes"].tolist() == [[1540, 1540]]
+    assert (inputs["input_ids"] == config.image_token_index).sum() == 55 * 55
+    with torch.no_grad():
+        model(**inputs)
 
 
 def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
