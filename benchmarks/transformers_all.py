@@ -261,16 +261,19 @@ def as_checkpoints_name(config: Any) -> Any:
     holds as None: BLIP-2's and InstructBLIP's image token, InstructBLIP-Video's video token (their
     processors' tokenizers add it past the text model's vocabulary: the text vocabulary's size),
     X-MOD's default language (the first it has adapters for); and the width a vision tower projects
-    its features to, its text model's, where the default config holds another (Qwen3-VL's 3584
-    beside its text's 4096: a checkpoint's config holds its own two, equal); as it is otherwise."""
+    its features to, its text model's where the image takes places in the text, where the default
+    config holds another (Qwen3-VL's 3584 beside its text's 4096, Janus's 2048: a checkpoint's
+    config holds its own two, equal); as it is otherwise."""
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
     for key in ("image_token_index", "video_token_index"):
         if key in vars(config) and getattr(config, key) is None and isinstance(vocabulary, int):
             setattr(config, key, vocabulary)
-    vision, width = getattr(config, "vision_config", None), _field(text, "hidden_size")
-    for key in ("out_hidden_size", "text_hidden_size"):
-        if vision is not None and isinstance(_field(vision, key), int) and isinstance(width, int):
+    vision = getattr(config, "vision_config", None)
+    width = next((w for key in WIDTHS if isinstance(w := _field(text, key), int)), None)
+    placed = _image_token(config) is not None  # else a projection to a space of its own (CLIP's)
+    for key in ("out_hidden_size", "text_hidden_size", *(("projection_dim",) if placed else ())):
+        if vision is not None and isinstance(_field(vision, key), int) and width is not None:
             setattr(vision, key, width)
     languages = _field(config, "languages")
     if "default_language" in vars(config) and config.default_language is None and languages:

@@ -439,6 +439,11 @@ def test_a_text_and_image_model_that_takes_patches_and_their_grid_is_given_them_
     # Qwen3-VL's default config projects its image to 3584 beside its text's 4096; a checkpoint's, to its text's
     config = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["qwen3_vl"](), sweep.SMALL))
     assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 64
+    # Janus's to 2048 beside its text's 4096; CLIP's to a space of its own (no image token in a text), left
+    config = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["janus"](), sweep.SMALL))
+    assert config.vision_config.projection_dim == config.text_config.hidden_size == 64
+    assert sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["clip"](), sweep.SMALL)).vision_config.projection_dim \
+        == 512
 
 
 def test_a_text_and_image_model_that_takes_its_images_size_is_given_it_with_its_tokens() -> None:
