@@ -395,16 +395,17 @@ def gridded_image(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, 
 
 def sized_image(model: Any, config: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """For a text-and-image model that takes its image's size beside it (``image_sizes``:
-    Mistral3's, LLaVA-NeXT's, as their processors make it), ``inputs`` with that size, (height,
-    width), and its tokens placed (:func:`image_placed`); None for a model of another kind, or
-    one whose image tokens cannot be counted so."""
+    Mistral3's, as its processor makes it), ``inputs`` with an image of 224 x 224 (its config's
+    size is the largest it takes: Mistral3's 1540 would be 3,025 tokens), that size, and its
+    tokens placed (:func:`image_placed`); None for a model of another kind, or one whose image
+    tokens cannot be counted so."""
     features = getattr(model, "get_image_features", None)
     if features is None or "image_sizes" not in inspect.signature(features).parameters:
         return None
     import torch
 
-    image = inputs["pixel_values"]
-    return image_placed(model, config, {**inputs, "image_sizes": torch.tensor([list(image.shape[-2:])])})
+    image = torch.randn(*inputs["pixel_values"].shape[:-2], 224, 224)
+    return image_placed(model, config, {**inputs, "pixel_values": image, "image_sizes": torch.tensor([[224, 224]])})
 
 
 def _image_rows(model: Any, config: Any, inputs: dict[str, Any]) -> int:
@@ -678,10 +679,11 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         row.pop("form", None)
         errors = [r for r in reasons if not r.endswith(" parameters")]
         return {**row, "outcome": "not built" if errors else "too large", "error": (errors or reasons)[0]}
-    # a tower's grid of patches (and VideoLLaMA3's merges) sets its sizes by value: fixed, as a
-    # deployment at one image size fixes it; and a text-and-image model's prompt layout (which
+    # a tower's grid of patches (and VideoLLaMA3's merges, an image's size beside it) sets its sizes by
+    # value: fixed, as a deployment at one image size fixes it; and a text-and-image model's prompt layout (which
     # tokens are the image's, from which Qwen2-VL computes its positions), as one template fixes it
-    fixed = [k for k in inputs if k.endswith("grid_thw") or k in ("merge_sizes", "spatial_shapes", "mm_token_type_ids")]
+    fixed = [k for k in inputs
+             if k.endswith("grid_thw") or k in ("merge_sizes", "spatial_shapes", "mm_token_type_ids", "image_sizes")]
     if fixed:
         row["fixed"] = fixed
     start = time.perf_counter()

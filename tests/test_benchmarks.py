@@ -447,9 +447,9 @@ def test_a_text_and_image_model_that_takes_patches_and_their_grid_is_given_them_
 
 
 def test_a_text_and_image_model_that_takes_its_images_size_is_given_it_with_its_tokens() -> None:
-    """Mistral3 (built, called in eager PyTorch) is given its image at its config's size beside
-    that size, (height, width), and a token for each feature its tower makes of it: 1540 / 14 =
-    110 patches a side, merged 2 x 2 (55 x 55)."""
+    """Mistral3 (built, called in eager PyTorch) is given an image of 224 x 224 (it takes any size
+    up to its config's 1540) beside that size, (height, width), and a token for each feature its
+    tower makes of it: 224 / 14 = 16 patches a side, merged 2 x 2 (8 x 8)."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -459,8 +459,9 @@ def test_a_text_and_image_model_that_takes_its_images_size_is_given_it_with_its_
     config = sweep.shrunk(CONFIG_MAPPING["mistral3"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
     form, inputs = next(iter(sweep.candidate_inputs(model, config).items()))
-    assert form == "image placed, with its size" and inputs["image_sizes"].tolist() == [[1540, 1540]]
-    assert (inputs["input_ids"] == config.image_token_index).sum() == 55 * 55
+    assert form == "image placed, with its size" and inputs["image_sizes"].tolist() == [[224, 224]]
+    assert inputs["pixel_values"].shape == (1, 3, 224, 224)
+    assert (inputs["input_ids"] == config.image_token_index).sum() == 8 * 8
     with torch.no_grad():
         model(**inputs)
 

@@ -765,6 +765,41 @@ def test_a_model_output_comes_back_with_its_fields_in_the_order_the_model_set_th
     assert_close(tensors(got), tensors(want))
 
 
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_a_model_output_whose_fields_are_set_in_another_order_while_traced_returns_each_in_its_place(
+        tracer: str) -> None:
+    """Mistral3's vision output sets its pooled features before its hidden states when compiled
+    and after them when eager, so the trace's outputs came in another order than the eager
+    output's leaves: each tensor went to another field (the check caught it, shapes apart, and
+    refused the model). The graph's outputs and the output's leaves are both numbered in the
+    class's fields' order now, whatever order either set them in."""
+    transformers = pytest.importorskip("transformers")
+
+    @dataclasses.dataclass
+    class Pooled(transformers.utils.ModelOutput):
+        last_hidden_state: torch.Tensor | None = None
+        hidden_states: tuple[torch.Tensor, ...] | None = None
+        pooler_output: torch.Tensor | None = None
+
+    class SetsOtherwiseWhenCompiled(nn.Module):
+        def forward(self, x: torch.Tensor) -> Pooled:
+            out = Pooled(last_hidden_state=x.relu())
+            if torch.compiler.is_compiling():
+                out.pooler_output = x.mean(1)
+                out.hidden_states = (x.sigmoid(),)
+            else:
+                out.hidden_states = (x.sigmoid(),)
+                out.pooler_output = x.mean(1)
+            return out
+
+    model, x = SetsOtherwiseWhenCompiled().eval(), torch.randn(2, 5, 4)
+    module = opsched.optimize(model, x, cost="analytic", tracer=tracer)
+    got, want = module(x), model(x)
+    assert list(got) == list(want) == ["last_hidden_state", "hidden_states", "pooler_output"]
+    assert [tuple(t.shape) for t in tensors(got)] == [(2, 5, 4), (2, 5, 4), (2, 4)]
+    assert_close(tensors(got), tensors(want))
+
+
 class TokenTypes(nn.Module):
     """Ids into a table of two rows, as BERT's token types are."""
 

@@ -54,6 +54,7 @@ from opsched.frontends.model_source import call_place, call_site
 from opsched.frontends.read_numbers import ReadNumbers, data_sized
 from opsched.ir import Graph, tensor_type
 from opsched.ir.ops.aten import encode_args, generic_kind, target_of
+from opsched.structure.trees import canonical_order
 
 __all__ = ["Const", "ExportConverter"]
 
@@ -149,7 +150,9 @@ class ExportConverter:
                     self.env[n] = self._input(n)
             elif n.op == "output":
                 kinds = [spec.kind for spec in sig.output_specs]
-                outputs = self._outputs([v for v, kind in zip(n.args[0], kinds) if kind == OutputKind.USER_OUTPUT])
+                returned = [v for v, kind in zip(n.args[0], kinds) if kind == OutputKind.USER_OUTPUT]
+                order = canonical_order(self.program.call_spec.out_spec)
+                outputs = self._outputs([returned[k] for k in order] if len(order) == len(returned) else returned)
                 writes = self._writes(n)
             elif n.op == "call_function":
                 self.env[n] = self._call(n)
@@ -197,8 +200,9 @@ class ExportConverter:
         return self.ctx.b.input(n.name, tuple(int(d) for d in v.shape), tensor_type(v).dtype)
 
     def _outputs(self, returned: Any) -> list[str]:
-        """The graph's outputs: the returned tensors in pytree order. A returned number, string or
-        None is fixed (``OutputStructure`` keeps it from the model's own output)."""
+        """The graph's outputs: the returned tensors in pytree order (the program's output leaves,
+        put in :func:`~opsched.structure.trees.canonical_order` by :meth:`run`). A returned
+        number, string or None is fixed (``OutputStructure`` keeps it from the model's own output)."""
         out: list[str] = []
         for leaf in pytree.tree_leaves(returned):
             if not isinstance(leaf, torch.fx.Node):  # a literal

@@ -33,6 +33,7 @@ from opsched.frontends._common import (
 from opsched.frontends.torch_alias import Aliases
 from opsched.frontends.torch_ops import FUNCTION_CONVERTERS, METHOD_CONVERTERS, MODULE_CONVERTERS, Converter, Value
 from opsched.ir import Graph, tensor_type
+from opsched.structure.trees import canonical_order
 
 __all__ = ["fx_graph", "mutated_by"]
 
@@ -254,11 +255,12 @@ class _FxConverter:
         return self.ctx.b.build(outputs, writes)
 
     def _outputs(self, returned: Any) -> list[str]:
-        """The graph's outputs: the tensors the model returns, in pytree order (the order
-        :class:`opsched.module.OutputStructure` numbers them in), a node's own container
-        (a split's pieces) expanded in place."""
+        """The graph's outputs: the tensors the model returns, in pytree order as
+        :class:`opsched.module.OutputStructure` numbers them (:func:`canonical_order`), a node's
+        own container (a split's pieces) expanded in place."""
         out: list[str] = []
-        for leaf in pytree.tree_leaves(returned):
+        leaves, spec = pytree.tree_flatten(returned)
+        for leaf in (leaves[k] for k in canonical_order(spec)):
             value = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
             for v in pytree.tree_leaves(value):
                 if isinstance(leaf, torch.fx.Node) and self.ctx.holds(v):

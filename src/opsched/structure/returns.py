@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from opsched.structure.trees import Call, Pickled, leaf_slots
+from opsched.structure.trees import Call, Pickled, canonical_order, leaf_slots
 
 __all__ = ["OutputStructure"]
 
@@ -54,10 +54,15 @@ class OutputStructure(Pickled):
         Where it came from ``call`` (canonical, as :meth:`InputStructure.call` makes it) whose
         tensors are ``inputs``, what it hands back of them is noted."""
         leaves, spec = pytree.tree_flatten(example)
-        slots, constants = leaf_slots(leaves)
+        order = canonical_order(spec)  # the graph's outputs are numbered so, whichever order the trace met
+        numbered, held = leaf_slots([leaves[k] for k in order])
+        slots: list[int | None] = [None] * len(leaves)
+        constants: list[Any] = [None] * len(leaves)
+        for k, slot, constant in zip(order, numbered, held):
+            slots[k], constants[k] = slot, constant
         given = {id(t): k for k, t in enumerate(inputs)}
         passed = tuple((s, given[id(leaf)]) for leaf, s in zip(leaves, slots) if s is not None and id(leaf) in given)
-        return cls(spec, slots, constants, passed, _returned(example, call) if call is not None else (),
+        return cls(spec, tuple(slots), tuple(constants), passed, _returned(example, call) if call is not None else (),
                    _reordered(example, pytree.tree_unflatten(leaves, spec)))
 
     @classmethod

@@ -3,8 +3,9 @@ and pickling a tree spec as plain data."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +37,28 @@ def _spec_from_state(state: Any) -> pytree.TreeSpec:
         return pytree.tree_structure(0)  # the leaf
     kind, context, children = state
     return pytree.TreeSpec(kind, context, [_spec_from_state(c) for c in children])
+
+
+def canonical_order(spec: pytree.TreeSpec) -> list[int]:
+    """The positions of ``spec``'s leaves, in the order in which a model's output is numbered the
+    same however it was made: a Hugging Face ``ModelOutput`` (a dataclass that is a mapping) holds
+    its fields in the order the model set them, and a model may set them in another order while
+    traced (Mistral3's vision output sets its pooled features before its hidden states when
+    compiling, after them when eager), so its children count in the order of its class's fields.
+    Every other node keeps its own order."""
+    if spec.is_leaf():
+        return [0]
+    blocks, start = [], 0
+    for child in spec.children():
+        blocks.append([start + k for k in canonical_order(child)])
+        start += child.num_leaves
+    kind = spec.type
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind) and issubclass(kind, Mapping) and \
+            isinstance(spec.context, list):
+        rank = {f.name: k for k, f in enumerate(dataclasses.fields(kind))}
+        keyed = sorted(zip(spec.context, blocks), key=lambda item: rank.get(item[0], len(rank)))
+        blocks = [block for _, block in keyed]
+    return [k for block in blocks for k in block]
 
 
 def leaf_slots(leaves: Sequence[Any], fixed: Collection[int] = ()
