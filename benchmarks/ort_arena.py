@@ -1,22 +1,23 @@
-"""ONNX Runtime's CPU memory arena in opsched's sessions: the memory it holds, and what it saves
-a call.
+"""ONNX Runtime's CPU memory arena in opsched's sessions: the memory it holds, and the time it saves.
 
 An arena keeps the most memory its session ever took for as long as the session lives. A plan
 holds a session per segment, and ``torch.compile(model, backend="opsched")`` a plan per graph
-and shape, so the arenas add up. opsched's sessions are built without one
-(``ort_program.ort_session``). This benchmark puts the arena back, for comparison.
+and shape, so the arenas add up. Without one, though, every call allocates its temporaries
+afresh, and a large one is fresh memory the system must map and zero each time. opsched keeps
+ONNX Runtime's default (an arena). This benchmark takes it away, for comparison.
 
 - *Memory*: the peak resident memory of a fresh process (``ru_maxrss``) that runs Mistral3
   through the backend, each way. Mistral3 is shrunk by the transformers sweep's rule and given a
   1120 x 1120 image, so each of its vision tower's attention layers takes a 6400 x 6400 mask. It
   is 16 graphs, and eager PyTorch's own peak is printed beside.
 - *Latency*: per call, for what ``optimize()`` returns (the sequential plan, one session) on
-  corpus and zoo models. Each model is built both ways in one process and called in interleaved
-  rounds of 20 calls. The figure is the median per-round ratio, arena off over arena on (below 1:
-  faster without).
+  corpus and zoo models, and on one attention call (``attention:T,H,W``: tokens, heads, head
+  width; its scores are the large temporary). Each is built both ways in one process and called
+  in interleaved rounds of 20 calls. The figure is the median per-round ratio, arena off over
+  arena on (above 1: slower without).
 
     python benchmarks/ort_arena.py
-    python benchmarks/ort_arena.py --models bert googlenet --rounds 21 --side 672
+    python benchmarks/ort_arena.py --models bert attention:512,12,64 --rounds 21 --side 672
 """
 
 from __future__ import annotations
@@ -40,14 +41,19 @@ import opsched.backends.ort_program as ort_program  # noqa: E402
 _MADE = ort_program.inference_session
 
 
-def _with_arena(model: object, options: object, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> object:
-    options.enable_cpu_mem_arena = True  # type: ignore[attr-defined]
+def _without_arena(model: object, options: object, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> object:
+    options.enable_cpu_mem_arena = False  # type: ignore[attr-defined]
     return _MADE(model, options, providers)
 
 
 def arena(on: bool) -> None:
-    """Build sessions from here on with ONNX Runtime's arena (as its default is), or as opsched does."""
-    ort_program.inference_session = _with_arena if on else _MADE  # type: ignore[assignment]
+    """Build sessions from here on as opsched does (with ONNX Runtime's arena), or without one."""
+    ort_program.inference_session = _MADE if on else _without_arena  # type: ignore[assignment]
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
 def memory(side: int, on: bool) -> dict[str, float]:
@@ -81,12 +87,19 @@ def latency(name: str, rounds: int) -> float:
     from opsched.models import example_inputs, get_model
     from opsched.testing.corpus import corpus
 
-    model, inputs = corpus()[name].build() if name in corpus() else (get_model(name).eval(), example_inputs(name))
+    if name.startswith("attention:"):
+        tokens, heads, width = (int(n) for n in name.partition(":")[2].split(","))
+        q = torch.randn(1, heads, tokens, width)
+        model, inputs = Attention().eval(), (q, q, q)
+    elif name in corpus():
+        model, inputs = corpus()[name].build()
+    else:
+        model, inputs = get_model(name).eval(), example_inputs(name)
     modules = {}
     for on in (True, False):
         arena(on)
         modules[on] = opsched.optimize(model, inputs, cost="analytic", scheduler="sequential", progress=False)
-    arena(False)
+    arena(True)
 
     def call(on: bool) -> None:
         m = modules[on]
@@ -110,7 +123,9 @@ def latency(name: str, rounds: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["bert", "vit", "resnet", "googlenet", "squeezenet1_1"])
+    p.add_argument("--models", nargs="+", default=["bert", "vit", "resnet", "googlenet", "squeezenet1_1",
+                                                   "attention:197,12,64", "attention:512,12,64",
+                                                   "attention:2048,4,16"])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--side", type=int, default=1120, help="Mistral3's image side, pixels (a multiple of 28)")
     p.add_argument("--memory-worker", choices=["on", "off"], help=argparse.SUPPRESS)

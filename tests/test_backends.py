@@ -264,33 +264,6 @@ class _FilledByADouble(torch.nn.Module):
         return torch.ones_like(x).fill_(self.scale) + y
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the process's resident memory from /proc")
-def test_a_session_gives_back_the_memory_a_call_took() -> None:
-    """A plan's ONNX Runtime session holds no arena: after calls whose intermediate is 64 MiB (a
-    4096 x 4096 outer product, softmaxed), the process holds under a quarter of that more than
-    before the first. With ORT's default arena it held 132 MiB more, for as long as the session
-    lived, and a torch.compile'd model holds a session per segment of a plan per graph and shape."""
-
-    class Outer(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (x.unsqueeze(-1) * x.unsqueeze(-2)).softmax(-1).sum(-1)
-
-    x = torch.randn(1, 4096)
-    module = opsched.optimize(Outer().eval(), x, cost="analytic", verify=False)
-    with torch.no_grad():
-        before = _resident_bytes()
-        for _ in range(3):
-            out = module(x)
-        held = _resident_bytes() - before
-    assert_close(out, Outer()(x))
-    assert held < 16 * 2**20, f"{held / 2**20:.1f} MiB held after the calls"
-
-
 def test_a_fill_by_a_tensor_of_another_type_takes_the_filled_ones_type_in_a_session() -> None:
     model, x = _FilledByADouble(), torch.randn(3, 4)
     g = opsched.from_torch(model, x)

@@ -51,11 +51,10 @@ def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = Non
     # and only within a run: what runs between calls (the caller's torch code) needs them too
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")
-    # no arena: an arena keeps the most memory a session ever took for as long as the session
-    # lives, and a plan holds a session per segment, a torch.compile'd model a plan per graph and
-    # shape (Mistral3 at 1120 x 1120 through the backend: a 7.3 GB peak with arenas, 3.0 GB
-    # without), while calls ran as fast without (0.98-1.01x: benchmarks/ort_arena.py)
-    so.enable_cpu_mem_arena = False
+    # ORT's arena stays: it keeps the most memory a session ever took for as long as the session
+    # lives (Mistral3 at 1120 x 1120 through torch.compile: 7.3 GB with arenas, 3.0 GB without),
+    # but without it a call whose temporaries are large maps fresh memory each time (an attention
+    # of 2,048 tokens: 3.2x the time); benchmarks/ort_arena.py measures both
     so.log_severity_level = 3
     return inference_session(model, so)
 
