@@ -54,7 +54,7 @@ def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = Non
     # ORT's arena stays: it keeps the most memory a session ever took for as long as the session
     # lives (Mistral3 at 1120 x 1120 through torch.compile: 7.3 GB with arenas, 3.0 GB without),
     # but without it a call whose temporaries are large maps fresh memory each time (an attention
-    # of 2,048 tokens: 3.2x the time); benchmarks/ort_arena.py measures both
+    # of 2,048 tokens: 3.9x the time); benchmarks/ort_arena.py measures both
     so.log_severity_level = 3
     return inference_session(model, so)
 
