@@ -1,10 +1,11 @@
 """ONNX Runtime's CPU memory arena in opsched's sessions: the memory it holds, and the time it saves.
 
-An arena keeps the most memory its session ever took for as long as the session lives. A plan
-holds a session per segment, and ``torch.compile(model, backend="opsched")`` a plan per graph
-and shape, so the arenas add up. Without one, though, every call allocates its temporaries
-afresh, and a large one is fresh memory the system must map and zero each time. opsched keeps
-ONNX Runtime's default (an arena). This benchmark takes it away, for comparison.
+An arena keeps the most memory it ever held for as long as it lives. A plan holds a session per
+segment, and ``torch.compile(model, backend="opsched")`` a plan per graph and shape, so one
+arena a session adds up. Without an arena, though, every call allocates its temporaries
+afresh, and a large one is fresh memory the system must map and zero each time. opsched's
+sessions share one arena, registered in ONNX Runtime's environment (``ort_program.shared_arena``).
+This benchmark compares that with ONNX Runtime's default (an arena each) and with none:
 
 - *Memory*: the peak resident memory of a fresh process (``ru_maxrss``) that runs Mistral3
   through the backend, each way. Mistral3 is shrunk by the transformers sweep's rule and given a
@@ -12,9 +13,9 @@ ONNX Runtime's default (an arena). This benchmark takes it away, for comparison.
   is 16 graphs, and eager PyTorch's own peak is printed beside.
 - *Latency*: per call, for what ``optimize()`` returns (the sequential plan, one session) on
   corpus and zoo models, and on one attention call (``attention:T,H,W``: tokens, heads, head
-  width; its scores are the large temporary). Each is built both ways in one process and called
-  in interleaved rounds of 20 calls. The figure is the median per-round ratio, arena off over
-  arena on (above 1: slower without).
+  width; its scores are the large temporary). Each is built all three ways in one process and
+  called in interleaved rounds of 20 calls. The figures are median per-round ratios over an arena
+  each (below 1: faster than ONNX Runtime's default).
 
     python benchmarks/ort_arena.py
     python benchmarks/ort_arena.py --models bert attention:512,12,64 --rounds 21 --side 672
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,16 +41,20 @@ import opsched  # noqa: E402
 import opsched.backends.ort_program as ort_program  # noqa: E402
 
 _MADE = ort_program.inference_session
+SETTINGS = ("shared", "own", "none")  # opsched's (one arena for all sessions), one each (ORT's default), none
 
 
-def _without_arena(model: object, options: object, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> object:
-    options.enable_cpu_mem_arena = False  # type: ignore[attr-defined]
-    return _MADE(model, options, providers)
+def _made_as(setting: str) -> Any:
+    def made(model: Any, options: Any, providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> Any:
+        options.add_session_config_entry("session.use_env_allocators", "1" if setting == "shared" else "0")
+        options.enable_cpu_mem_arena = setting != "none"
+        return _MADE(model, options, providers)
+    return made
 
 
-def arena(on: bool) -> None:
-    """Build sessions from here on as opsched does (with ONNX Runtime's arena), or without one."""
-    ort_program.inference_session = _MADE if on else _without_arena  # type: ignore[assignment]
+def arena(setting: str) -> None:
+    """Build sessions from here on with ``setting``, one of :data:`SETTINGS`."""
+    ort_program.inference_session = _made_as(setting)
 
 
 class Attention(torch.nn.Module):
@@ -56,13 +62,13 @@ class Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
-def memory(side: int, on: bool) -> dict[str, float]:
+def memory(side: int, setting: str) -> dict[str, float]:
     """In this process: Mistral3 through ``torch.compile(backend="opsched")``, its peak RSS in GB."""
     import resource
 
     import transformers_all as sweep
 
-    arena(on)
+    arena(setting)
     torch.manual_seed(0)
     config = sweep.as_checkpoints_name(sweep.shrunk(sweep.default_config("mistral3"), sweep.SMALL))
     from transformers import AutoModel
@@ -82,8 +88,8 @@ def memory(side: int, on: bool) -> dict[str, float]:
             "seconds": time.perf_counter() - start}
 
 
-def latency(name: str, rounds: int) -> float:
-    """Median per-round ratio of a call's time, arena off over arena on, for ``name``'s sequential plan."""
+def latency(name: str, rounds: int) -> dict[str, float]:
+    """Per setting, the median per-round ratio of a call's time over an arena each (ORT's default)."""
     from opsched.models import example_inputs, get_model
     from opsched.testing.corpus import corpus
 
@@ -96,29 +102,30 @@ def latency(name: str, rounds: int) -> float:
     else:
         model, inputs = get_model(name).eval(), example_inputs(name)
     modules = {}
-    for on in (True, False):
-        arena(on)
-        modules[on] = opsched.optimize(model, inputs, cost="analytic", scheduler="sequential", progress=False)
-    arena(True)
+    for setting in SETTINGS:
+        arena(setting)
+        modules[setting] = opsched.optimize(model, inputs, cost="analytic", scheduler="sequential", progress=False)
+    ort_program.inference_session = _MADE
 
-    def call(on: bool) -> None:
-        m = modules[on]
+    def call(setting: str) -> None:
+        m = modules[setting]
         _ = m(**inputs) if isinstance(inputs, dict) else m(*inputs) if isinstance(inputs, tuple) else m(inputs)
 
-    ratios = []
+    ratios: dict[str, list[float]] = {s: [] for s in SETTINGS}
     with torch.no_grad():
-        for on in (True, False):
+        for setting in SETTINGS:
             for _ in range(20):
-                call(on)
+                call(setting)
         for r in range(rounds):
             took = {}
-            for on in (True, False) if r % 2 else (False, True):
+            for setting in SETTINGS[r % 3:] + SETTINGS[:r % 3]:
                 start = time.perf_counter()
                 for _ in range(20):
-                    call(on)
-                took[on] = time.perf_counter() - start
-            ratios.append(took[False] / took[True])
-    return statistics.median(ratios)
+                    call(setting)
+                took[setting] = time.perf_counter() - start
+            for setting in SETTINGS:
+                ratios[setting].append(took[setting] / took["own"])
+    return {setting: statistics.median(r) for setting, r in ratios.items()}
 
 
 def main() -> None:
@@ -128,30 +135,31 @@ def main() -> None:
                                                    "attention:2048,4,16"])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--side", type=int, default=1120, help="Mistral3's image side, pixels (a multiple of 28)")
-    p.add_argument("--memory-worker", choices=["on", "off"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-worker", choices=SETTINGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.memory_worker:
-        print(json.dumps(memory(args.side, args.memory_worker == "on")))
+        print(json.dumps(memory(args.side, args.memory_worker)))
         return
     peaks = {}
-    for on in ("on", "off"):  # each in a fresh process: ru_maxrss is a process's peak
-        done = subprocess.run([sys.executable, __file__, "--memory-worker", on, "--side", str(args.side)],
+    for setting in SETTINGS:  # each in a fresh process: ru_maxrss is a process's peak
+        done = subprocess.run([sys.executable, __file__, "--memory-worker", setting, "--side", str(args.side)],
                               capture_output=True, text=True, check=True)
-        peaks[on] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"Mistral3 at {args.side} through the backend, arena {on}: {peaks[on]}")
+        peaks[setting] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"Mistral3 at {args.side} through the backend, arena {setting}: {peaks[setting]}")
     rows, ratios = [], {}
     for name in args.models:
         ratios[name] = latency(name, args.rounds)
-        rows.append([name, f"{ratios[name]:.3f}"])
-        print(f"{name}: arena off / arena on {ratios[name]:.3f}")
+        rows.append([name, f"{ratios[name]['shared']:.3f}", f"{ratios[name]['none']:.3f}"])
+        print(f"{name}: over an arena each, shared {ratios[name]['shared']:.3f}, none {ratios[name]['none']:.3f}")
+    gb = {s: f"{peaks[s]['peak_gb']:.2f} GB" for s in SETTINGS}
     intro = ["# ONNX Runtime's memory arena in opsched's sessions", "",
-             " ".join(__doc__.split("\n\n")[1].split()), "", " ".join(__doc__.split("\n\n")[2].split()), "",
+             *(" ".join(part.split()) + "\n" for part in __doc__.split("\n\n")[1:3]),
              f"Mistral3 at {args.side} x {args.side} through `torch.compile(backend=\"opsched\")`: peak "
-             f"{peaks['on']['peak_gb']:.2f} GB with arenas, {peaks['off']['peak_gb']:.2f} GB without (eager's own "
-             f"{peaks['off']['eager_gb']:.2f} GB; the first call {peaks['on']['seconds']:.1f} s and "
-             f"{peaks['off']['seconds']:.1f} s).", ""]
-    write_table("ort-arena", intro, ["model", "arena off / on, per call"], rows,
-                {"arena off / on": geomean(ratios.values())}, {"memory": peaks, "latency": ratios})
+             f"{gb['shared']} with one shared arena (opsched's), {gb['own']} with an arena each (ONNX Runtime's "
+             f"default), {gb['none']} with none (eager's own {peaks['shared']['eager_gb']:.2f} GB).", ""]
+    write_table("ort-arena", intro, ["model", "shared / an arena each", "none / an arena each"], rows,
+                {f"{s} / an arena each": geomean(r[s] for r in ratios.values()) for s in ("shared", "none")},
+                {"memory": peaks, "latency": ratios})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ slices across lanes is made in place, and a plan that is one session is called d
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -31,7 +33,9 @@ from opsched.runtime import Plan
 from opsched.runtime.kernels import step_kernel
 from opsched.runtime.plan import Step
 
-__all__ = ["JOIN_IN_PLACE", "ort_program", "ort_session"]
+__all__ = ["JOIN_IN_PLACE", "ort_program", "ort_session", "shared_arena"]
+
+log = logging.getLogger(__name__)
 
 
 def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = None, spin: bool = False) -> Any:
@@ -51,12 +55,35 @@ def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = Non
     # and only within a run: what runs between calls (the caller's torch code) needs them too
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")
-    # ORT's arena stays: it keeps the most memory a session ever took for as long as the session
-    # lives (Mistral3 at 1120 x 1120 through torch.compile: 7.3 GB with arenas, 3.0 GB without),
-    # but without it a call whose temporaries are large maps fresh memory each time (an attention
-    # of 2,048 tokens: 3.9x the time); benchmarks/ort_arena.py measures both
+    # one arena for every session (shared_arena), not one each: an arena keeps the most memory
+    # it ever held, and a torch.compile'd model holds a plan per graph and shape, a session per
+    # segment; none at all maps a call's large temporaries afresh each time (ort_arena.py)
+    so.add_session_config_entry("session.use_env_allocators", "1" if shared_arena() else "0")
     so.log_severity_level = 3
     return inference_session(model, so)
+
+
+@functools.cache
+def shared_arena() -> bool:
+    """Register, once a process, the CPU arena allocator that opsched's sessions share in ONNX
+    Runtime's environment; False where it cannot be (another allocator for the CPU already
+    registered there, by another library: each session keeps an arena of its own then).
+
+    An arena keeps the most memory it ever held for as long as it lives. One per session added
+    up: Mistral3 at 1120 x 1120 through ``torch.compile(backend="opsched")``, 16 graphs, peaked
+    at 7.3 GB with an arena each, 4.8 GB with one shared, 3.0 GB with none; but without an arena a
+    call whose temporaries are large maps fresh memory each time (an attention of 2,048 tokens:
+    3.9x the time), and the shared one ran as fast as an arena each (``benchmarks/ort_arena.py``)."""
+    import onnxruntime as ort
+
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    try:
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))  # ORT's default arena settings
+    except Exception as e:  # noqa: BLE001 (ORT raises its own failure type for a second CPU allocator)
+        log.info("ONNX Runtime's environment holds a CPU allocator already (%s): each session keeps its own arena",
+                 str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+        return False
+    return True
 
 
 def _to_numpy(v: Any) -> np.ndarray:
