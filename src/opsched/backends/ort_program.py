@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from opsched._text import first_line
 from opsched.backends.lanes import Item, Program, step_category
 from opsched.backends.ort_export import export_segment, exportable
 from opsched.backends.segments import Segment, SegmentBuilder
@@ -81,7 +82,7 @@ def shared_arena() -> bool:
         ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))  # ORT's default arena settings
     except Exception as e:  # noqa: BLE001 (ORT raises its own failure type for a second CPU allocator)
         log.info("ONNX Runtime's environment holds a CPU allocator already (%s): each session keeps its own arena",
-                 str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+                 first_line(e))
         return False
     return True
 

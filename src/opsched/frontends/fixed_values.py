@@ -122,14 +122,14 @@ class WithFixedValues(nn.Module):
         # read now: while torch.export traces, the module's buffers are its stand-ins of unknown value
         held = [(inner.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2], inner.get_buffer(name))
                 for name in buffers]
-        self._buffers_fixed = [(owner, key, FixedValue(real.detach().clone())) for owner, key, real in held]
+        self._held_buffers = [(owner, key, FixedValue(real.detach().clone())) for owner, key, real in held]
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             leaves, spec = pytree.tree_flatten((args, kwargs))
             fixed_in = [self._fixed.get(k, x) for k, x in enumerate(leaves)]
             args, kwargs = pytree.tree_unflatten(fixed_in, spec)
-            traced = [(owner, key, owner._buffers[key]) for owner, key, _ in self._buffers_fixed]
-            for owner, key, value in self._buffers_fixed:
+            traced = [(owner, key, owner._buffers[key]) for owner, key, _ in self._held_buffers]
+            for owner, key, value in self._held_buffers:
                 owner._buffers[key] = value
             try:
                 with FixedValues():

@@ -152,7 +152,10 @@ class ExportConverter:
                 kinds = [spec.kind for spec in sig.output_specs]
                 returned = [v for v, kind in zip(n.args[0], kinds) if kind == OutputKind.USER_OUTPUT]
                 order = canonical_order(self.program.call_spec.out_spec)
-                outputs = self._outputs([returned[k] for k in order] if len(order) == len(returned) else returned)
+                if len(order) != len(returned):  # OutputStructure numbers the model's outputs in this order
+                    raise FrontendError(f"{self.ctx.b.name}: the program returns {len(returned)} values where its "
+                                        f"output's structure holds {len(order)}; please report this with the model")
+                outputs = self._outputs([returned[k] for k in order])
                 writes = self._writes(n)
             elif n.op == "call_function":
                 self.env[n] = self._call(n)
