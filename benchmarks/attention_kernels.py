@@ -1,34 +1,47 @@
-"""Attention on this CPU: opsched's ONNX form of ``scaled_dot_product_attention`` against ONNX
-Runtime's fused attention operator and PyTorch's own kernel.
+"""Attention on this CPU: opsched's ONNX forms of ``scaled_dot_product_attention`` against ONNX
+Runtime's fused attention operator alone and PyTorch's own kernel.
 
-opsched exports the call as torch.onnx does: scaled MatMul, Softmax, MatMul. That materialises
-every head's full score matrix. ONNX Runtime also has a fused operator,
-``com.microsoft.MultiHeadAttention``, which its transformer optimizer writes. This benchmark
-times the three on one attention call. The corpus's 16-token models hide the difference.
+torch.onnx exports the call as a scaled MatMul, Softmax and MatMul, which materialises every
+head's full score matrix. ONNX Runtime also has a fused operator,
+``com.microsoft.MultiHeadAttention``, which its transformer optimizer writes. opsched exports a
+call in it where the scores would take at least ``FUSED_FROM_BYTES``
+(:mod:`opsched.ir.ops.attention`); this benchmark times one call each way, and measures what
+each form adds to a fresh process's peak memory, to show where that line falls.
 
-Contenders:
-- *opsched*: what ``opsched.optimize`` returns for a module whose one call is
-  ``F.scaled_dot_product_attention(q, k, v)``. It is one ONNX Runtime session, plus the module's
-  own call.
-- *ORT fused*: an ONNX Runtime session of ``MultiHeadAttention`` alone. Its inputs are
-  (batch, tokens, heads x width), the layout it takes, and are made once, outside the timing.
-- *torch*: the call in eager PyTorch.
+Contenders: *opsched*: what ``opsched.optimize`` returns for a module whose one call is
+``F.scaled_dot_product_attention(q, k, v)`` (one ONNX Runtime session, plus the module's own
+call); *fused form* and *unfused form*: the same, with the fused form taken always and never
+(never: what opsched exported before); *ORT fused*: an ONNX Runtime session of
+``MultiHeadAttention`` alone, its inputs made once in its layout (batch, tokens, heads x
+width), outside the timing; *torch*: the call in eager PyTorch.
 
-Each contender runs on 2 threads, in interleaved rounds within one process (3 warm-up calls,
-then the median of ``--calls`` calls per round, the median over rounds). *x opsched* is
-opsched's time over the contender's.
+Each contender runs on 2 threads, in interleaved rounds within one process, in a fresh order
+each round (:func:`opsched.timing.interleave`: 50 ms of sleep, so that no thread the previous
+contender left spinning takes a core, then one untimed call and the median of ``--calls``
+timed ones), the median over rounds. The fused operator's session lets its threads spin within
+a run and stop as it returns, as opsched's one-session plans do. *peak MiB*: how far one call
+raised the peak resident memory of a fresh process that made that form.
+
+*A whole model* (``--model``): a BERT of BERT-base's width and heads, 4 layers, at 2,048
+tokens (192 MiB of scores a layer): eager, and what ``opsched.optimize`` makes of it with
+either form, timed interleaved, and each one's peak over a call in a fresh process.
 
     python benchmarks/attention_kernels.py
+    python benchmarks/attention_kernels.py --model
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import statistics
+import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,14 +52,78 @@ from _report import geomean, write_table  # noqa: E402
 from torch import nn  # noqa: E402
 
 import opsched  # noqa: E402
+from opsched.ir.ops import attention  # noqa: E402
+from opsched.timing import interleave  # noqa: E402
 
-#: (tokens, heads, head width): BERT-base's at 128 and 512 tokens, ViT-B/16's 197, a long sequence.
-SHAPES = ((128, 12, 64), (197, 12, 64), (512, 12, 64), (2048, 4, 16))
+#: (tokens, heads, head width): BERT-base's at 128 and 512 tokens, ViT-B/16's 197, long sequences.
+SHAPES = ((128, 12, 64), (197, 12, 64), (512, 12, 64), (1024, 8, 64), (1024, 12, 64), (2048, 4, 16), (2048, 12, 64))
+
+#: The contenders opsched's time is divided by, in the last columns.
+OVER = ("ORT fused", "torch")
+
+#: How opsched exports the attention, by contender: by its rule, fused always, never.
+FORMS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
+    "opsched": contextlib.nullcontext,
+    "fused form": lambda: mock.patch.object(attention, "FUSED_FROM_BYTES", 0),
+    "unfused form": lambda: mock.patch.object(attention, "fused_attention", return_value=None)}
 
 
 class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v)
+
+
+def call_case(tokens: int, heads: int, width: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The module of one attention call, and its query (also its key and value)."""
+    q = torch.randn(1, heads, tokens, width, generator=torch.Generator().manual_seed(0))
+    return Attention().eval(), (q, q, q)
+
+
+def model_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """BERT-base's width and heads, 4 layers, on 2,048 tokens (random weights)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=4, max_position_embeddings=2048, attn_implementation="sdpa")
+    return transformers.BertModel(config).eval(), (torch.randint(0, config.vocab_size, (1, 2048)),)
+
+
+def made(model: nn.Module, inputs: tuple[torch.Tensor, ...], form: str) -> nn.Module:
+    """What ``opsched.optimize`` makes of ``model`` with its attention exported as ``form`` says
+    (:data:`FORMS`; its own check left out, as it calls the module: each is checked after), or the
+    model itself (*eager*)."""
+    if form == "eager":
+        return model
+    with FORMS[form]():
+        module: nn.Module = opsched.optimize(model, inputs, cost="analytic", scheduler="sequential", progress=False,
+                                             verify=False)
+    return module
+
+
+def peak_mib(case: list[str], form: str) -> float:
+    """How far one call of ``form`` raised the peak memory of a fresh process (MiB); ``case``:
+    the arguments of :func:`call_case` as text, or none for :func:`model_case`."""
+    out = subprocess.run([sys.executable, __file__, "--peak", form, *case], capture_output=True, text=True,
+                         check=True).stdout
+    return float(out.split()[-1])
+
+
+def _peak(form: str, case: list[str]) -> None:
+    torch.set_num_threads(2)
+    model, inputs = call_case(*map(int, case)) if case else model_case()
+    module = made(model, inputs, form)
+    # Linux's peak resident memory of this process, reset to what it holds now (not
+    # getrusage's, which a child inherits from the parent it was forked from)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmHWM")
+    with torch.no_grad():
+        module(*inputs)
+    print((_status_kib("VmHWM") - before) / 1024)
+
+
+def _status_kib(field: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
 
 
 def fused_session(tokens: int, heads: int, width: int) -> object:
@@ -62,62 +139,94 @@ def fused_session(tokens: int, heads: int, width: int) -> object:
     model = helper.make_model(graph, opset_imports=opsets)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+    options.add_session_config_entry("session.force_spinning_stop", "1")  # as opsched's sessions (module docstring)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def timed(call: Callable[[], object], calls: int) -> float:
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def timed(model: nn.Module, inputs: tuple[torch.Tensor, ...], forms: tuple[str, ...], rounds: int, calls: int,
+          others: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Median ms of each of ``forms`` (each checked against ``model`` first) and ``others``."""
+    with torch.no_grad():
+        expected = model(*inputs)
+        modules = {form: made(model, inputs, form) for form in forms}
+        for name, module in modules.items():
+            torch.testing.assert_close(module(*inputs), expected, atol=1e-4, rtol=1e-4, msg=name)
+        contenders = {name: functools.partial(m, *inputs) for name, m in modules.items()} | others
+        medians = interleave(contenders, rounds, warmup=1, settle_s=0.05, block=calls)
+    return {name: statistics.median(m) for name, m in medians.items()}
 
 
 def run(tokens: int, heads: int, width: int, rounds: int, calls: int) -> tuple[list[object], dict[str, object]]:
-    q = torch.randn(1, heads, tokens, width)
-    module = opsched.optimize(Attention().eval(), (q, q, q), cost="analytic", scheduler="sequential", progress=False)
+    model, inputs = call_case(tokens, heads, width)
+    q = inputs[0]
     flat = np.ascontiguousarray(q.transpose(1, 2).reshape(1, tokens, heads * width).numpy())
     session = fused_session(tokens, heads, width)
-    torch_out = Attention()(q, q, q)
     fused_out = session.run(None, {"q": flat, "k": flat, "v": flat})[0]  # type: ignore[attr-defined]
-    assert np.allclose(fused_out.reshape(1, tokens, heads, width).transpose(0, 2, 1, 3), torch_out.numpy(), atol=1e-4)
-    contenders = {"opsched": lambda: module(q, q, q),
-                  "ORT fused": lambda: session.run(None, {"q": flat, "k": flat, "v": flat}),  # type: ignore[attr-defined]
-                  "torch": lambda: Attention()(q, q, q)}
-    medians: dict[str, list[float]] = {name: [] for name in contenders}
-    with torch.no_grad():
-        for call in contenders.values():
-            for _ in range(3):
-                call()
-        for r in range(rounds):
-            names = list(contenders) if r % 2 else list(reversed(contenders))
-            for name in names:
-                medians[name].append(timed(contenders[name], calls))
-    ms = {name: statistics.median(m) * 1e3 for name, m in medians.items()}
-    row = [f"{tokens} x {heads} x {width}", *(f"{ms[n]:.3f}" for n in contenders),
-           f"{ms['opsched'] / ms['ORT fused']:.2f}", f"{ms['opsched'] / ms['torch']:.2f}"]
-    return row, {"tokens": tokens, "heads": heads, "width": width, "ms": ms}
+    assert np.allclose(fused_out.reshape(1, tokens, heads, width).transpose(0, 2, 1, 3), model(*inputs).numpy(),
+                       atol=1e-4)
+    ms = timed(model, inputs, ("opsched", "fused form", "unfused form"), rounds, calls, {
+        "ORT fused": lambda: session.run(None, {"q": flat, "k": flat, "v": flat}),  # type: ignore[attr-defined]
+        "torch": functools.partial(model, *inputs)})
+    case = [str(tokens), str(heads), str(width)]
+    peaks = {form: peak_mib(case, form) for form in ("fused form", "unfused form")}
+    scores = 4 * heads * tokens * tokens
+    row: list[object] = [
+        f"{tokens} x {heads} x {width}", f"{scores / 2**20:.0f}",
+        "fused" if scores >= attention.FUSED_FROM_BYTES else "unfused", *(f"{ms[n]:.3f}" for n in ms),
+        f"{ms['unfused form'] / ms['fused form']:.2f}", *(f"{peaks[f]:.0f}" for f in peaks),
+        *(f"{ms['opsched'] / ms[n]:.2f}" for n in OVER)]
+    return row, {"tokens": tokens, "heads": heads, "width": width, "ms": ms, "peak_mib": peaks}
+
+
+def _intro(title: str) -> list[str]:
+    return [f"# {title}", "", *(" ".join(p.split()) + "\n" for p in __doc__.split("\n\n")[1:6])]
+
+
+def calls_table(rounds: int, calls: int) -> None:
+    rows: list[list[object]] = []
+    records: list[dict[str, Any]] = []
+    for shape in SHAPES:
+        row, record = run(*shape, rounds, calls)
+        print(row, flush=True)
+        rows.append(row)
+        records.append(record)
+    over = {key: geomean(r["ms"]["opsched"] / r["ms"][key] for r in records) for key in OVER}
+    write_table("attention-kernels", _intro("Attention on this CPU: opsched's ONNX forms, ONNX Runtime's fused "
+                                            "operator, PyTorch's kernel"),
+                ["tokens x heads x width", "scores MiB", "opsched exports", "opsched ms", "fused form ms",
+                 "unfused form ms", "ORT fused ms", "torch ms", "unfused over fused", "fused peak MiB",
+                 "unfused peak MiB", *(f"opsched over {n}" for n in OVER)],
+                rows, {f"opsched over {k}": v for k, v in over.items()}, {"rows": records})
+
+
+def model_table(rounds: int) -> None:
+    model, inputs = model_case()
+    forms = ("opsched", "unfused form")
+    ms = timed(model, inputs, forms, rounds, 1, {"eager": functools.partial(model, *inputs)})
+    rows: list[list[object]] = [[name, f"{ms[name]:.0f}", f"{ms[name] / ms['opsched']:.2f}",
+                                 f"{peak_mib([], name):.0f}"] for name in ("opsched", "unfused form", "eager")]
+    for row in rows:
+        print(row, flush=True)
+    write_table("attention-model", _intro("Attention in a whole model on this CPU: BERT-base's width, 4 layers, "
+                                          "2,048 tokens"),
+                ["contender", "ms", "over opsched", "peak MiB"], rows,
+                {f"{name} over opsched": ms[name] / ms["opsched"] for name in ("unfused form", "eager")},
+                {"ms": ms, "peak_mib": {r[0]: float(str(r[3])) for r in rows}})
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--peak"]:
+        return _peak(sys.argv[2], sys.argv[3:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--calls", type=int, default=11)
+    p.add_argument("--rounds", type=int, default=11)
+    p.add_argument("--calls", type=int, default=11, help="timed calls per turn (their median)")
+    p.add_argument("--model", action="store_true", help="time a whole model instead (module docstring)")
     args = p.parse_args()
     torch.set_num_threads(2)
-    rows, records = [], []
-    for shape in SHAPES:
-        row, record = run(*shape, args.rounds, args.calls)
-        print(row)
-        rows.append(row)
-        records.append(record)
-    intro = ["# Attention on this CPU: opsched's ONNX form, ONNX Runtime's fused operator, PyTorch's kernel", "",
-             *(" ".join(p.split()) + "\n" for p in __doc__.split("\n\n")[1:4])]
-    over = {key: geomean(r["ms"]["opsched"] / r["ms"][key] for r in records) for key in ("ORT fused", "torch")}
-    write_table("attention-kernels", intro,
-                ["tokens x heads x width", "opsched ms", "ORT fused ms", "torch ms", "x ORT fused", "x torch"],
-                rows, {f"opsched over {k}": v for k, v in over.items()}, {"rows": records})
+    if args.model:
+        model_table(min(args.rounds, 5))
+    else:
+        calls_table(args.rounds, args.calls)
 
 
 if __name__ == "__main__":

@@ -325,11 +325,12 @@ def export_default(b: OnnxBuilder, node: Node) -> None:
 
 
 def export_as(b: OnnxBuilder, node: Node, target: str, args: Any, kwargs: Any, inputs: list[str],
-              types: list[TensorType]) -> None:
+              types: list[TensorType], output: str | None = None) -> None:
     """``node`` exported as the call ``target(*args, **kwargs)`` by torch.onnx (checked), reading
     the segment's values ``inputs`` (of ``types``) where ``args`` name its inputs, and its own
     parameters: what :func:`export_call` splices in, and what a form of ours can splice in on
-    operands it made (an attention's key and value heads, repeated)."""
+    operands it made (an attention's key and value heads, repeated). Its result is named
+    ``output``, the node's own name unless given (a form that works on it further)."""
     from onnx import helper, numpy_helper
 
     from opsched.ir.ops.onnx_builder import ONNX_DTYPES
@@ -350,8 +351,9 @@ def export_as(b: OnnxBuilder, node: Node, target: str, args: Any, kwargs: Any, i
     exported_type, wanted_type = model.graph.output[0].type.tensor_type.elem_type, ONNX_DTYPES[node.out.dtype]
     cast = exported_type not in (0, wanted_type)
     computed = {v for n in model.graph.node for v in n.output}
+    output = output or node.name
     if out in computed and not cast:
-        names[out] = node.name
+        names[out] = output
 
     def renamed(v: str) -> str:
         if v not in names:
@@ -364,6 +366,6 @@ def export_as(b: OnnxBuilder, node: Node, target: str, args: Any, kwargs: Any, i
         made.attribute.extend(n.attribute)
         b.nodes.append(made)
     if cast:
-        b.add("Cast", [renamed(out)], node.name, to=wanted_type)
+        b.add("Cast", [renamed(out)], output, to=wanted_type)
     elif out not in computed:  # the call gives back an input or a constant: ONNX needs a node to name it
-        b.add("Identity", [names[out]], node.name)
+        b.add("Identity", [names[out]], output)

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from opsched.ir.node import Node
-from opsched.ir.ops.aten import SDPA, arguments, run_on
+from opsched.ir.ops.aten import arguments, run_on
+from opsched.ir.ops.attention import ATTENTION_FORMS
 from opsched.ir.ops.einsum import EINSUM_FORMS
 from opsched.ir.ops.fourier import PAIR_FORMS
 from opsched.ir.ops.registry import NotExportable
@@ -320,37 +321,6 @@ def _grid_sample(b: OnnxBuilder, node: Node) -> None:
           align_corners=int(how["align_corners"]))
 
 
-def _attention(b: OnnxBuilder, node: Node) -> None:
-    """``scaled_dot_product_attention`` through torch.onnx's own export; with ``enable_gqa``,
-    which that export refuses, each key and value head is first repeated for its group of query
-    heads (Unsqueeze, Expand, Reshape: head ``h`` reads key head ``h // groups``, the operator's
-    definition) and the plain call is exported on the repeated heads."""
-    from opsched.ir.ops.aten_export import export_as
-
-    inputs, types = list(node.inputs), [b.graph.types[v] for v in node.inputs]
-    kwargs = node.attrs["kwargs"]
-    if arguments(node).get("enable_gqa", False):
-        query = b.operand_type(node, node.attrs["args"][0])
-        for position in (1, 2):  # key, value
-            tag, k = node.attrs["args"][position]
-            if tag != "t" or query is None:
-                raise NotExportable(f"{SDPA} with enable_gqa: its key and value must be inputs of the call")
-            t = types[k]
-            groups = query.shape[-3] // t.shape[-3]
-            if groups == 1:
-                continue  # as many heads as the query's (already repeated, where the key is the value)
-            lead, heads = list(t.shape[:-3]), t.shape[-3]
-            shape = [*lead, heads, groups, *t.shape[-2:]]
-            grown = b.add("Unsqueeze", [inputs[k], b.init(np.array([t.rank - 2], np.int64), b.fresh("axis"))],
-                          b.fresh(f"{node.name}_heads"))
-            grown = b.add("Expand", [grown, b.init(np.array(shape, np.int64), b.fresh("shape"))], b.fresh("expand"))
-            inputs[k] = b.add("Reshape", [grown, b.init(np.array([*lead, heads * groups, *t.shape[-2:]], np.int64),
-                                                        b.fresh("shape"))], b.fresh(f"{node.name}_repeated"))
-            types[k] = TensorType((*lead, heads * groups, *t.shape[-2:]), t.dtype)
-        kwargs = tuple((name, ("v", False) if name == "enable_gqa" else enc) for name, enc in kwargs)
-    export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types)
-
-
 def _rows_read(node: Node, x: TensorType, axis: int) -> np.ndarray:
     """The input rows along ``axis`` that an upsampling ``node`` of ``x`` reads, one per output row."""
     rows = torch.arange(x.shape[axis], dtype=torch.float64)
@@ -388,11 +358,11 @@ ONNX_FORMS: dict[str, Callable[[OnnxBuilder, Node], None]] = {
     "aten::_to_copy.default": _cast, "aten::slice_scatter.default": _slice_scatter,
     "aten::select_scatter.default": _select_scatter, "aten::fill.Scalar": _fill, "aten::fill.Tensor": _fill,
     "aten::copy.default": _copy, "aten::col2im.default": _col2im, "aten::im2col.default": _im2col,
-    "aten::index_add.default": _index_add, "aten::unfold.default": _windows, SDPA: _attention,
+    "aten::index_add.default": _index_add, "aten::unfold.default": _windows,
     **{f"aten::{name}": _uninitialized for name in ("empty_like.default", "empty.memory_format", "new_empty.default",
                                                      "empty_strided.default", "new_empty_strided.default")},
     **{f"aten::{name}.default": _grid_sample for name in ("grid_sampler", "grid_sampler_2d", "grid_sampler_3d")},
     **{f"aten::{name}.{form}": _nearest for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                                      "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
                                                      "_upsample_nearest_exact3d") for form in ("default", "vec")},
-    **PAIR_FORMS, **EINSUM_FORMS}
+    **PAIR_FORMS, **EINSUM_FORMS, **ATTENTION_FORMS}

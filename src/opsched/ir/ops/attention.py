@@ -1,0 +1,218 @@
+"""``scaled_dot_product_attention`` in ONNX: as ONNX Runtime's fused ``MultiHeadAttention`` where
+its scores are large and the call is one that operator computes, else as torch.onnx exports it.
+
+torch.onnx writes the call as a scaled MatMul, Softmax and MatMul, which materialise every
+head's full score matrix (batch x heads x queries x keys), twice over: a call of 12 heads over
+2,048 tokens raised a fresh process's peak memory by 198 MiB, against 38 MiB as the fused
+operator, which computes the scores in tiles, and the unfused form took 1.29x its time on two
+cores. On small calls the fused operator is the slower: at 128 tokens it took 1.6x the
+unfused form's time, as each run wakes the threads its several parallel loops need (opsched's
+sessions let threads spin within a run only, :mod:`opsched.backends.ort_program`). So the fused
+form is taken from :data:`FUSED_FROM_BYTES` of scores on, where the two forms' times crossed
+(``benchmarks/attention_kernels.py``: time and peak memory of each form, 128 to 2,048 tokens).
+A whole BERT of BERT-base's width at 2,048 tokens ran 1.14x faster so, at 74 MiB of peak
+memory over a call against 259 (``--model``; eager PyTorch: 1.02x opsched's time, 124 MiB).
+The line is this machine's: on more cores the fused operator's parallel loops pay sooner.
+
+The fused operator takes its query, key and value as (batch, tokens, heads x width), where the
+call has (batch, heads, tokens, width), and gives its output so: each operand is transposed and
+folded, the output unfolded and transposed back. A model's attention block has just made its
+heads by the opposite Transpose (Hugging Face's ``view(...).transpose(1, 2)``) and folds them
+back after, so ONNX Runtime's transpose optimizer cancels both pairs within a segment (a probe of
+ViT-B/16 with every call fused: ONNX Runtime's optimized graph kept 1 of its 49 Transposes).
+
+The fused form is taken for the calls the operator computes as PyTorch does: float32 (its CPU
+kernel's one dtype), operands of rank 4 whose batch and heads agree (keys and values of fewer
+heads with ``enable_gqa`` are repeated first, as below), no dropout, a mask that is additive
+float32 or boolean (kept where True, as ``where(mask, 0, -inf)``) of the operator's shape or
+broadcast to it, and ``is_causal`` only over as many keys as queries (the operator's
+``unidirectional`` masks the same positions there). Any other call exports as torch.onnx does.
+Either way, a query that every key is hidden from reads zeros, as in PyTorch (:func:`_read_rows`);
+torch.onnx's export gave NaN there for a float mask.
+
+With ``enable_gqa``, which torch.onnx's export refuses, each key and value head is first
+repeated for its group of query heads (Unsqueeze, Expand, Reshape: head ``h`` reads key head
+``h // groups``, the operator's definition).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from opsched.ir.node import Node
+from opsched.ir.ops.aten import SDPA, arguments, encoded_arguments
+from opsched.ir.ops.registry import NotExportable
+from opsched.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from opsched.ir.ops.onnx_builder import OnnxBuilder
+
+__all__ = ["ATTENTION_FORMS", "FusedAttention", "fused_attention"]
+
+#: The operator set of ONNX Runtime's own operators, at the version its MultiHeadAttention is of.
+MICROSOFT = ("com.microsoft", 1)
+
+#: The dtypes of a mask whose fully hidden rows are found (:func:`_read_rows`), as NumPy's.
+_FLOATS = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+#: The fused form is taken where the unfused form's scores (batch x heads x queries x keys
+#: float32 values) would take at least this many bytes (module docstring).
+FUSED_FROM_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """A call as ``MultiHeadAttention`` computes it: its sizes, scale and how it masks."""
+
+    batch: int
+    heads: int
+    queries: int
+    keys: int
+    width: int        # of a query's and a key's head
+    value_width: int  # of a value's head
+    scale: float
+    causal: bool
+    mask: TensorType | None  # as the call gives it (float32 or bool), broadcast to (batch, heads, queries, keys)
+
+
+def fused_attention(node: Node, query: TensorType, key: TensorType, value: TensorType,
+                    mask: TensorType | None) -> FusedAttention | None:
+    """The fused form of the call ``node`` on operands of these types (keys and values already
+    repeated for ``enable_gqa``), or None where the operator does not compute it as PyTorch does
+    (module docstring)."""
+    given = arguments(node)
+    if any(t.dtype != "float32" or t.rank != 4 for t in (query, key, value)) or node.out.dtype != "float32":
+        return None
+    (b, h, s, d), (_, _, t, _), dv = query.shape, key.shape, value.shape[-1]
+    if key.shape != (b, h, t, d) or value.shape != (b, h, t, dv) or given.get("dropout_p", 0.0) != 0.0:
+        return None
+    causal = bool(given.get("is_causal", False))
+    if causal and (s != t or mask is not None):
+        return None
+    if mask is not None:
+        if mask.dtype not in ("float32", "bool") or mask.rank > 4:
+            return None
+        shape = (1,) * (4 - mask.rank) + tuple(mask.shape)
+        if any(m not in (1, full) for m, full in zip(shape, (b, h, s, t))):
+            return None
+    if 4 * b * h * s * t < FUSED_FROM_BYTES:
+        return None
+    scale = given.get("scale")
+    return FusedAttention(b, h, s, t, d, dv, 1.0 / math.sqrt(d) if scale is None else float(scale), causal, mask)
+
+
+def _attention(b: OnnxBuilder, node: Node) -> None:
+    """The call, fused where :func:`fused_attention` says it can be, else through torch.onnx's
+    export; keys and values repeated first for ``enable_gqa`` (module docstring)."""
+    from opsched.ir.ops.aten_export import export_as
+
+    inputs, types = list(node.inputs), [b.graph.types[v] for v in node.inputs]
+    kwargs = node.attrs["kwargs"]
+    enc = encoded_arguments(node)
+    if arguments(node).get("enable_gqa", False):
+        query = b.operand_type(node, enc["query"])
+        for name in ("key", "value"):
+            tag, k = enc[name]
+            if tag != "t" or query is None:
+                raise NotExportable(f"{SDPA} with enable_gqa: its key and value must be inputs of the call")
+            inputs[k], types[k] = _repeated_heads(b, node, inputs[k], types[k], query.shape[-3])
+        kwargs = tuple((name, ("v", False) if name == "enable_gqa" else e) for name, e in kwargs)
+
+    def operand(name: str) -> tuple[str, TensorType | None]:
+        ref = enc.get(name, ("v", None))
+        return (inputs[ref[1]], types[ref[1]]) if ref[0] == "t" else (b.operand(node, ref), b.operand_type(node, ref))
+
+    (q, q_type), (k, k_type), (v, v_type), (mask, mask_type) = map(operand, ("query", "key", "value", "attn_mask"))
+    fused = None
+    if q_type is not None and k_type is not None and v_type is not None:
+        fused = fused_attention(node, q_type, k_type, v_type, mask_type if mask else None)
+    if fused is not None:
+        return _export_fused(b, node, fused, q, k, v, mask)
+    if mask_type is None or mask_type.dtype not in _FLOATS or mask_type.rank > node.out.rank:
+        return export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types)
+    # torch.onnx's Softmax over a row of -inf alone is NaN, PyTorch's zeros (_read_rows)
+    out = b.fresh(f"{node.name}_attended")
+    export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types, output=out)
+    rows = _read_rows(b, node, _padded(b, node, mask, mask_type, node.out.rank), mask_type.dtype)
+    b.add("Where", [rows, out, b.init(np.array(0, _FLOATS[node.out.dtype]), "zero")], node.name)
+
+
+def _repeated_heads(b: OnnxBuilder, node: Node, value: str, t: TensorType, query_heads: int
+                    ) -> tuple[str, TensorType]:
+    """A key or value of ``t`` with each head repeated for its group of the query's heads."""
+    groups = query_heads // t.shape[-3]
+    if groups == 1:
+        return value, t  # as many heads as the query's (already repeated, where the key is the value)
+    lead, heads = list(t.shape[:-3]), t.shape[-3]
+    shape = [*lead, heads, groups, *t.shape[-2:]]
+    grown = b.add("Unsqueeze", [value, b.init(np.array([t.rank - 2], np.int64), "axis")],
+                  b.fresh(f"{node.name}_heads"))
+    grown = b.add("Expand", [grown, b.init(np.array(shape, np.int64), "shape")], b.fresh("expand"))
+    repeated = (*lead, heads * groups, *t.shape[-2:])
+    return (b.add("Reshape", [grown, b.init(np.array(repeated, np.int64), "shape")],
+                  b.fresh(f"{node.name}_repeated")), TensorType(repeated, t.dtype))
+
+
+def _export_fused(b: OnnxBuilder, node: Node, f: FusedAttention, q: str, k: str, v: str, mask: str) -> None:
+    """``MultiHeadAttention`` on the operands moved to its layout, and its output moved back."""
+    b.declare(*MICROSOFT)
+    heads_last = [0, 2, 1, 3]
+
+    def folded(x: str, tokens: int, width: int, hint: str) -> str:
+        moved = b.add("Transpose", [x], b.fresh(f"{node.name}_{hint}_tokens"), perm=heads_last)
+        shape = b.init(np.array([f.batch, tokens, f.heads * width], np.int64), "shape")
+        return b.add("Reshape", [moved, shape], b.fresh(f"{node.name}_{hint}_folded"))
+
+    operands = [folded(q, f.queries, f.width, "query"), folded(k, f.keys, f.width, "key"),
+                folded(v, f.keys, f.value_width, "value"), "", ""]
+    rows = None
+    if f.mask is not None:
+        bias = mask
+        if f.mask.dtype == "bool":  # additive: 0 where kept, -inf where hidden, as PyTorch applies it
+            kept, hidden = b.init(np.array(0.0, np.float32), "kept"), b.init(np.array(-np.inf, np.float32), "hidden")
+            bias = b.add("Where", [mask, kept, hidden], b.fresh(f"{node.name}_bias"))
+        bias = _padded(b, node, bias, f.mask, 4)
+        rows = _read_rows(b, node, bias, "float32")
+        shape = (1,) * (4 - f.mask.rank) + tuple(f.mask.shape)
+        full = (*shape[:2], f.queries, f.keys)  # the operator's (batch or 1, heads or 1, queries, keys)
+        if shape != full:
+            bias = b.add("Expand", [bias, b.init(np.array(full, np.int64), "shape")], b.fresh(f"{node.name}_bias_full"))
+        operands.append(bias)
+    out = b.add("MultiHeadAttention", operands, b.fresh(f"{node.name}_fused"), domain=MICROSOFT[0],
+                num_heads=f.heads, scale=f.scale, unidirectional=int(f.causal))
+    out = b.add("Reshape", [out, b.init(np.array([f.batch, f.queries, f.heads, f.value_width], np.int64), "shape")],
+                b.fresh(f"{node.name}_unfolded"))
+    if rows is not None:
+        rows = b.add("Transpose", [rows], b.fresh(f"{node.name}_rows_tokens"), perm=heads_last)
+        out = b.add("Where", [rows, out, b.init(np.array(0.0, np.float32), "zero")], b.fresh(f"{node.name}_read"))
+    b.add("Transpose", [out], node.name, perm=heads_last)
+
+
+def _padded(b: OnnxBuilder, node: Node, mask: str, t: TensorType, rank: int) -> str:
+    """``mask`` (of ``t``) with leading axes of 1 up to ``rank``, as it broadcasts."""
+    if t.rank == rank:
+        return mask
+    shape = np.array((1,) * (rank - t.rank) + tuple(t.shape), np.int64)
+    return b.add("Reshape", [mask, b.init(shape, "shape")], b.fresh(f"{node.name}_mask_rank{rank}"))
+
+
+def _read_rows(b: OnnxBuilder, node: Node, bias: str, dtype: str) -> str:
+    """Which queries read any key, by an additive mask ``bias`` (of ``dtype``, its queries and keys
+    its last two axes): True or False of its shape with one key.
+
+    PyTorch's softmax over a row of -inf alone is zeros (its "safe" softmax): a query that every
+    key is hidden from (a padded token's, a fully masked row) reads nothing. ONNX's Softmax, and
+    the fused operator's, make it NaN, so the output is zeroed where this is False. It is found
+    on the mask as the call gives it, before it is broadcast, where it is smallest."""
+    largest = b.add("ReduceMax", [bias, b.init(np.array([-1], np.int64), "axes")], b.fresh(f"{node.name}_largest"),
+                    keepdims=1)
+    return b.add("Greater", [largest, b.init(np.array(-np.inf, _FLOATS[dtype]), "hidden")],
+                 b.fresh(f"{node.name}_rows"))
+
+
+#: The attention call's ONNX form, by target.
+ATTENTION_FORMS = {SDPA: _attention}

@@ -1,0 +1,145 @@
+"""``scaled_dot_product_attention`` in ONNX Runtime (:mod:`opsched.ir.ops.attention`): the fused
+``MultiHeadAttention`` where the scores are large, torch.onnx's form elsewhere, both equal to
+eager, fully hidden queries included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opsched
+from opsched.backends.ort_export import export_segment
+from opsched.ir import Graph
+from opsched.ir.ops import attention
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self.options = options
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, *mask, **self.options)
+
+
+def _ops(graph: Graph) -> list[str]:
+    """The ONNX operators of ``graph`` exported as one segment, as the ort backend makes it."""
+    proto = export_segment(graph, [(n.name,) for n in graph.nodes], [i.name for i in graph.inputs],
+                           graph.outputs).proto
+    return [n.op_type for n in proto.graph.node]
+
+
+def _hidden_rows(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (bool, kept where True) with batch 0's queries 1 and 3 reading no key."""
+    mask = mask.clone()
+    mask[0, ..., 1, :] = False
+    mask[0, ..., 3, :] = False
+    return mask
+
+
+def _float(mask: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+
+
+torch.manual_seed(0)
+_Q, _K, _V = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 32)
+_KEYS = torch.rand(2, 1, 1, 8) > 0.3
+_SQUARE = _hidden_rows(torch.rand(2, 1, 8, 8) > 0.3)
+
+#: (options, operands) of calls the fused operator computes as PyTorch does.
+FUSED_CALLS: dict[str, tuple[dict[str, Any], tuple[torch.Tensor, ...]]] = {
+    "plain": ({}, (_Q, _K, _V)),
+    "scale": ({"scale": 0.2}, (_Q, _K, _V)),
+    "causal": ({"is_causal": True}, (_Q, _K, _V)),
+    "cross: more keys than queries": ({}, (_Q, torch.randn(2, 4, 11, 16), torch.randn(2, 4, 11, 32))),
+    "float mask per head": ({}, (_Q, _K, _V, torch.randn(2, 4, 8, 8))),
+    "float mask of rank 2": ({}, (_Q, _K, _V, torch.randn(8, 8))),
+    "bool mask over keys": ({}, (_Q, _K, _V, _KEYS)),
+    "bool mask, queries reading no key": ({}, (_Q, _K, _V, _SQUARE)),
+    "float mask, queries reading no key": ({}, (_Q, _K, _V, _float(_SQUARE))),
+    "grouped heads": ({"enable_gqa": True}, (torch.randn(1, 8, 8, 16), torch.randn(1, 2, 8, 16),
+                                             torch.randn(1, 2, 8, 16))),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_CALLS))
+def test_attention_with_large_scores_runs_as_onnx_runtimes_fused_operator_equal_to_eager(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the size rule at 0 bytes, each call the fused operator computes as PyTorch does runs
+    in it (one MultiHeadAttention, no Softmax), equal to eager within float32 rounding; a query
+    that every key is hidden from reads zeros, as PyTorch's, not the operator's NaN."""
+    monkeypatch.setattr(attention, "FUSED_FROM_BYTES", 0)
+    options, operands = FUSED_CALLS[case]
+    model = _Attention(**options)
+    graph = opsched.from_torch(model, operands)
+    ops = _ops(graph)
+    assert ops.count("MultiHeadAttention") == 1 and "Softmax" not in ops, ops
+    made = opsched.optimize_graph(graph, scheduler="sequential", backend="ort")(*operands)
+    expected = model(*operands)
+    assert not expected.isnan().any()
+    torch.testing.assert_close(made, expected, atol=2e-6, rtol=1e-5)
+
+
+#: Calls the fused operator does not compute as PyTorch does, with why.
+UNFUSED_CALLS: dict[str, tuple[dict[str, Any], tuple[torch.Tensor, ...]]] = {
+    "float64: the CPU kernel's one dtype is float32": ({}, tuple(t.double() for t in (_Q, _K, _V))),
+    "rank 3": ({}, (_Q[0], _K[0], _V[0])),
+    "causal over more keys than queries: aligned otherwise": (
+        {"is_causal": True}, (_Q, torch.randn(2, 4, 11, 16), torch.randn(2, 4, 11, 32))),
+}
+
+
+@pytest.mark.parametrize("case", list(UNFUSED_CALLS))
+def test_attention_the_fused_operator_computes_otherwise_exports_as_torch_onnx_does(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "FUSED_FROM_BYTES", 0)
+    options, operands = UNFUSED_CALLS[case]
+    model = _Attention(**options)
+    graph = opsched.from_torch(model, operands)
+    ops = _ops(graph)
+    assert "MultiHeadAttention" not in ops and "Softmax" in ops, ops
+    made = opsched.optimize_graph(graph, scheduler="sequential", backend="ort")(*operands)
+    torch.testing.assert_close(made, model(*operands))
+
+
+def test_attention_is_fused_from_64_mib_of_scores() -> None:
+    """Below :data:`FUSED_FROM_BYTES` of scores the call exports as torch.onnx does (the fused
+    operator is slower there on a small CPU), from it on fused (as fast, and its scores never
+    held): 4 heads of 2,048 x 2,048 float32 scores are 64 MiB. Exported only, not run."""
+    assert attention.FUSED_FROM_BYTES == 64 << 20
+    for tokens, fused in ((2047, False), (2048, True)):
+        q = torch.randn(1, 4, tokens, 16)
+        ops = _ops(opsched.from_torch(_Attention(), (q, q, q)))
+        assert ("MultiHeadAttention" in ops) == fused and ("Softmax" in ops) != fused, (tokens, ops)
+
+
+def test_a_query_a_float_mask_hides_every_key_from_reads_zeros_in_torch_onnxs_form_too() -> None:
+    """torch.onnx's form of a float mask gave NaN for a query whose every key is -inf, where
+    PyTorch gives zeros; a mask of fewer dimensions than the output is taken as it broadcasts."""
+    for mask in (_float(_SQUARE), _float(_SQUARE)[0, 0]):
+        model = _Attention()
+        operands = (_Q, _K, _V, mask)
+        made = opsched.optimize_graph(opsched.from_torch(model, operands), scheduler="sequential",
+                                      backend="ort")(*operands)
+        expected = model(*operands)
+        assert (expected[0, :, [1, 3]] == 0).all() and not made.isnan().any()
+        torch.testing.assert_close(made, expected)
+
+
+def test_a_bert_with_large_attention_runs_it_fused_equal_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole Hugging Face model, its padding mask included: its attention blocks' own
+    Transposes of the heads meet the fused form's, and every block runs fused."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(attention, "FUSED_FROM_BYTES", 0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, attn_implementation="sdpa")
+    model = transformers.BertModel(config).eval()
+    ids, mask = torch.randint(0, 100, (2, 12)), torch.ones(2, 12, dtype=torch.long)
+    mask[1, 7:] = 0
+    graph = opsched.from_torch(model, (ids, mask))
+    assert _ops(graph).count("MultiHeadAttention") == 2
+    made = opsched.optimize(model, (ids, mask), scheduler="sequential", progress=False)(ids, mask)
+    torch.testing.assert_close(made.last_hidden_state, model(ids, mask).last_hidden_state, atol=1e-5, rtol=1e-5)
