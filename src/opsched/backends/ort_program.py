@@ -72,9 +72,11 @@ def shared_arena() -> bool:
 
     An arena keeps the most memory it ever held for as long as it lives. One per session added
     up: Mistral3 at 1120 x 1120 through ``torch.compile(backend="opsched")``, 16 graphs, peaked
-    at 7.3 GB with an arena each, 4.8 GB with one shared, 3.0 GB with none; but without an arena a
-    call whose temporaries are large maps fresh memory each time (an attention of 2,048 tokens:
-    3.9x the time), and the shared one ran as fast as an arena each (``benchmarks/ort_arena.py``)."""
+    at 3.6 GB with an arena each, 2.9 GB with one shared, 2.3 GB with none (7.3, 4.9 and 3.0 GB
+    before its attention's scores went unheld, :mod:`opsched.ir.ops.attention`); but without an
+    arena a call whose temporaries are large maps fresh memory each time (an unfused attention of
+    512 tokens: 1.5x the time), and the shared one ran as fast as an arena each
+    (``benchmarks/ort_arena.py``)."""
     import onnxruntime as ort
 
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
