@@ -65,6 +65,11 @@ FUSED_CALLS: dict[str, tuple[dict[str, Any], tuple[torch.Tensor, ...]]] = {
 }
 
 
+#: The fused form needs ONNX Runtime 1.22 or later (attention._fusing_runtime).
+fusing = pytest.mark.skipif(not attention._fusing_runtime(), reason="ONNX Runtime before 1.22: nothing is fused")
+
+
+@fusing
 @pytest.mark.parametrize("case", list(FUSED_CALLS))
 def test_attention_with_large_scores_runs_as_onnx_runtimes_fused_operator_equal_to_eager(
         case: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +110,7 @@ def test_attention_the_fused_operator_computes_otherwise_exports_as_torch_onnx_d
     torch.testing.assert_close(made, model(*operands))
 
 
+@fusing
 def test_attention_is_fused_from_64_mib_of_scores() -> None:
     """Below :data:`FUSED_FROM_BYTES` of scores the call exports as torch.onnx does (the fused
     operator is slower there on a small CPU), from it on fused (as fast, and its scores never
@@ -114,6 +120,15 @@ def test_attention_is_fused_from_64_mib_of_scores() -> None:
         q = torch.randn(1, 4, tokens, 16)
         ops = _ops(opsched.from_torch(_Attention(), (q, q, q)))
         assert ("MultiHeadAttention" in ops) == fused and ("Softmax" in ops) != fused, (tokens, ops)
+
+
+def test_an_onnx_runtime_before_1_22_is_given_torch_onnxs_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its operator took no mask broadcast over batch or heads (1.20) and read the wrong rows of
+    one broadcast over heads alone with more than one batch (fixed in 1.22)."""
+    monkeypatch.setattr(attention, "FUSED_FROM_BYTES", 0)
+    monkeypatch.setattr(attention, "_fusing_runtime", lambda: False)
+    ops = _ops(opsched.from_torch(_Attention(), (_Q, _K, _V, _KEYS)))
+    assert "MultiHeadAttention" not in ops and "Softmax" in ops, ops
 
 
 def test_a_query_a_float_mask_hides_every_key_from_reads_zeros_in_torch_onnxs_form_too() -> None:
@@ -129,6 +144,7 @@ def test_a_query_a_float_mask_hides_every_key_from_reads_zeros_in_torch_onnxs_fo
         torch.testing.assert_close(made, expected)
 
 
+@fusing
 def test_a_bert_with_large_attention_runs_it_fused_equal_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole Hugging Face model, its padding mask included: its attention blocks' own
     Transposes of the heads meet the fused form's, and every block runs fused."""

@@ -26,7 +26,8 @@ kernel's one dtype), operands of rank 4 whose batch and heads agree (keys and va
 heads with ``enable_gqa`` are repeated first, as below), no dropout, a mask that is additive
 float32 or boolean (kept where True, as ``where(mask, 0, -inf)``) of the operator's shape or
 broadcast to it, and ``is_causal`` only over as many keys as queries (the operator's
-``unidirectional`` masks the same positions there). Any other call exports as torch.onnx does.
+``unidirectional`` masks the same positions there), with ONNX Runtime 1.22 or later
+(:func:`_fusing_runtime`). Any other call exports as torch.onnx does.
 Either way, a query that every key is hidden from reads zeros, as in PyTorch (:func:`_read_rows`);
 torch.onnx's export gave NaN there for a float mask.
 
@@ -37,6 +38,7 @@ repeated for its group of query heads (Unsqueeze, Expand, Reshape: head ``h`` re
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -85,6 +87,8 @@ def fused_attention(node: Node, query: TensorType, key: TensorType, value: Tenso
     repeated for ``enable_gqa``), or None where the operator does not compute it as PyTorch does
     (module docstring)."""
     given = arguments(node)
+    if not _fusing_runtime():
+        return None
     if any(t.dtype != "float32" or t.rank != 4 for t in (query, key, value)) or node.out.dtype != "float32":
         return None
     (b, h, s, d), (_, _, t, _), dv = query.shape, key.shape, value.shape[-1]
@@ -103,6 +107,16 @@ def fused_attention(node: Node, query: TensorType, key: TensorType, value: Tenso
         return None
     scale = given.get("scale")
     return FusedAttention(b, h, s, t, d, dv, 1.0 / math.sqrt(d) if scale is None else float(scale), causal, mask)
+
+
+@functools.cache
+def _fusing_runtime() -> bool:
+    """Whether the installed ONNX Runtime's operator takes a mask as the fused form gives it:
+    broadcast over batch or heads since 1.20, and right for (batch, 1, ...) with more than one
+    batch since 1.22 (its unfused CPU kernel read the wrong rows before)."""
+    import onnxruntime
+
+    return tuple(int(part) for part in onnxruntime.__version__.split(".")[:2]) >= (1, 22)
 
 
 def _attention(b: OnnxBuilder, node: Node) -> None:
