@@ -122,6 +122,38 @@ def test_attention_is_fused_from_64_mib_of_scores() -> None:
         assert ("MultiHeadAttention" in ops) == fused and ("Softmax" in ops) != fused, (tokens, ops)
 
 
+class _LearnedQuery(torch.nn.Module):
+    """DETR's and SAM's kind of call: a query the model holds (a parameter) and a mask it keeps
+    (a buffer, its query 2 reading no key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(1, 4, 8, 16))
+        mask = torch.randn(1, 1, 8, 11)
+        mask[..., 2, :] = float("-inf")
+        self.register_buffer("mask", mask)
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(self.query, k, v, attn_mask=self.mask)
+
+
+@pytest.mark.parametrize("fused", [pytest.param(True, marks=fusing), False])
+def test_attention_on_the_models_own_tensors_in_either_form(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operands that are the model's parameters and buffers become initializers once, as the
+    form reads them: the unfused form made one it did not read for its query, which ONNX
+    Runtime dropped, and then failed to take its weight (DETR, SAM, Kosmos-2 in the sweep)."""
+    if fused:
+        monkeypatch.setattr(attention, "FUSED_FROM_BYTES", 0)
+    model, k, v = _LearnedQuery().eval(), torch.randn(1, 4, 11, 16), torch.randn(1, 4, 11, 32)
+    graph = opsched.from_torch(model, (k, v))
+    assert ("MultiHeadAttention" in _ops(graph)) == fused
+    with torch.no_grad():
+        made = opsched.optimize_graph(graph, scheduler="sequential", backend="ort")(k, v)
+        expected = model(k, v)
+    assert (expected[:, :, 2] == 0).all()
+    torch.testing.assert_close(made, expected, atol=2e-6, rtol=1e-5)
+
+
 def test_an_onnx_runtime_before_1_22_is_given_torch_onnxs_form(monkeypatch: pytest.MonkeyPatch) -> None:
     """Its operator took no mask broadcast over batch or heads (1.20) and read the wrong rows of
     one broadcast over heads alone with more than one batch (fixed in 1.22)."""

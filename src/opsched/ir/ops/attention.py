@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -136,22 +136,25 @@ def _attention(b: OnnxBuilder, node: Node) -> None:
             inputs[k], types[k] = _repeated_heads(b, node, inputs[k], types[k], query.shape[-3])
         kwargs = tuple((name, ("v", False) if name == "enable_gqa" else e) for name, e in kwargs)
 
-    def operand(name: str) -> tuple[str, TensorType | None]:
-        ref = enc.get(name, ("v", None))
-        return (inputs[ref[1]], types[ref[1]]) if ref[0] == "t" else (b.operand(node, ref), b.operand_type(node, ref))
+    refs = [enc.get(name, ("v", None)) for name in ("query", "key", "value", "attn_mask")]
 
-    (q, q_type), (k, k_type), (v, v_type), (mask, mask_type) = map(operand, ("query", "key", "value", "attn_mask"))
+    def value(ref: tuple[str, Any]) -> str:
+        """An operand's ONNX value; a parameter's made an initializer only now, once it is read
+        (one left unread would be dropped by ONNX Runtime, its weights handed over for nothing)."""
+        return inputs[ref[1]] if ref[0] == "t" else b.operand(node, ref)
+
+    q_type, k_type, v_type, mask_type = (types[r[1]] if r[0] == "t" else b.operand_type(node, r) for r in refs)
     fused = None
     if q_type is not None and k_type is not None and v_type is not None:
-        fused = fused_attention(node, q_type, k_type, v_type, mask_type if mask else None)
+        fused = fused_attention(node, q_type, k_type, v_type, mask_type)
     if fused is not None:
-        return _export_fused(b, node, fused, q, k, v, mask)
+        return _export_fused(b, node, fused, *map(value, refs))
     if mask_type is None or mask_type.dtype not in _FLOATS or mask_type.rank > node.out.rank:
         return export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types)
     # torch.onnx's Softmax over a row of -inf alone is NaN, PyTorch's zeros (_read_rows)
     out = b.fresh(f"{node.name}_attended")
     export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types, output=out)
-    rows = _read_rows(b, node, _padded(b, node, mask, mask_type, node.out.rank), mask_type.dtype)
+    rows = _read_rows(b, node, _padded(b, node, value(refs[3]), mask_type, node.out.rank), mask_type.dtype)
     b.add("Where", [rows, out, b.init(np.array(0, _FLOATS[node.out.dtype]), "zero")], node.name)
 
 
