@@ -3,17 +3,20 @@ Runtime's fused attention operator alone and PyTorch's own kernel.
 
 torch.onnx exports the call as a scaled MatMul, Softmax and MatMul, which materialises every
 head's full score matrix. ONNX Runtime also has a fused operator,
-``com.microsoft.MultiHeadAttention``, which its transformer optimizer writes. opsched exports a
-call in it where the scores would take at least ``FUSED_FROM_BYTES``
-(:mod:`opsched.ir.ops.attention`); this benchmark times one call each way, and measures what
-each form adds to a fresh process's peak memory, to show where that line falls.
+``com.microsoft.MultiHeadAttention``, which its transformer optimizer writes; its CPU kernel
+computes an unmasked call in tiles, never holding the scores, and a masked or causal one by
+holding them once. opsched exports a call in it where the scores would take at least
+``FUSED_FROM_BYTES`` (:mod:`opsched.ir.ops.attention`); this benchmark times one call each way,
+and measures what each form adds to a fresh process's peak memory, to show where that line falls.
 
 Contenders: *opsched*: what ``opsched.optimize`` returns for a module whose one call is
 ``F.scaled_dot_product_attention(q, k, v)`` (one ONNX Runtime session, plus the module's own
-call); *fused form* and *unfused form*: the same, with the fused form taken always and never
-(never: what opsched exported before); *ORT fused*: an ONNX Runtime session of
-``MultiHeadAttention`` alone, its inputs made once in its layout (batch, tokens, heads x
-width), outside the timing; *torch*: the call in eager PyTorch.
+call), unmasked or, in the last rows, with a boolean mask hiding the last eighth of the keys
+(a padded batch's) or ``is_causal`` (a decoder's); *fused form* and *unfused form*: the same,
+with the fused form taken always and never (never: what opsched exported before); *ORT fused*:
+an ONNX Runtime session of ``MultiHeadAttention`` alone, its inputs made once in its layout
+(batch, tokens, heads x width), outside the timing (unmasked calls only); *torch*: the call in
+eager PyTorch.
 
 Each contender runs on 2 threads, in interleaved rounds within one process, in a fresh order
 each round (:func:`opsched.timing.interleave`: 50 ms of sleep, so that no thread the previous
@@ -55,8 +58,10 @@ import opsched  # noqa: E402
 from opsched.ir.ops import attention  # noqa: E402
 from opsched.timing import interleave  # noqa: E402
 
-#: (tokens, heads, head width): BERT-base's at 128 and 512 tokens, ViT-B/16's 197, long sequences.
-SHAPES = ((128, 12, 64), (197, 12, 64), (512, 12, 64), (1024, 8, 64), (1024, 12, 64), (2048, 4, 16), (2048, 12, 64))
+#: (tokens, heads, head width, masking): BERT-base's at 128 and 512 tokens, ViT-B/16's 197, long
+#: sequences; the last two masked as a padded batch's keys and as a decoder's (``is_causal``).
+SHAPES = ((128, 12, 64, ""), (197, 12, 64, ""), (512, 12, 64, ""), (1024, 8, 64, ""), (1024, 12, 64, ""),
+          (2048, 4, 16, ""), (2048, 12, 64, ""), (2048, 12, 64, "keys"), (2048, 12, 64, "causal"))
 
 #: The contenders opsched's time is divided by, in the last columns.
 OVER = ("ORT fused", "torch")
@@ -69,14 +74,21 @@ FORMS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
 
 
 class Attention(nn.Module):
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v)
+    def __init__(self, causal: bool = False) -> None:
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, *mask, is_causal=self.causal)
 
 
-def call_case(tokens: int, heads: int, width: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The module of one attention call, and its query (also its key and value)."""
+def call_case(tokens: int, heads: int, width: int, masking: str = "") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The module of one attention call and its operands: a query that is also its key and
+    value, and with ``masking`` "keys", a boolean mask hiding the last eighth of the keys."""
     q = torch.randn(1, heads, tokens, width, generator=torch.Generator().manual_seed(0))
-    return Attention().eval(), (q, q, q)
+    if masking == "keys":
+        return Attention().eval(), (q, q, q, torch.arange(tokens).view(1, 1, 1, tokens) < tokens - tokens // 8)
+    return Attention(causal=masking == "causal").eval(), (q, q, q)
 
 
 def model_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -110,7 +122,7 @@ def peak_mib(case: list[str], form: str) -> float:
 
 def _peak(form: str, case: list[str]) -> None:
     torch.set_num_threads(2)
-    model, inputs = call_case(*map(int, case)) if case else model_case()
+    model, inputs = call_case(*map(int, case[:3]), *case[3:]) if case else model_case()
     module = made(model, inputs, form)
     # Linux's peak resident memory of this process, reset to what it holds now (not
     # getrusage's, which a child inherits from the parent it was forked from)
@@ -156,26 +168,30 @@ def timed(model: nn.Module, inputs: tuple[torch.Tensor, ...], forms: tuple[str, 
     return {name: statistics.median(m) for name, m in medians.items()}
 
 
-def run(tokens: int, heads: int, width: int, rounds: int, calls: int) -> tuple[list[object], dict[str, object]]:
-    model, inputs = call_case(tokens, heads, width)
-    q = inputs[0]
-    flat = np.ascontiguousarray(q.transpose(1, 2).reshape(1, tokens, heads * width).numpy())
-    session = fused_session(tokens, heads, width)
-    fused_out = session.run(None, {"q": flat, "k": flat, "v": flat})[0]  # type: ignore[attr-defined]
-    assert np.allclose(fused_out.reshape(1, tokens, heads, width).transpose(0, 2, 1, 3), model(*inputs).numpy(),
-                       atol=1e-4)
-    ms = timed(model, inputs, ("opsched", "fused form", "unfused form"), rounds, calls, {
-        "ORT fused": lambda: session.run(None, {"q": flat, "k": flat, "v": flat}),  # type: ignore[attr-defined]
-        "torch": functools.partial(model, *inputs)})
-    case = [str(tokens), str(heads), str(width)]
+def run(tokens: int, heads: int, width: int, masking: str, rounds: int, calls: int
+        ) -> tuple[list[object], dict[str, object]]:
+    model, inputs = call_case(tokens, heads, width, masking)
+    others: dict[str, Callable[[], object]] = {}
+    if not masking:  # the operator alone, on its own layout (unmasked: its one form here)
+        q = inputs[0]
+        flat = np.ascontiguousarray(q.transpose(1, 2).reshape(1, tokens, heads * width).numpy())
+        session = fused_session(tokens, heads, width)
+        fused_out = session.run(None, {"q": flat, "k": flat, "v": flat})[0]  # type: ignore[attr-defined]
+        assert np.allclose(fused_out.reshape(1, tokens, heads, width).transpose(0, 2, 1, 3), model(*inputs).numpy(),
+                           atol=1e-4)
+        others["ORT fused"] = lambda: session.run(None, {"q": flat, "k": flat, "v": flat})  # type: ignore[attr-defined]
+    others["torch"] = functools.partial(model, *inputs)
+    ms = timed(model, inputs, ("opsched", "fused form", "unfused form"), rounds, calls, others)
+    case = [str(tokens), str(heads), str(width), *([masking] if masking else [])]
     peaks = {form: peak_mib(case, form) for form in ("fused form", "unfused form")}
     scores = 4 * heads * tokens * tokens
     row: list[object] = [
-        f"{tokens} x {heads} x {width}", f"{scores / 2**20:.0f}",
-        "fused" if scores >= attention.FUSED_FROM_BYTES else "unfused", *(f"{ms[n]:.3f}" for n in ms),
+        f"{tokens} x {heads} x {width}" + (f", {masking}" if masking else ""), f"{scores / 2**20:.0f}",
+        "fused" if scores >= attention.FUSED_FROM_BYTES else "unfused",
+        *(f"{ms[n]:.3f}" if n in ms else "n/a" for n in ("opsched", "fused form", "unfused form", *OVER)),
         f"{ms['unfused form'] / ms['fused form']:.2f}", *(f"{peaks[f]:.0f}" for f in peaks),
-        *(f"{ms['opsched'] / ms[n]:.2f}" for n in OVER)]
-    return row, {"tokens": tokens, "heads": heads, "width": width, "ms": ms, "peak_mib": peaks}
+        *(f"{ms['opsched'] / ms[n]:.2f}" if n in ms else "n/a" for n in OVER)]
+    return row, {"tokens": tokens, "heads": heads, "width": width, "masking": masking, "ms": ms, "peak_mib": peaks}
 
 
 def _intro(title: str) -> list[str]:
@@ -190,7 +206,7 @@ def calls_table(rounds: int, calls: int) -> None:
         print(row, flush=True)
         rows.append(row)
         records.append(record)
-    over = {key: geomean(r["ms"]["opsched"] / r["ms"][key] for r in records) for key in OVER}
+    over = {key: geomean(r["ms"]["opsched"] / r["ms"][key] for r in records if key in r["ms"]) for key in OVER}
     write_table("attention-kernels", _intro("Attention on this CPU: opsched's ONNX forms, ONNX Runtime's fused "
                                             "operator, PyTorch's kernel"),
                 ["tokens x heads x width", "scores MiB", "opsched exports", "opsched ms", "fused form ms",

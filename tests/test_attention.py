@@ -113,8 +113,8 @@ def test_attention_the_fused_operator_computes_otherwise_exports_as_torch_onnx_d
 @fusing
 def test_attention_is_fused_from_64_mib_of_scores() -> None:
     """Below :data:`FUSED_FROM_BYTES` of scores the call exports as torch.onnx does (the fused
-    operator is slower there on a small CPU), from it on fused (as fast, and its scores never
-    held): 4 heads of 2,048 x 2,048 float32 scores are 64 MiB. Exported only, not run."""
+    operator is slower there on a small CPU), from it on fused (as fast, and an unmasked call's
+    scores never held): 4 heads of 2,048 x 2,048 float32 scores are 64 MiB. Exported only."""
     assert attention.FUSED_FROM_BYTES == 64 << 20
     for tokens, fused in ((2047, False), (2048, True)):
         q = torch.randn(1, 4, tokens, 16)

@@ -2,17 +2,24 @@
 its scores are large and the call is one that operator computes, else as torch.onnx exports it.
 
 torch.onnx writes the call as a scaled MatMul, Softmax and MatMul, which materialise every
-head's full score matrix (batch x heads x queries x keys), twice over: a call of 12 heads over
-2,048 tokens raised a fresh process's peak memory by 198 MiB, against 38 MiB as the fused
-operator, which computes the scores in tiles, and the unfused form took 1.29x its time on two
-cores. On small calls the fused operator is the slower: at 128 tokens it took 1.6x the
-unfused form's time, as each run wakes the threads its several parallel loops need (opsched's
-sessions let threads spin within a run only, :mod:`opsched.backends.ort_program`). So the fused
-form is taken from :data:`FUSED_FROM_BYTES` of scores on, where the two forms' times crossed
-(``benchmarks/attention_kernels.py``: time and peak memory of each form, 128 to 2,048 tokens).
-A whole BERT of BERT-base's width at 2,048 tokens ran 1.14x faster so, at 74 MiB of peak
-memory over a call against 259 (``--model``; eager PyTorch: 1.02x opsched's time, 124 MiB).
-The line is this machine's: on more cores the fused operator's parallel loops pay sooner.
+head's full score matrix (batch x heads x queries x keys), twice over. ONNX Runtime's CPU kernel
+computes an unmasked call in tiles (its flash path), never holding the scores, and a masked or
+causal one holding them once. On two cores, at 2,048 tokens and 12 heads
+(``benchmarks/attention_kernels.py``: time and peak memory over a call in a fresh process):
+
+- unmasked: torch.onnx's form took 1.26x the fused form's time, its peak 198 MiB against 38;
+- keys masked (a padded batch): 2.68x, 833 MiB against 273;
+- causal: 0.98x, 384 MiB against 261.
+
+On small calls the fused operator is the slower: at 128 tokens it took 1.5x the unfused form's
+time, as each run wakes the threads its several parallel loops need (opsched's sessions let
+threads spin within a run only, :mod:`opsched.backends.ort_program`). So the fused form is taken
+from :data:`FUSED_FROM_BYTES` of scores on, where the two forms' times crossed. A whole BERT of
+BERT-base's width at 2,048 tokens ran 1.14x faster so, at 74 MiB of peak memory over a call
+against 259 (``--model``; eager PyTorch: 1.02x opsched's time, 124 MiB). The line is this
+machine's: on more cores the fused operator's parallel loops pay sooner. (PyTorch's own kernel
+beat both forms on a masked long call, 1.9x, and on a causal one, 4.2x: it skips the hidden
+half. Such a call would run faster outside the session, at the cost of a cut; not done yet.)
 
 The fused operator takes its query, key and value as (batch, tokens, heads x width), where the
 call has (batch, heads, tokens, width), and gives its output so: each operand is transposed and
