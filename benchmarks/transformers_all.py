@@ -15,7 +15,9 @@ where it needs them, in rows of patches beside their grid where it takes them so
 the grid and the tokens' kinds fixed values), or beside its size (Mistral3's), else the text
 alone; for a vision tower, an image's patches and
 their grid, the grid a fixed value (``fixed_values=``: the tower sizes its tensors by its numbers);
-for a video model, a clip of its frames; for a forecaster, its context of past values. A timm
+for a video model, a clip of its frames; for a forecaster, its context of past values; for the
+Decision Transformer, a trajectory of 16 steps; for SegGPT, its image and its prompt's, each half
+the canvas its config sizes. A timm
 backbone (DETR's) is made transformers' own of the same family where timm is not installed.
 Models past ``--max-params`` (counted on the meta device) are not built.
 ``optimize`` runs with the analytic cost model and its own check against the model, and the
@@ -155,13 +157,15 @@ def _shrunk(config: Any, sizes: dict[str, int]) -> None:
         held = _field(config, key)
         if (isinstance(held, int) and not isinstance(held, bool)) or \
                 (held is None and key in FILLED and key in vars(config) and sizes is SMALL):
-            with contextlib.suppress(AttributeError):  # a property computed from other fields
+            # a property computed from other fields, or one that says which to set (Funnel's layers: its block sizes)
+            with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     if sizes is SMALL:
         _follow(config, heads)
-    depths = getattr(config, "depths", None)
-    if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
-        config.depths = [1] * len(depths)
+    for key in ("depths", "block_sizes"):  # stages' depths (Swin's), Funnel's blocks'
+        depths = getattr(config, key, None)
+        if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
+            setattr(config, key, [1] * len(depths))
     layers, kinds = getattr(config, "num_hidden_layers", None), getattr(config, "layer_types", None)
     if isinstance(layers, int) and isinstance(kinds, list) and len(kinds) > layers:
         config.layer_types = kinds[:layers]
@@ -513,6 +517,12 @@ def example_inputs(model: Any, config: Any) -> dict[str, Any]:
                                                           torch.zeros_like(text)], dim=1)
     if "past_values" in inputs and "past_values_padding" in params:  # TimesFM 2.5's, where it may be left out
         inputs["past_values_padding"] = named_input("past_values_padding", model, config)
+    if "prompt_masks" in inputs:  # SegGPT's canvas holds its image above the prompt's: each is half its height
+        inputs.update({name: value[:, :, :value.shape[2] // 2].clone() for name, value in inputs.items()
+                       if name in ("pixel_values", "prompt_pixel_values", "prompt_masks")})
+    if "states" in inputs:  # a trajectory's other parts, which its forward may be called without but reads
+        inputs.update({name: named_input(name, model, config) for name in ("actions", "returns_to_go", "timesteps")
+                       if name in params})
     if getattr(config, "is_encoder_decoder", False) and \
             (main == "input_ids" or "decoder_input_ids" in params):
         inputs["decoder_input_ids"] = tokens(config, 8)  # a translator's, a speech recogniser's
@@ -591,16 +601,25 @@ def by_name() -> dict[str, Any]:
         "input_values": lambda c: torch.randn(1, 8000),  # audio samples
         "input_features": lambda c: torch.randn(1, _size(c, "num_mel_bins", 80), 3000),  # (batch, mel bins, frames)
         "input_features_mask": lambda c: torch.ones(1, 3000, dtype=torch.long),  # a speech encoder's: all real
+        # Gemma 3n's audio tower's: (batch, frames, mel bins), and which frames are padding (none)
+        "audio_mel": lambda c: torch.randn(1, 3000, _size(c, "input_feat_size", 128)),
+        "audio_mel_mask": lambda c: torch.zeros(1, 3000, dtype=torch.bool),
         "bbox": _boxes,  # a document model's words' boxes
         "visual_pos": _boxes,  # LXMERT's regions'
         "visual_feats": lambda c: torch.randn(1, 16, _size(c, "visual_feat_dim", 2048)),  # their detector's features
         "pixel_values_videos": _clip,
+        "prompt_masks": _image,  # SegGPT's: its prompt image's mask, an image of its own (example_inputs halves it)
         "past_values": _past_values,
         "past_values_padding": lambda c: torch.zeros(1, _history(c)),  # TimesFM's: which steps are padding (none)
         "freq": lambda c: torch.zeros(1, 1, dtype=torch.long),  # TimesFM's frequency class
         # the time series transformers': (batch, steps, features), every step observed
         "past_time_features": lambda c: torch.randn(1, _history(c), _size(c, "num_time_features", 1)),
         "past_observed_mask": lambda c: torch.ones(1, _history(c)),
+        # a trajectory of 16 steps (the Decision Transformer's): what was seen, done, still to earn, and when
+        "states": lambda c: torch.randn(1, 16, _size(c, "state_dim", 17)),
+        "actions": lambda c: torch.randn(1, 16, _size(c, "act_dim", 4)),
+        "returns_to_go": lambda c: torch.randn(1, 16, 1),
+        "timesteps": lambda c: torch.arange(16).unsqueeze(0),
     }
 
 

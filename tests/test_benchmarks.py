@@ -499,6 +499,14 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     assert inputs("siglip2_vision_model") == {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                                               "spatial_shapes": (1, 2)}
     assert set(inputs("xcodec2")) == {"input_values", "input_features"}
+    # the Decision Transformer's trajectory, all of it (its forward takes each part as optional, reads each)
+    assert inputs("decision_transformer") == {"states": (1, 16, 17), "actions": (1, 16, 4), "returns_to_go": (1, 16, 1),
+                                              "timesteps": (1, 16)}
+    # SegGPT's image and prompt, each half the canvas its config sizes (896 x 448)
+    assert inputs("seggpt") == {"pixel_values": (1, 3, 448, 448), "prompt_pixel_values": (1, 3, 448, 448),
+                                "prompt_masks": (1, 3, 448, 448)}
+    # a config whose layer count refuses to be set (it says which fields to set instead) keeps it
+    assert sweep.shrunk(CONFIG_MAPPING["prophetnet"](), sweep.SMALL).num_encoder_layers < 12
     config = sweep.shrunk(CONFIG_MAPPING["audio-spectrogram-transformer"](), sweep.SMALL)
     with torch.device("meta"):
         ast = AutoModel.from_config(config)
