@@ -282,7 +282,21 @@ def as_checkpoints_name(config: Any) -> Any:
     languages = _field(config, "languages")
     if "default_language" in vars(config) and config.default_language is None and languages:
         config.default_language = list(languages)[0]
+    classes = _auto_classes(config)
+    if config.architectures is None and isinstance(classes, (list, tuple)):
+        # AutoModel picks among several classes by the architectures a checkpoint names (Funnel's
+        # full model or its base), and fails where none are named: the first, as the mapping has it
+        config.architectures = [classes[0].__name__]
     return config
+
+
+def _auto_classes(config: Any) -> Any:
+    """What AutoModel's mapping holds for ``config``'s type: a class, several, or None."""
+    from transformers import AutoModel
+
+    with contextlib.suppress(KeyError):
+        return AutoModel._model_mapping[type(config)]
+    return None
 
 
 def _size(config: Any, key: str, default: int) -> int:

@@ -507,6 +507,9 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
                                 "prompt_masks": (1, 3, 448, 448)}
     # a config whose layer count refuses to be set (it says which fields to set instead) keeps it
     assert sweep.shrunk(CONFIG_MAPPING["prophetnet"](), sweep.SMALL).num_encoder_layers < 12
+    # AutoModel picks Funnel's full model or its base by the architectures named, and fails where none are
+    funnel = sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING["funnel"](), sweep.SMALL))
+    assert funnel.architectures == ["FunnelModel"] and funnel.block_sizes == [1, 1, 1]
     config = sweep.shrunk(CONFIG_MAPPING["audio-spectrogram-transformer"](), sweep.SMALL)
     with torch.device("meta"):
         ast = AutoModel.from_config(config)
