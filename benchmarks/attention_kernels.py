@@ -195,7 +195,7 @@ def run(tokens: int, heads: int, width: int, masking: str, rounds: int, calls: i
 
 
 def _intro(title: str) -> list[str]:
-    return [f"# {title}", "", *(" ".join(p.split()) + "\n" for p in __doc__.split("\n\n")[1:6])]
+    return [f"# {title}", "", *(" ".join(p.split()) + "\n" for p in __doc__.split("\n\n")[1:5])]
 
 
 def calls_table(rounds: int, calls: int) -> None:
