@@ -20,7 +20,7 @@ against 259 (``--model``; eager PyTorch: 1.02x opsched's time, 124 MiB). The lin
 machine's: on more cores the fused operator's parallel loops pay sooner.
 
 PyTorch's own kernel beat both forms on a lone masked call (1.9x at 2,048 tokens) and a causal
-one (4.2x; 3.5x at 128 tokens): it skips the hidden scores. Run outside the session, though, such
+one (4.2x): it skips the hidden scores. Run outside the session, though, such
 calls lost: GPT-2 (12 layers, 128 tokens) took 126 ms with them cut out against 81 ms with them
 in the session (4 layers at 512 tokens: 1.03x faster), as each cut is a session run more, and
 torch's OpenMP threads, spinning after its kernel, take the cores from the session after it
@@ -112,7 +112,7 @@ def fused_attention(node: Node, query: TensorType, key: TensorType, value: Tenso
     if mask is not None:
         if mask.dtype not in ("float32", "bool") or mask.rank > 4:
             return None
-        shape = (1,) * (4 - mask.rank) + tuple(mask.shape)
+        shape = _broadcast_shape(mask, 4)
         if any(m not in (1, full) for m, full in zip(shape, (b, h, s, t))):
             return None
     if 4 * b * h * s * t < FUSED_FROM_BYTES:
@@ -206,7 +206,7 @@ def _export_fused(b: OnnxBuilder, node: Node, f: FusedAttention, q: str, k: str,
             bias = b.add("Where", [mask, kept, hidden], b.fresh(f"{node.name}_bias"))
         bias = _padded(b, node, bias, f.mask, 4)
         rows = _read_rows(b, node, bias, "float32")
-        shape = (1,) * (4 - f.mask.rank) + tuple(f.mask.shape)
+        shape = _broadcast_shape(f.mask, 4)
         full = (*shape[:2], f.queries, f.keys)  # the operator's (batch or 1, heads or 1, queries, keys)
         if shape != full:
             bias = b.add("Expand", [bias, b.init(np.array(full, np.int64), "shape")], b.fresh(f"{node.name}_bias_full"))
@@ -225,8 +225,13 @@ def _padded(b: OnnxBuilder, node: Node, mask: str, t: TensorType, rank: int) -> 
     """``mask`` (of ``t``) with leading axes of 1 up to ``rank``, as it broadcasts."""
     if t.rank == rank:
         return mask
-    shape = np.array((1,) * (rank - t.rank) + tuple(t.shape), np.int64)
+    shape = np.array(_broadcast_shape(t, rank), np.int64)
     return b.add("Reshape", [mask, b.init(shape, "shape")], b.fresh(f"{node.name}_mask_rank{rank}"))
+
+
+def _broadcast_shape(t: TensorType, rank: int) -> tuple[int, ...]:
+    """``t``'s shape with leading axes of 1 up to ``rank``, as it broadcasts."""
+    return (1,) * (rank - t.rank) + tuple(t.shape)
 
 
 def _read_rows(b: OnnxBuilder, node: Node, bias: str, dtype: str) -> str:
