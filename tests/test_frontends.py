@@ -25,6 +25,7 @@ from opsched.errors import (
     UntraceableModuleError,
 )
 from opsched.frontends import TRACERS
+from opsched.ir.ops.aten import SDPA, arguments
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.runtime import run_graph
 from opsched.testing import assert_close
@@ -220,7 +221,7 @@ def test_a_model_that_sizes_its_tensors_by_numbers_it_keeps_in_buffers_is_traced
         torch.export.export(model, (x,), strict=False)
     with caplog.at_level(logging.INFO, logger="opsched.frontends"):
         graph = from_torch(model, (x,), tracer="export")
-    assert [r for r in caplog.records if "traced with its 4 scalar buffers fixed" in r.getMessage()]
+    assert [r for r in caplog.records if "traced with its constants computed (4 scalar buffers" in r.getMessage()]
     assert [n.op for n in graph.nodes] == ["pad", "pad", "aten.conv"] * 2  # each padding a constant
     assert [n.attrs["pads"] for n in graph.nodes if n.op == "pad"] == [(0, 1), (2, 0), (0, 1), (2, 0)]
     module = opsched.optimize(model, (x,), cost="analytic")
@@ -236,6 +237,81 @@ def test_a_model_that_sizes_its_tensors_by_numbers_it_keeps_in_buffers_is_traced
     with pytest.raises(FrontendError, match=r"torch.export cannot trace Counted: .*data-dependent.* at "
                                             r"\S*test_frontends\.py:\d+ in forward"):
         from_torch(Counted().eval(), (x,), tracer="export")
+
+
+class _CausalEncoder(nn.Module):
+    """PyTorch's tutorial language model: a TransformerEncoder given the causal mask its forward
+    makes (or, ``given``, that it is called with), which torch.nn compares with a causal mask of
+    its own to choose its kernel, unless told ``is_causal``."""
+
+    def __init__(self, given: bool = False, is_causal: bool | None = None) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.given, self.is_causal = given, is_causal
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        causal = mask if self.given else nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.encoder(x, mask=causal, is_causal=self.is_causal)
+
+
+class _CausalTransformer(nn.Module):
+    """nn.Transformer as its documentation calls it: the decoder's causal mask made in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transformer = nn.Transformer(16, 4, 1, 1, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(target.shape[1])
+        return self.transformer(source, target, tgt_mask=mask)
+
+
+@pytest.mark.parametrize("model_type", [_CausalEncoder, _CausalTransformer])
+def test_torch_nn_transformers_given_a_causal_mask_their_forward_makes_import_whole_and_equal_eager(
+        model_type: type[nn.Module]) -> None:
+    """torch.nn's Transformer compares the mask it is given with a causal one (``torch.equal``: a
+    branch on values, which torch.export refuses; torch.fx then kept the whole encoder as one
+    opaque call). The mask is made of constants alone, so it is computed while traced: the graph
+    holds every call, each attention made causal with no mask, and equals eager on fresh inputs."""
+    torch.manual_seed(0)
+    model = model_type().eval()
+    inputs = (torch.randn(2, 6, 16),) + ((torch.randn(2, 5, 16),) if model_type is _CausalTransformer else ())
+    graph = from_torch(model, inputs, tracer="export")
+    assert not [n for n in graph.nodes if n.op == "opaque"]
+    calls = [arguments(n) for n in graph.nodes if n.attrs.get("target") == SDPA]
+    causal = [c.get("is_causal", False) and c.get("attn_mask") is None for c in calls]
+    # each encoder layer's; or the encoder's, the decoder's own and its attention to the encoder
+    assert causal == ([True, True] if model_type is _CausalEncoder else [False, True, False])
+    module = opsched.optimize(model, inputs, cost="analytic")
+    fresh = tuple(torch.randn_like(x) for x in inputs)
+    with torch.no_grad():
+        assert_close(module(*fresh), model(*fresh))
+
+
+def test_a_mask_torch_nn_compares_with_a_causal_one_is_named_with_what_settles_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Given its mask as an input, the encoder's branch is on an input's values: torch.export's
+    refusal says what settles it (``is_causal``, or ``fixed_values``); ``tracer="auto"``, whose
+    torch.fx keeps the encoder whole, says why; told ``is_causal``, the model imports whole."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 6, 16), nn.Transformer.generate_square_subsequent_mask(6)
+    model = _CausalEncoder(given=True).eval()
+    with pytest.raises(FrontendError, match=r"data-dependent.* \[torch.nn's Transformer compares the mask it is "
+                                            r"given with a causal mask of its own.*is_causal= \(TransformerEncoder, "
+                                            r"its layers\) or tgt_is_causal= .*fixed_values"):
+        from_torch(model, (x, mask), tracer="export")
+    with caplog.at_level(logging.WARNING, logger="opsched.frontends"):
+        graph = from_torch(model, (x, mask))
+    assert [n.op for n in graph.nodes] == ["opaque"]
+    assert [r for r in caplog.records if "compares the mask it is given" in r.getMessage()
+            and "torch.fx traced it instead" in r.getMessage()]
+    told = _CausalEncoder(given=True, is_causal=True).eval()
+    module = opsched.optimize(told, (x, mask), cost="analytic")
+    assert not [n for n in module.graph.nodes if n.op == "opaque"]
+    fresh = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        assert_close(module(fresh, mask), told(fresh, mask))
 
 
 def test_a_weight_registered_by_a_conversion_taken_back_registers_anew() -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
@@ -51,9 +53,11 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     is then computed for real while it is traced (:mod:`opsched.frontends.fixed_values`), and where
     that fails, :func:`torch.export.draft_export` traces it, taking each branch on such a number as
     the example's values take it; the converter then folds what it computed of them, and refuses a
-    number read out of any tensor but a fixed one (:class:`ExportConverter`). A model that keeps
-    numbers in buffers and sizes its tensors by them (Mimi's convolutions, their strides) is
-    traced again with those fixed, as its weights are (:func:`_buffers_fixed`)."""
+    number read out of any tensor but a fixed one (:class:`ExportConverter`). A model that branches
+    on what it computes of constants alone (torch.nn's Transformer, given a causal mask that its
+    forward makes, compares it with one of its own) or keeps numbers in buffers and sizes its
+    tensors by them (Mimi's convolutions, their strides) is traced again with those computed for
+    real (:func:`_constants_fixed`)."""
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     held = {k: leaves[k] for k in fixed}
     if held:
@@ -80,30 +84,30 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
                 raise
             program, draft = _exported(module, args, kwargs, draft=True), True
     except Exception as e:
-        if not held and _data_dependent(str(e)) and (graph := _buffers_fixed(module, args, kwargs, name)) is not None:
+        if not held and _data_dependent(str(e)) and (graph := _constants_fixed(module, args, kwargs, name)) is not None:
             return graph
         sizing = () if held or not _data_dependent(str(e)) else tuple(_sizing(module, args, kwargs))
-        hint = _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
+        hint = _torch_branch_hint(e) or _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
         raise FrontendError(f"torch.export cannot trace {name}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
                             f"{failure_place(e)}{hint}", fixable=sizing) from e
     return ExportConverter(program, name, held, draft=draft).run()
 
 
-def _buffers_fixed(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph | None:
-    """``module`` traced with the numbers it keeps in buffers fixed (:func:`scalar_buffers`: what
-    it computes of them alone computed while traced, as of fixed inputs), and converted; None
-    where it keeps none, or still cannot be traced (its sizes follow its inputs' values then)."""
+def _constants_fixed(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph | None:
+    """``module`` traced with what it computes of constants alone computed for real, as of fixed
+    inputs (:mod:`opsched.frontends.fixed_values`): tensors made of Python's values (a causal mask,
+    ``torch.full(...).triu(1)``) and the numbers it keeps in buffers (:func:`scalar_buffers`);
+    converted, or None where it still cannot be traced (it branches on its inputs' values then)."""
     buffers = scalar_buffers(module)
-    if not buffers:
-        return None
-    with_buffers = WithFixedValues(module, args, kwargs, (), buffers)
+    with_constants = WithFixedValues(module, args, kwargs, (), buffers)
     try:
-        program = _exported(with_buffers, *with_buffers.call, draft=False)
-    except Exception as e:  # noqa: BLE001 (not the buffers' doing: the first failure is the one to report)
-        log.info("%s: tracing with its %d scalar buffers fixed failed too (%s)", name, len(buffers), type(e).__name__)
+        program = _exported(with_constants, *with_constants.call, draft=False)
+    except Exception as e:  # noqa: BLE001 (not the constants' doing: the first failure is the one to report)
+        log.info("%s: tracing with its constants computed failed too (%s)", name, type(e).__name__)
         return None
-    log.info("%s: traced with its %d scalar buffers fixed (%s)", name, len(buffers), ", ".join(buffers[:3]))
+    log.info("%s: traced with its constants computed (%d scalar buffers%s)", name, len(buffers),
+             f": {', '.join(buffers[:3])}" if buffers else "")
     return ExportConverter(program, name, root=WithFixedValues.ROOT).run()
 
 
@@ -218,6 +222,27 @@ def _hint(reason: str, sizing: Sequence[str] = (), fixing: bool = False) -> str:
         return (" [the model's sizes or control flow depend on its tensors' values (a detector's non-maximum "
                 "suppression, say), which one traced graph cannot hold: torch.compile(model, backend='opsched') "
                 f"schedules the graphs Dynamo captures between those places{fix}]")
+    return ""
+
+
+#: What to do where torch.export stops on a branch in torch's own modules, by the function it stopped in.
+_TORCH_BRANCHES = {
+    "_detect_is_causal_mask": (
+        "torch.nn's Transformer compares the mask it is given with a causal mask of its own, to choose "
+        "its kernel: a branch on the mask's values. Say which it is where the model calls it, is_causal= "
+        "(TransformerEncoder, its layers) or tgt_is_causal= (Transformer, TransformerDecoder): True for "
+        "a causal mask, else False; or name the mask in fixed_values to specialise the graph to it"),
+}
+
+
+def _torch_branch_hint(error: BaseException) -> str:
+    """The fix (:data:`_TORCH_BRANCHES`) for a trace that stopped in one of torch's own modules on a
+    branch its caller can settle; nothing otherwise."""
+    modules = os.path.join(os.path.dirname(torch.__file__), "nn", "modules") + os.sep
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        fix = _TORCH_BRANCHES.get(frame.f_code.co_name)
+        if fix is not None and os.path.abspath(frame.f_code.co_filename).startswith(modules):
+            return f" [{fix}]"
     return ""
 
 

@@ -271,9 +271,12 @@ def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Ten
         if tracer == "export" or isinstance(export_error, StatefulModelError):  # torch.fx would not change that
             raise
         try:
-            return _fx(module, structure, inputs, name, leaves)
+            graph = _fx(module, structure, inputs, name, leaves)
         except FrontendError as fx_error:  # both reasons, as the type torch.fx's says
             raise type(fx_error)(f"{export_error}; and {fx_error}", fixable=export_error.fixable) from fx_error
+        if any(n.op == "opaque" for n in graph.nodes):  # what torch.fx kept whole: why torch.export did not trace it
+            log.warning("%s; torch.fx traced it instead, keeping whole what it cannot trace", export_error)
+        return graph
 
 
 def _fx(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Tensor, ...], name: str,
