@@ -314,6 +314,27 @@ def test_a_mask_torch_nn_compares_with_a_causal_one_is_named_with_what_settles_i
         assert_close(module(fresh, mask), told(fresh, mask))
 
 
+class _SampledPatches(nn.Module):
+    """ViLT's choice of image patches: drawn by ``multinomial`` from weights its forward makes of
+    constants alone, and a branch on a number of them (a size torch.export cannot know)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        valid = torch.ones(x.shape[0])
+        if int(valid.sum()) > 4:  # a branch on what is computed of constants alone
+            return x[torch.multinomial(valid, 4)]
+        return x
+
+
+def test_a_draw_from_constants_made_in_forward_is_traced_not_frozen() -> None:
+    """What a model computes of constants alone is computed while traced, but for random draws:
+    frozen, ViLT's patches were the same on every call, and the sweep found it 5.6 from eager with
+    its check passed. The draw stays in the graph, so each call draws anew."""
+    from opsched.check import draws_random
+
+    graph = from_torch(_SampledPatches(), (torch.randn(6, 3),), tracer="export")
+    assert [n.attrs["target"] for n in graph.nodes if draws_random(n)] == ["aten::multinomial.default"]
+
+
 def test_a_weight_registered_by_a_conversion_taken_back_registers_anew() -> None:
     """A converter that registers a weight and then cannot type its call is taken back, weight
     and all; the weight's next use registered it under the name taken back, which the graph no

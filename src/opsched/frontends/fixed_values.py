@@ -144,10 +144,12 @@ class WithFixedValues(nn.Module):
 
 def _call(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func`` on fixed values alone: run for real, outside the trace, its tensors fixed values
-    again; with traced tensors too: traced, the fixed values' real tensors as constants."""
+    again; with traced tensors too, or where it draws random numbers (ViLT's ``multinomial``
+    choice of patches, of a mask made in its forward): traced, the fixed values' real tensors as
+    constants, so that each call draws anew, as the model's does."""
     reads_traced = any(isinstance(t, torch.Tensor) and not isinstance(t, FixedValue)
                        for t in pytree.tree_leaves((args, kwargs)))
-    if reads_traced:
+    if reads_traced or _draws(func):
         if _writes(func, args, kwargs):
             raise RuntimeError(f"{getattr(func, '__name__', func)} writes traced values into a fixed value in place, "
                                f"which the trace cannot follow")
@@ -155,6 +157,15 @@ def _call(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             return func(*_real(args), **_real(kwargs))
     with torch._C.DisableTorchFunction(), _disable_current_modes():
         return _fixed(func(*_real(args), **_real(kwargs)))
+
+
+def _draws(func: Any) -> bool:
+    """Whether the torch function ``func`` may draw random numbers: an ATen operator of its name
+    has an overload that does (``torch.multinomial``, ``Tensor.uniform_``, ``torch.randperm``)."""
+    packet = getattr(torch.ops.aten, getattr(func, "__name__", ""), None)
+    return isinstance(packet, torch._ops.OpOverloadPacket) and any(
+        torch.Tag.nondeterministic_seeded in getattr(packet, name).tags
+        for name in packet.overloads())  # type: ignore[no-untyped-call]
 
 
 def _writes(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
