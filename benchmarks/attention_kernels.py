@@ -29,8 +29,16 @@ raised the peak resident memory of a fresh process that made that form.
 tokens (192 MiB of scores a layer): eager, and what ``opsched.optimize`` makes of it with
 either form, timed interleaved, and each one's peak over a call in a fresh process.
 
+*A masked model* (``--masked``): a T5 encoder (4 layers, width 512, 8 heads, as t5-small's),
+its batch padded (the last eighth of its tokens), at 128 and 1,024 tokens. Its mask, T5's
+position biases where a key is kept and ``finfo.min`` where not, cannot hide a query from every
+key, and opsched exports its attention without zeroing such queries (:mod:`opsched.ir.bounds`);
+*zeroing* is the same with the zeroing forced (ReduceMax, Greater and Where each call, as
+opsched exported every float mask before), and *eager* the model itself.
+
     python benchmarks/attention_kernels.py
     python benchmarks/attention_kernels.py --model
+    python benchmarks/attention_kernels.py --masked
 """
 
 from __future__ import annotations
@@ -70,7 +78,8 @@ OVER = ("ORT fused", "torch")
 FORMS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "opsched": contextlib.nullcontext,
     "fused form": lambda: mock.patch.object(attention, "FUSED_FROM_BYTES", 0),
-    "unfused form": lambda: mock.patch.object(attention, "fused_attention", return_value=None)}
+    "unfused form": lambda: mock.patch.object(attention, "fused_attention", return_value=None),
+    "zeroing": lambda: mock.patch.object(attention, "_may_hide", return_value=True)}
 
 
 class Attention(nn.Module):
@@ -98,6 +107,17 @@ def model_case() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     config = transformers.BertConfig(num_hidden_layers=4, max_position_embeddings=2048, attn_implementation="sdpa")
     return transformers.BertModel(config).eval(), (torch.randint(0, config.vocab_size, (1, 2048)),)
+
+
+def t5_case(tokens: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A T5 encoder of t5-small's width and heads, 4 layers, its last eighth of tokens padded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(num_layers=4, d_model=512, d_kv=64, num_heads=8, d_ff=2048, vocab_size=1000)
+    ids, mask = torch.randint(0, 1000, (1, tokens)), torch.ones(1, tokens, dtype=torch.long)
+    mask[0, tokens - tokens // 8:] = 0
+    return transformers.T5EncoderModel(config).eval(), (ids, mask)
 
 
 def made(model: nn.Module, inputs: tuple[torch.Tensor, ...], form: str) -> nn.Module:
@@ -194,8 +214,10 @@ def run(tokens: int, heads: int, width: int, masking: str, rounds: int, calls: i
     return row, {"tokens": tokens, "heads": heads, "width": width, "masking": masking, "ms": ms, "peak_mib": peaks}
 
 
-def _intro(title: str) -> list[str]:
-    return [f"# {title}", "", *(" ".join(p.split()) + "\n" for p in __doc__.split("\n\n")[1:5])]
+def _intro(title: str, paragraphs: tuple[int, ...] = (1, 2, 3, 4)) -> list[str]:
+    """A page's title and the paragraphs of the module docstring that say what it shows."""
+    parts = __doc__.split("\n\n")
+    return [f"# {title}", "", *(" ".join(parts[k].split()) + "\n" for k in paragraphs)]
 
 
 def calls_table(rounds: int, calls: int) -> None:
@@ -230,6 +252,24 @@ def model_table(rounds: int) -> None:
                 {"ms": ms, "peak_mib": {r[0]: float(str(r[3])) for r in rows}})
 
 
+def masked_table(rounds: int, calls: int) -> None:
+    rows: list[list[object]] = []
+    records: list[dict[str, Any]] = []
+    for tokens in (128, 1024):
+        model, inputs = t5_case(tokens)
+        ms = timed(model, inputs, ("opsched", "zeroing"), rounds, calls, {"eager": functools.partial(model, *inputs)})
+        row: list[object] = [tokens, *(f"{ms[n]:.2f}" for n in ("opsched", "zeroing", "eager")),
+                             f"{ms['zeroing'] / ms['opsched']:.3f}", f"{ms['eager'] / ms['opsched']:.2f}"]
+        print(row, flush=True)
+        rows.append(row)
+        records.append({"tokens": tokens, "ms": ms})
+    write_table("attention-masked", _intro("A masked model on this CPU: a padded T5 encoder, its attention "
+                                           "exported without zeroing queries its mask cannot hide", (3, 5)),
+                ["tokens", "opsched ms", "zeroing ms", "eager ms", "zeroing over opsched", "eager over opsched"],
+                rows, {"zeroing over opsched": geomean(r["ms"]["zeroing"] / r["ms"]["opsched"] for r in records)},
+                {"rows": records})
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--peak"]:
         return _peak(sys.argv[2], sys.argv[3:])
@@ -237,10 +277,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--calls", type=int, default=11, help="timed calls per turn (their median)")
     p.add_argument("--model", action="store_true", help="time a whole model instead (module docstring)")
+    p.add_argument("--masked", action="store_true", help="time a padded T5 encoder instead (module docstring)")
     args = p.parse_args()
     torch.set_num_threads(2)
     if args.model:
         model_table(min(args.rounds, 5))
+    elif args.masked:
+        masked_table(args.rounds, args.calls)
     else:
         calls_table(args.rounds, args.calls)
 

@@ -265,3 +265,64 @@ def test_subgraph_inputs_and_outputs() -> None:
     assert [i.name for i in sub.inputs] == ["a"]
     assert sub.outputs == ("l", "r")
     sub.verify()
+
+
+class _Masked(torch.nn.Module):
+    """An additive attention mask as models make them: filled where ``keep`` is False, plus a bias
+    the model holds (T5's position biases, ALiBi's slopes)."""
+
+    def __init__(self, fill: float, bias: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.fill, self.dtype = fill, dtype
+        self.register_buffer("bias", bias.to(dtype))
+
+    def forward(self, keep: torch.Tensor) -> torch.Tensor:
+        mask = torch.where(keep, torch.zeros((), dtype=self.dtype), torch.tensor(self.fill, dtype=self.dtype))
+        return (mask + self.bias).unsqueeze(1).expand(-1, 2, -1, -1) * 1.0
+
+
+_F32, _F16 = torch.finfo(torch.float32), torch.finfo(torch.float16)
+
+
+@pytest.mark.parametrize(("fill", "bias", "dtype", "low"), [
+    (_F32.min, torch.linspace(-5, 3, 16).view(4, 4), torch.float32, _F32.min),  # finfo.min - 5 rounds to finfo.min
+    (_F32.min, torch.full((4, 4), -1e32), torch.float32, -float("inf")),        # past the edge: -inf
+    (float("-inf"), torch.zeros(4, 4), torch.float32, -float("inf")),
+    (-1e4, torch.linspace(-5, 3, 16).view(4, 4), torch.float32, -1e4 - 5),
+    (_F16.min, torch.full((4, 4), -8.0), torch.float16, _F16.min),             # half a unit: rounds back
+    (_F16.min, torch.full((4, 4), -16.0), torch.float16, -float("inf")),       # a tie, to even: -inf
+])
+def test_bounds_follow_a_mask_through_where_add_and_views_as_its_dtype_rounds(
+        fill: float, bias: torch.Tensor, dtype: torch.dtype, low: float) -> None:
+    """The least value a mask can hold, worked out from its calls (a graph input of bools, a
+    buffer's own entries, scalars), is what the dtype's rounding makes of the exact least: float32
+    holds ``finfo.min - 5`` as ``finfo.min`` and overflows to -inf from half a unit past it on."""
+    from opsched import from_torch
+    from opsched.ir.bounds import bounds
+
+    keep = torch.rand(2, 4, 4) > 0.5
+    graph = from_torch(_Masked(fill, bias, dtype), (keep,), canonical=False)
+    (out,) = graph.outputs
+    found = bounds(graph, out)
+    assert found.low == low
+    eager = _Masked(fill, bias, dtype)(keep)
+    assert eager.min().item() >= found.low and eager.max().item() <= found.high
+
+
+def test_bounds_of_inputs_and_calls_without_a_rule_are_their_dtypes_range() -> None:
+    """A float input may hold anything; an integer input its dtype's range, which a cast to float32
+    rounds (-2^31 .. 2^31) and ``1 - x`` wraps past in int32 (anything it holds); a bool's 0 and
+    1, of which ``(1 - m) * finfo.min`` is at least ``finfo.min``; a call without a rule (``exp``)
+    may give anything."""
+    from opsched import from_torch
+    from opsched.ir.bounds import ANY, Bounds, bounds
+
+    class Calls(torch.nn.Module):
+        def forward(self, x: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return x + 1, n.float(), 1 - n, (1.0 - m.float()) * _F32.min, x.exp()
+
+    graph = from_torch(Calls(), (torch.randn(3), torch.arange(3, dtype=torch.int32), torch.rand(3) > 0.5),
+                       canonical=False)
+    found = [bounds(graph, v) for v in graph.outputs]
+    int32 = Bounds(-2.0 ** 31, 2.0 ** 31 - 1)
+    assert found == [ANY, Bounds(-2.0 ** 31, 2.0 ** 31), int32, Bounds(_F32.min, 0.0), ANY]
