@@ -10,7 +10,11 @@ and on a GPU it rules out the flash-attention kernel. So, for a call whose mask 
 
 * a boolean mask that is all true, or an additive one that is all zero, is dropped;
 * a boolean mask equal to the lower triangle ``ones(L, S).tril()`` (broadcast over batch and
-  heads) is dropped and the call made causal, which is the same mask by the operator's definition.
+  heads) is dropped and the call made causal, which is the same mask by the operator's definition;
+  so is an additive one that is zero on that triangle and -inf or its dtype's least value above it
+  (``nn.Transformer.generate_square_subsequent_mask``, a decoder's ``finfo.min`` mask): every query
+  reads its first key, so a key's weight where the mask is ``finfo.min`` is ``exp`` of
+  ``finfo.min`` less a finite maximum, zero, as where it is -inf.
 
 Either way the call computes what it did. A mask computed from the inputs is left alone.
 """
@@ -50,8 +54,7 @@ def _simplified(graph: Graph, node: Node) -> Node | None:
     length, source = query[-2], key[-2]
     if (mask.dtype == torch.bool and bool(mask.all())) or (mask.is_floating_point() and not bool(mask.any())):
         causal = False
-    elif mask.dtype == torch.bool and bool(
-            (mask == torch.ones(length, source, dtype=torch.bool, device=mask.device).tril()).all()):
+    elif _causal(mask, length, source):
         causal = True
     else:
         return None
@@ -67,6 +70,18 @@ def _simplified(graph: Graph, node: Node) -> Node | None:
     attrs = {**node.attrs, "args": tuple(_renumbered(a, dropped) for a in args),
              "kwargs": tuple((k, _renumbered(v, dropped)) for k, v in kwargs.items())}
     return node.replace(attrs=attrs, params=params)
+
+
+def _causal(mask: torch.Tensor, length: int, source: int) -> bool:
+    """Whether ``mask`` (boolean, or additive) keeps the lower triangle of ``length`` queries by
+    ``source`` keys and hides the rest, broadcast over batch and heads (module docstring)."""
+    kept = torch.ones(length, source, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return bool((mask == kept).all())
+    if not mask.is_floating_point():
+        return False
+    hidden = (mask == float("-inf")) | (mask == torch.finfo(mask.dtype).min)
+    return bool(torch.where(kept, mask == 0, hidden).all())
 
 
 def _shape(graph: Graph, node: Node, enc: Any) -> tuple[int, ...] | None:
