@@ -6,7 +6,7 @@ The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (l
 heads, experts), in it and in its sub-configs, and the few fields that must agree with those
 (a state-space model's heads, a rotary part's width); where the model then cannot be built or
 called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
-main input (16 tokens, an image at its config's size, 8000 audio samples, 3000 mel frames) and
+main input (16 tokens, an image at its config's size or a sub-config's, 8000 audio samples, 3000 mel frames) and
 each further input its ``forward`` requires, made by its name, or that it names in refusing to run
 without it (Bros's boxes, LXMERT's regions); for an encoder-decoder 8
 decoder tokens, and for a text-and-image model an image, with an image token placed before the
@@ -322,7 +322,9 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
     where the model's own has none, or its samples on a channel of their own (a codec's), or a
     spectrogram of its config's frames and mel bins (AST's); for a model that takes an image its
-    config sizes but makes no example of, its inputs with the image ("with its image": ViLT's)."""
+    config sizes but makes no example of, its inputs with the image ("with its image": ViLT's);
+    for a model given an image, its image at each size a sub-config names (:func:`_image_sizes`:
+    SAM 2's and LW-DETR's backbones, whose windows tile no other)."""
     import torch
 
     grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
@@ -359,6 +361,7 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
         clip = {**inputs, "pixel_values": _clip(config)}
         placed = image_placed(model, config, clip) if "input_ids" in clip else None
         candidates.update({"a clip placed": placed} if placed is not None else {}, **{"a clip": clip})
+    candidates.update(resized_images(config, inputs))
     if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
         candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
         frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")
@@ -642,6 +645,30 @@ def _history(config: Any) -> int:
     reaches back (the time series transformers' lagged inputs)."""
     lags = getattr(config, "lags_sequence", None)
     return _size(config, "context_length", 512) + (max(lags) if lags else 0)
+
+
+def resized_images(config: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``inputs`` with their image (where they hold one) at each other size :func:`_image_sizes` finds."""
+    import torch
+
+    image = inputs.get("pixel_values")
+    if image is None or image.dim() != 4:
+        return {}
+    return {f"{height} x {width}": {**inputs, "pixel_values": torch.randn(1, image.shape[1], height, width)}
+            for height, width in _image_sizes(config) if (height, width) != tuple(image.shape[-2:])}
+
+
+def _image_sizes(config: Any) -> list[tuple[int, int]]:
+    """The (height, width) of each image size ``config`` or a sub-config names (``image_size``, one
+    side or both), outermost first, each once: a backbone's, where the whole model names none."""
+    sizes = []
+    for c in _tree(config):
+        size = _field(c, "image_size")
+        pair = tuple(size) if isinstance(size, (list, tuple)) and len(size) == 2 else \
+            (size, size) if isinstance(size, int) and not isinstance(size, bool) else None
+        if pair is not None and all(isinstance(x, int) for x in pair) and pair not in sizes:
+            sizes.append(pair)
+    return sizes
 
 
 def _image(config: Any) -> Any:

@@ -502,6 +502,11 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     # the Decision Transformer's trajectory, all of it (its forward takes each part as optional, reads each)
     assert inputs("decision_transformer") == {"states": (1, 16, 17), "actions": (1, 16, 4), "returns_to_go": (1, 16, 1),
                                               "timesteps": (1, 16)}
+    # SAM 2's image at its backbone's size, where its windows tile it (its config names no size of its own)
+    config = sweep.shrunk(CONFIG_MAPPING["sam2"](), sweep.SMALL)
+    with torch.device("meta"):
+        sam2 = AutoModel.from_config(config)
+    assert tuple(sweep.candidate_inputs(sam2, config)["1024 x 1024"]["pixel_values"].shape) == (1, 3, 1024, 1024)
     # SegGPT's image and prompt, each half the canvas its config sizes (896 x 448)
     assert inputs("seggpt") == {"pixel_values": (1, 3, 448, 448), "prompt_pixel_values": (1, 3, 448, 448),
                                 "prompt_masks": (1, 3, 448, 448)}
