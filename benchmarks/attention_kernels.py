@@ -29,12 +29,14 @@ raised the peak resident memory of a fresh process that made that form.
 tokens (192 MiB of scores a layer): eager, and what ``opsched.optimize`` makes of it with
 either form, timed interleaved, and each one's peak over a call in a fresh process.
 
-*A masked model* (``--masked``): a T5 encoder (4 layers, width 512, 8 heads, as t5-small's),
-its batch padded (the last eighth of its tokens), at 128 and 1,024 tokens. Its mask, T5's
-position biases where a key is kept and ``finfo.min`` where not, cannot hide a query from every
-key, and opsched exports its attention without zeroing such queries (:mod:`opsched.ir.bounds`);
-*zeroing* is the same with the zeroing forced (ReduceMax, Greater and Where each call, as
-opsched exported every float mask before), and *eager* the model itself.
+*Masked models* (``--masked``), each padded (the last eighth of its tokens), at 128 tokens and
+more: a T5 encoder (4 layers, width 512, 8 heads, as t5-small's), whose mask, its position
+biases where a key is kept and ``finfo.min`` where not, cannot hide a query from every key, so
+that opsched exports its attention without zeroing such queries (:mod:`opsched.ir.bounds`),
+*before* forcing that zeroing (ReduceMax, Greater and Where each call, as opsched exported
+every float mask before); and a BERT (BERT-base's width and heads, 4 layers), whose mask is
+boolean, which opsched makes additive, *before* taking torch.onnx's boolean form (the NaN of a
+fully hidden query found over every score, IsNaN and Where). *eager*: the model itself.
 
     python benchmarks/attention_kernels.py
     python benchmarks/attention_kernels.py --model
@@ -79,7 +81,8 @@ FORMS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "opsched": contextlib.nullcontext,
     "fused form": lambda: mock.patch.object(attention, "FUSED_FROM_BYTES", 0),
     "unfused form": lambda: mock.patch.object(attention, "fused_attention", return_value=None),
-    "zeroing": lambda: mock.patch.object(attention, "_may_hide", return_value=True)}
+    "zeroing": lambda: mock.patch.object(attention, "_may_hide", return_value=True),
+    "boolean form": lambda: mock.patch.object(attention, "_made_additive", lambda b, node, inputs, types, ref, t: t)}
 
 
 class Attention(nn.Module):
@@ -118,6 +121,22 @@ def t5_case(tokens: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     ids, mask = torch.randint(0, 1000, (1, tokens)), torch.ones(1, tokens, dtype=torch.long)
     mask[0, tokens - tokens // 8:] = 0
     return transformers.T5EncoderModel(config).eval(), (ids, mask)
+
+
+def bert_case(tokens: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A BERT of BERT-base's width and heads, 4 layers, its last eighth of tokens padded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=4, attn_implementation="sdpa")
+    ids, mask = torch.randint(0, config.vocab_size, (1, tokens)), torch.ones(1, tokens, dtype=torch.long)
+    mask[0, tokens - tokens // 8:] = 0
+    return transformers.BertModel(config).eval(), (ids, mask)
+
+
+#: The masked models (``--masked``): how each is made, at which token counts, and what opsched
+#: exported before (:data:`FORMS`).
+MASKED = {"T5 encoder": (t5_case, (128, 1024), "zeroing"), "BERT": (bert_case, (128, 512), "boolean form")}
 
 
 def made(model: nn.Module, inputs: tuple[torch.Tensor, ...], form: str) -> nn.Module:
@@ -255,18 +274,20 @@ def model_table(rounds: int) -> None:
 def masked_table(rounds: int, calls: int) -> None:
     rows: list[list[object]] = []
     records: list[dict[str, Any]] = []
-    for tokens in (128, 1024):
-        model, inputs = t5_case(tokens)
-        ms = timed(model, inputs, ("opsched", "zeroing"), rounds, calls, {"eager": functools.partial(model, *inputs)})
-        row: list[object] = [tokens, *(f"{ms[n]:.2f}" for n in ("opsched", "zeroing", "eager")),
-                             f"{ms['zeroing'] / ms['opsched']:.3f}", f"{ms['eager'] / ms['opsched']:.2f}"]
-        print(row, flush=True)
-        rows.append(row)
-        records.append({"tokens": tokens, "ms": ms})
-    write_table("attention-masked", _intro("A masked model on this CPU: a padded T5 encoder, its attention "
-                                           "exported without zeroing queries its mask cannot hide", (3, 5)),
-                ["tokens", "opsched ms", "zeroing ms", "eager ms", "zeroing over opsched", "eager over opsched"],
-                rows, {"zeroing over opsched": geomean(r["ms"]["zeroing"] / r["ms"]["opsched"] for r in records)},
+    for name, (case, counts, before) in MASKED.items():
+        for tokens in counts:
+            model, inputs = case(tokens)
+            ms = timed(model, inputs, ("opsched", before), rounds, calls, {"eager": functools.partial(model, *inputs)})
+            row: list[object] = [name, tokens, before, *(f"{ms[n]:.2f}" for n in ("opsched", before, "eager")),
+                                 f"{ms[before] / ms['opsched']:.3f}", f"{ms['eager'] / ms['opsched']:.2f}"]
+            print(row, flush=True)
+            rows.append(row)
+            records.append({"model": name, "tokens": tokens, "before": before, "ms": ms})
+    write_table("attention-masked", _intro("Masked models on this CPU: a padded T5 encoder and BERT, their "
+                                           "masks as opsched exports them and as it did before", (3, 5)),
+                ["model", "tokens", "before", "opsched ms", "before ms", "eager ms", "before over opsched",
+                 "eager over opsched"], rows,
+                {"before over opsched": geomean(r["ms"][r["before"]] / r["ms"]["opsched"] for r in records)},
                 {"rows": records})
 
 

@@ -44,8 +44,10 @@ Either way, a query that every key is hidden from reads zeros, as in PyTorch (:f
 torch.onnx's export gave NaN there for a float mask. Where a float mask cannot hold -inf (its
 bounds, :mod:`opsched.ir.bounds`: Hugging Face's masks of ``finfo.min``, T5's position biases
 among them), no query is hidden so, and the zeroing is left out: on two cores it cost a padded
-T5 encoder (4 layers, width 512) 4.9% of its time at 128 tokens and 2.7% at 1,024
-(``benchmarks/attention_kernels.py --masked``).
+T5 encoder (4 layers, width 512) 0-5% of its time at 128 tokens and 2-3% at 1,024 (three runs
+of ``benchmarks/attention_kernels.py --masked``). A boolean mask is made additive first
+(:func:`_made_additive`), where torch.onnx's form of it finds the NaN over every score: a padded
+BERT (BERT-base's width, 4 layers) ran 1.02x faster for it at 128 tokens and 1.22x at 512.
 
 With ``enable_gqa``, which torch.onnx's export refuses, each key and value head is first
 repeated for its group of query heads (Unsqueeze, Expand, Reshape: head ``h`` reads key head
@@ -75,7 +77,7 @@ __all__ = ["ATTENTION_FORMS", "FusedAttention", "fused_attention"]
 MICROSOFT = ("com.microsoft", 1)
 
 #: The dtypes of a mask whose fully hidden rows are found (:func:`_read_rows`), as NumPy's.
-_FLOATS = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+_FLOATS: dict[str, type[np.floating[Any]]] = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 
 #: The fused form is taken where the unfused form's scores (batch x heads x queries x keys
 #: float32 values) would take at least this many bytes (module docstring).
@@ -167,13 +169,18 @@ def _attention(b: OnnxBuilder, node: Node) -> None:
     if fused is not None:
         q, k, v, mask = map(value, refs)
         return _export_fused(b, node, fused, q, k, v, mask, hides)
-    if mask_type is None or mask_type.dtype not in _FLOATS or mask_type.rank > node.out.rank or not hides:
+    given = mask_type
+    mask_type = _made_additive(b, node, inputs, types, refs[3], mask_type)
+    if given is None or mask_type is None or mask_type.dtype not in _FLOATS or mask_type.rank > node.out.rank or \
+            not hides:
         return export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types)
-    # torch.onnx's Softmax over a row of -inf alone is NaN, PyTorch's zeros (_read_rows)
+    # PyTorch's zeros for a query every key is hidden from (_read_rows), where ONNX's Softmax gives NaN or, of
+    # a boolean mask made additive, the mean of the values
     out = b.fresh(f"{node.name}_attended")
     export_as(b, node, SDPA, node.attrs["args"], kwargs, inputs, types, output=out)
-    rows = _read_rows(b, node, _padded(b, node, value(refs[3]), mask_type, node.out.rank), mask_type.dtype)
-    b.add("Where", [rows, out, b.init(np.array(0, _FLOATS[node.out.dtype]), "zero")], node.name)
+    made = given.dtype == "bool"
+    rows = _read_rows(b, node, _padded(b, node, value(refs[3]), mask_type, node.out.rank), mask_type.dtype, made)
+    _zeroed(b, node, out, rows, node.out.dtype, made, node.name)
 
 
 def _repeated_heads(b: OnnxBuilder, node: Node, value: str, t: TensorType, query_heads: int
@@ -215,14 +222,11 @@ def _export_fused(b: OnnxBuilder, node: Node, f: FusedAttention, q: str, k: str,
 
     operands = [folded(q, f.queries, f.width, "query"), folded(k, f.keys, f.width, "key"),
                 folded(v, f.keys, f.value_width, "value"), "", ""]
-    rows = None
+    rows, made = None, f.mask is not None and f.mask.dtype == "bool"
     if f.mask is not None:
-        bias = mask
-        if f.mask.dtype == "bool":  # additive: 0 where kept, -inf where hidden, as PyTorch applies it
-            kept, hidden = b.init(np.array(0.0, np.float32), "kept"), b.init(np.array(-np.inf, np.float32), "hidden")
-            bias = b.add("Where", [mask, kept, hidden], b.fresh(f"{node.name}_bias"))
+        bias = _additive(b, node, mask, "float32") if made else mask
         bias = _padded(b, node, bias, f.mask, 4)
-        rows = _read_rows(b, node, bias, "float32") if hides else None
+        rows = _read_rows(b, node, bias, "float32", made) if hides else None
         shape = _broadcast_shape(f.mask, 4)
         full = (*shape[:2], f.queries, f.keys)  # the operator's (batch or 1, heads or 1, queries, keys)
         if shape != full:
@@ -234,8 +238,37 @@ def _export_fused(b: OnnxBuilder, node: Node, f: FusedAttention, q: str, k: str,
                 b.fresh(f"{node.name}_unfolded"))
     if rows is not None:
         rows = b.add("Transpose", [rows], b.fresh(f"{node.name}_rows_tokens"), perm=heads_last)
-        out = b.add("Where", [rows, out, b.init(np.array(0.0, np.float32), "zero")], b.fresh(f"{node.name}_read"))
+        out = _zeroed(b, node, out, rows, "float32", made, b.fresh(f"{node.name}_read"))
     b.add("Transpose", [out], node.name, perm=heads_last)
+
+
+def _made_additive(b: OnnxBuilder, node: Node, inputs: list[str], types: list[TensorType], ref: tuple[str, Any],
+                   t: TensorType | None) -> TensorType | None:
+    """The type of the mask ``ref`` (of ``t``) as the unfused form takes it: a boolean one that is
+    an input of the call made additive in ``inputs`` and ``types``, a float one of the output's
+    dtype. torch.onnx's form of a boolean mask finds the NaN of fully hidden queries over every
+    score (IsNaN and Where, batch x heads x queries x keys), where the float form finds them on
+    the mask, once for every call that reads it, and zeroes the output's rows."""
+    if t is None or t.dtype != "bool" or ref[0] != "t" or node.out.dtype not in _FLOATS:
+        return t
+    k, made = ref[1], TensorType(t.shape, node.out.dtype)
+    inputs[k], types[k] = _additive(b, node, inputs[k], node.out.dtype), made
+    return made
+
+
+def _additive(b: OnnxBuilder, node: Node, mask: str, dtype: str) -> str:
+    """A boolean ``mask`` (kept where True) made additive, of ``dtype``: 0 where kept, and where
+    hidden, :func:`_far` (module docstring)."""
+    kept, hidden = b.init(np.array(0.0, _FLOATS[dtype]), "kept"), b.init(_far(dtype), "hidden")
+    return b.add("Where", [mask, kept, hidden], b.fresh(f"{node.name}_bias"))
+
+
+def _far(dtype: str) -> np.ndarray:
+    """How far a boolean mask made additive hides a key: half ``dtype``'s least value. A key's
+    weight is then ``exp`` of it less its row's largest score, zero, as PyTorch's -inf makes it;
+    but a query hidden from every key gets a finite softmax where -inf's is NaN, and a score added
+    to it does not overflow to -inf, as one added to ``finfo.min`` may (by -16 in float16)."""
+    return np.array(np.finfo(_FLOATS[dtype]).min / 2, _FLOATS[dtype])
 
 
 def _padded(b: OnnxBuilder, node: Node, mask: str, t: TensorType, rank: int) -> str:
@@ -251,18 +284,34 @@ def _broadcast_shape(t: TensorType, rank: int) -> tuple[int, ...]:
     return (1,) * (rank - t.rank) + tuple(t.shape)
 
 
-def _read_rows(b: OnnxBuilder, node: Node, bias: str, dtype: str) -> str:
+def _read_rows(b: OnnxBuilder, node: Node, bias: str, dtype: str, made: bool) -> str:
     """Which queries read any key, by an additive mask ``bias`` (of ``dtype``, its queries and keys
-    its last two axes): True or False of its shape with one key.
+    its last two axes; ``made`` of a boolean one, :func:`_additive`): True or False of its shape
+    with one key.
 
     PyTorch's softmax over a row of -inf alone is zeros (its "safe" softmax): a query that every
     key is hidden from (a padded token's, a fully masked row) reads nothing. ONNX's Softmax, and
-    the fused operator's, make it NaN, so the output is zeroed where this is False. It is found
-    on the mask as the call gives it, before it is broadcast, where it is smallest."""
+    the fused operator's, make it NaN (of a mask made, the values' mean), so the output is zeroed
+    where this is False (:func:`_zeroed`). It is found on the mask as the call gives it, before it
+    is broadcast, where it is smallest, and once for all the calls that read it (ONNX Runtime
+    eliminates common subexpressions)."""
     largest = b.add("ReduceMax", [bias, b.init(np.array([-1], np.int64), "axes")], b.fresh(f"{node.name}_largest"),
                     keepdims=1)
-    return b.add("Greater", [largest, b.init(np.array(-np.inf, _FLOATS[dtype]), "hidden")],
-                 b.fresh(f"{node.name}_rows"))
+    hidden = _far(dtype) if made else np.array(-np.inf, _FLOATS[dtype])
+    return b.add("Greater", [largest, b.init(hidden, "hidden")], b.fresh(f"{node.name}_rows"))
+
+
+def _zeroed(b: OnnxBuilder, node: Node, out: str, rows: str, dtype: str, finite: bool, name: str) -> str:
+    """``out`` (of ``dtype``) zeroed where ``rows`` is False: where it is ``finite`` there (of a
+    mask made, :func:`_far`), times the rows as 0 or 1, which ONNX Runtime computes faster than the
+    Where that NaN needs (with a Where, a padded BERT-base of 4 layers at 128 tokens took 1.04x
+    the time: a probe, interleaved)."""
+    from opsched.ir.ops.onnx_builder import ONNX_DTYPES
+
+    if finite:
+        scale = b.add("Cast", [rows], b.fresh(f"{node.name}_rows_scale"), to=ONNX_DTYPES[dtype])
+        return b.add("Mul", [out, scale], name)
+    return b.add("Where", [rows, out, b.init(np.array(0, _FLOATS[dtype]), "zero")], name)
 
 
 #: The attention call's ONNX form, by target.
