@@ -326,3 +326,25 @@ def test_bounds_of_inputs_and_calls_without_a_rule_are_their_dtypes_range() -> N
     found = [bounds(graph, v) for v in graph.outputs]
     int32 = Bounds(-2.0 ** 31, 2.0 ** 31 - 1)
     assert found == [ANY, Bounds(-2.0 ** 31, 2.0 ** 31), int32, Bounds(_F32.min, 0.0), ANY]
+
+
+def test_bounds_of_a_clamp_to_tensors_hold_every_entry_of_the_bounds_it_is_clamped_to() -> None:
+    """``clamp(x, min=t)`` with ``t`` in [-1, 5] is at least -1 and may reach anything above;
+    ``clamp(x, 0, t)`` is in [-1, 5]: where ``t`` is -1, it is -1. Each holds the eager result."""
+    from opsched import from_torch
+    from opsched.ir.bounds import Bounds, bounds
+
+    class Clamps(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("t", torch.linspace(-1, 5, 4))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.clamp(x, min=self.t), torch.clamp(x, torch.zeros(4), self.t)
+
+    x = torch.randn(4) * 10
+    graph = from_torch(Clamps(), (x,), canonical=False)
+    found = [bounds(graph, v) for v in graph.outputs]
+    assert found == [Bounds(-1.0, float("inf")), Bounds(-1.0, 5.0)]
+    for got, b in zip(Clamps()(x), found):
+        assert b.low <= got.min().item() and got.max().item() <= b.high

@@ -77,6 +77,7 @@ class _Bounder:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.made: dict[str, Bounds] = {}
+        self.weights: dict[str, Bounds] = {}
 
     def value(self, name: str, depth: int) -> Bounds:
         known = self.made.get(name)
@@ -88,7 +89,7 @@ class _Bounder:
         node = self.graph.node(name)
         rule = _ATEN_RULES.get(_aten_name(node)) if node.op.startswith("aten.") else _RULES.get(node.op)
         found = _rounded(rule(self, node, depth + 1), dtype) if rule is not None else _of_dtype(dtype)
-        if depth <= DEPTH // 2:  # not memoised from where the depth cut it short
+        if depth <= DEPTH // 2:  # kept where half the depth was left below it: a bound the cut loosened is not
             self.made[name] = found
         return found
 
@@ -98,7 +99,7 @@ class _Bounder:
         if tag == "t":
             return self.value(node.inputs[x], depth)
         if tag == "p":
-            return _of_tensor(self.graph.params[node.params[x]])
+            return self.param(node, x)
         if tag == "v" and isinstance(x, (bool, int, float)):
             return Bounds(float(x), float(x))
         if tag == "list" and x:
@@ -107,7 +108,12 @@ class _Bounder:
         return ANY
 
     def param(self, node: Node, k: int) -> Bounds:
-        return _of_tensor(self.graph.params[node.params[k]])
+        """The bounds of ``node``'s k-th weight: its own entries', each weight's found once."""
+        name = node.params[k]
+        found = self.weights.get(name)
+        if found is None:
+            found = self.weights[name] = _of_tensor(self.graph.params[name])
+        return found
 
 
 def _aten_name(node: Node) -> str:
@@ -221,12 +227,33 @@ def _product(x: Bounds, y: Bounds) -> Bounds:
 
 
 def _clamped(b: _Bounder, node: Node, depth: int) -> Bounds:
+    """``clamp(self, min, max)``, each bound a scalar, a tensor or absent: ``minimum(maximum(self,
+    min), max)``."""
     args = _encoded(node)
-    x = b.operand(node, args["self"], depth) if "self" in args else ANY
+    if "self" not in args:
+        return ANY
+    x = b.operand(node, args["self"], depth)
     low, high = (args.get(k, ("v", None)) for k in ("min", "max"))
-    lo = b.operand(node, low, depth).low if low[1] is not None else -math.inf
-    hi = b.operand(node, high, depth).high if high[1] is not None else math.inf
-    return Bounds(min(max(x.low, lo), hi), max(min(x.high, hi), lo))
+    if low[1] is not None:
+        x = _larger(x, b.operand(node, low, depth))
+    if high[1] is not None:
+        x = _smaller(x, b.operand(node, high, depth))
+    return x
+
+
+def _larger(x: Bounds, y: Bounds) -> Bounds:
+    """Of ``maximum(x, y)``."""
+    return Bounds(max(x.low, y.low), max(x.high, y.high))
+
+
+def _smaller(x: Bounds, y: Bounds) -> Bounds:
+    """Of ``minimum(x, y)``."""
+    return Bounds(min(x.low, y.low), min(x.high, y.high))
+
+
+def _negated(b: _Bounder, node: Node, depth: int) -> Bounds:
+    x = _argument("self")(b, node, depth)
+    return Bounds(-x.high, -x.low)
 
 
 def _with_zero(name: str) -> Rule:
@@ -276,10 +303,10 @@ _ATEN_RULES: dict[str, Rule] = {
     "sub": _combined(_difference, "self", "other", scaled=True),
     "rsub": _combined(_difference, "other", "self", scaled=True),
     "mul": _combined(_product, "self", "other"),
-    "neg": lambda b, node, depth: (lambda x: Bounds(-x.high, -x.low))(_argument("self")(b, node, depth)),
+    "neg": _negated,
     "clamp": _clamped, "clamp_min": _clamped, "clamp_max": _clamped,
-    "maximum": _combined(lambda x, y: Bounds(max(x.low, y.low), max(x.high, y.high)), "self", "other"),
-    "minimum": _combined(lambda x, y: Bounds(min(x.low, y.low), min(x.high, y.high)), "self", "other"),
+    "maximum": _combined(_larger, "self", "other"),
+    "minimum": _combined(_smaller, "self", "other"),
 }
 
 
@@ -318,6 +345,6 @@ _RULES: dict[str, Rule] = {
     "mul": _inputs_product,
     "pad": _padded,
     "constant": lambda b, node, depth: b.param(node, 0),
-    "relu": lambda b, node, depth: (lambda x: Bounds(max(x.low, 0.0), max(x.high, 0.0)))(_first_input(b, node, depth)),
+    "relu": lambda b, node, depth: _larger(_first_input(b, node, depth), Bounds(0.0, 0.0)),
     "softmax": _point(0.0, 1.0),
 }
