@@ -249,7 +249,7 @@ def _made_additive(b: OnnxBuilder, node: Node, inputs: list[str], types: list[Te
     dtype. torch.onnx's form of a boolean mask finds the NaN of fully hidden queries over every
     score (IsNaN and Where, batch x heads x queries x keys), where the float form finds them on
     the mask, once for every call that reads it, and zeroes the output's rows."""
-    if t is None or t.dtype != "bool" or ref[0] != "t" or node.out.dtype not in _FLOATS:
+    if t is None or t.dtype != "bool" or ref[0] != "t" or node.out.dtype not in _FLOATS or t.rank > node.out.rank:
         return t
     k, made = ref[1], TensorType(t.shape, node.out.dtype)
     inputs[k], types[k] = _additive(b, node, inputs[k], node.out.dtype), made
