@@ -330,7 +330,8 @@ def test_bounds_of_inputs_and_calls_without_a_rule_are_their_dtypes_range() -> N
 
 def test_bounds_of_a_clamp_to_tensors_hold_every_entry_of_the_bounds_it_is_clamped_to() -> None:
     """``clamp(x, min=t)`` with ``t`` in [-1, 5] is at least -1 and may reach anything above;
-    ``clamp(x, 0, t)`` is in [-1, 5]: where ``t`` is -1, it is -1. Each holds the eager result."""
+    ``clamp(x, 0, t)`` is in [-1, 5]: where ``t`` is -1, it is -1; ``clamp(x, 0.3, 2.7)`` cast to
+    int64 is in [0, 3], as the cast truncates. Each holds the eager result."""
     from opsched import from_torch
     from opsched.ir.bounds import Bounds, bounds
 
@@ -339,12 +340,12 @@ def test_bounds_of_a_clamp_to_tensors_hold_every_entry_of_the_bounds_it_is_clamp
             super().__init__()
             self.register_buffer("t", torch.linspace(-1, 5, 4))
 
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.clamp(x, min=self.t), torch.clamp(x, torch.zeros(4), self.t)
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.clamp(x, min=self.t), torch.clamp(x, torch.zeros(4), self.t), x.clamp(0.3, 2.7).long()
 
     x = torch.randn(4) * 10
     graph = from_torch(Clamps(), (x,), canonical=False)
     found = [bounds(graph, v) for v in graph.outputs]
-    assert found == [Bounds(-1.0, float("inf")), Bounds(-1.0, 5.0)]
+    assert found == [Bounds(-1.0, float("inf")), Bounds(-1.0, 5.0), Bounds(0.0, 3.0)]
     for got, b in zip(Clamps()(x), found):
         assert b.low <= got.min().item() and got.max().item() <= b.high

@@ -145,8 +145,8 @@ def _of_tensor(t: torch.Tensor) -> Bounds:
 def _rounded(b: Bounds, dtype: str) -> Bounds:
     """``b`` as a tensor of ``dtype`` holds it: a float's bounds rounded as its kernels round (to
     nearest, ties to even, so that from its largest finite value plus half a unit in the last place
-    on, a bound is infinite); an integer's past its range wrap, so they may be anything it holds;
-    NaN bounds may be anything."""
+    on, a bound is infinite); an integer's out to whole numbers (a float cast to it truncates), and
+    past its range they wrap, so they may be anything it holds; NaN bounds may be anything."""
     if math.isnan(b.low) or math.isnan(b.high):
         return _of_dtype(dtype)
     kind = getattr(torch, dtype, None)
@@ -158,7 +158,9 @@ def _rounded(b: Bounds, dtype: str) -> Bounds:
         low, high = torch.tensor([b.low, b.high], dtype=torch.float64).to(kind).tolist()
         return Bounds(low, high)
     whole = _of_dtype(dtype)
-    return b if whole.low <= b.low and b.high <= whole.high else whole
+    if not whole.low <= b.low <= b.high <= whole.high:
+        return whole
+    return Bounds(float(math.floor(b.low)), float(math.ceil(b.high)))  # a float cast to it truncates
 
 
 Rule = Callable[[_Bounder, Node, int], Bounds]
@@ -263,9 +265,11 @@ def _with_zero(name: str) -> Rule:
 
 
 def _range(b: _Bounder, node: Node, depth: int) -> Bounds:
+    """``arange(start=0, end)``: between its ends, whichever way it steps."""
     args = _encoded(node)
-    ends = [b.operand(node, args[k], depth) for k in ("start", "end") if k in args]
-    return ends[0].hull(*ends[1:]) if ends else ANY
+    if "end" not in args:
+        return ANY
+    return b.operand(node, args.get("start", ("v", 0)), depth).hull(b.operand(node, args["end"], depth))
 
 
 def _encoded(node: Node) -> dict[str, Any]:
