@@ -326,6 +326,7 @@ def test_bounds_of_inputs_and_calls_without_a_rule_are_their_dtypes_range() -> N
     found = [bounds(graph, v) for v in graph.outputs]
     int32 = Bounds(-2.0 ** 31, 2.0 ** 31 - 1)
     assert found == [ANY, Bounds(-2.0 ** 31, 2.0 ** 31), int32, Bounds(_F32.min, 0.0), ANY]
+    assert Bounds(1.0, 2.0).hull() == Bounds(1.0, 2.0)  # of one: a cat of one tensor, a list of one
 
 
 def test_bounds_of_a_clamp_to_tensors_hold_every_entry_of_the_bounds_it_is_clamped_to() -> None:

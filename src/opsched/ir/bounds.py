@@ -45,7 +45,7 @@ class Bounds:
     high: float
 
     def hull(self, *others: Bounds) -> Bounds:
-        return Bounds(min(self.low, *(o.low for o in others)), max(self.high, *(o.high for o in others)))
+        return Bounds(min((self.low, *(o.low for o in others))), max((self.high, *(o.high for o in others))))
 
 
 ANY = Bounds(-math.inf, math.inf)
