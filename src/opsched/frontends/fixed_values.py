@@ -31,6 +31,7 @@ runs, which is how :func:`~opsched.frontends.export_trace.export_graph` traces s
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -162,7 +163,13 @@ def _call(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 def _draws(func: Any) -> bool:
     """Whether the torch function ``func`` may draw random numbers: an ATen operator of its name
     has an overload that does (``torch.multinomial``, ``Tensor.uniform_``, ``torch.randperm``)."""
-    packet = getattr(torch.ops.aten, getattr(func, "__name__", ""), None)
+    return _draws_named(getattr(func, "__name__", ""))
+
+
+@functools.cache
+def _draws_named(name: str) -> bool:
+    """:func:`_draws` by a function's name, looked up once: every call a trace meets asks."""
+    packet = getattr(torch.ops.aten, name, None)
     return isinstance(packet, torch._ops.OpOverloadPacket) and any(
         torch.Tag.nondeterministic_seeded in getattr(packet, name).tags
         for name in packet.overloads())  # type: ignore[no-untyped-call]

@@ -166,30 +166,16 @@ def _rounded(b: Bounds, dtype: str) -> Bounds:
 Rule = Callable[[_Bounder, Node, int], Bounds]
 
 
-def _argument(name: str) -> Rule:
-    """The bounds of the generic node's argument ``name`` (a view, a copy, a reordering of it)."""
-    def rule(b: _Bounder, node: Node, depth: int) -> Bounds:
-        enc = _encoded(node).get(name)
-        return b.operand(node, enc, depth) if enc is not None else ANY
-    return rule
-
-
 def _hull(*names: str) -> Rule:
-    """The hull of the generic node's arguments ``names`` (each entry is one of theirs)."""
+    """The hull of the generic node's arguments ``names`` (each entry is one of theirs): of one,
+    its own bounds (a view, a copy or a reordering of it; a tensor filled with a scalar); anything
+    where the call has not each of them."""
     def rule(b: _Bounder, node: Node, depth: int) -> Bounds:
         args = _encoded(node)
         if any(n not in args for n in names):
             return ANY
         found = [b.operand(node, args[n], depth) for n in names]
         return found[0].hull(*found[1:])
-    return rule
-
-
-def _scalar(name: str, default: float | None = None) -> Rule:
-    """A tensor filled with the generic node's scalar argument ``name``, or ``default``."""
-    def rule(b: _Bounder, node: Node, depth: int) -> Bounds:
-        enc = _encoded(node).get(name, ("v", default))
-        return b.operand(node, enc, depth) if enc[1] is not None else ANY
     return rule
 
 
@@ -254,13 +240,13 @@ def _smaller(x: Bounds, y: Bounds) -> Bounds:
 
 
 def _negated(b: _Bounder, node: Node, depth: int) -> Bounds:
-    x = _argument("self")(b, node, depth)
+    x = _hull("self")(b, node, depth)
     return Bounds(-x.high, -x.low)
 
 
 def _with_zero(name: str) -> Rule:
     """The argument ``name`` with some entries made zero (``triu``, ``tril``)."""
-    inner = _argument(name)
+    inner = _hull(name)
     return lambda b, node, depth: inner(b, node, depth).hull(Bounds(0.0, 0.0))
 
 
@@ -288,17 +274,17 @@ _PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", 
 
 #: Generic ATen nodes' rules, by operator name (:func:`_aten_name`).
 _ATEN_RULES: dict[str, Rule] = {
-    **{name: _argument("self") for name in _SAME},
+    **{name: _hull("self") for name in _SAME},
     **{name: _point(0.0, 1.0) for name in _PREDICATES},
     "where": _hull("self", "other"),
     "masked_fill": _hull("self", "value"),
-    "cat": _argument("tensors"),
-    "stack": _argument("tensors"),
-    "full": _scalar("fill_value"),
-    "full_like": _scalar("fill_value"),
-    "new_full": _scalar("fill_value"),
-    "fill": _scalar("value"),
-    "scalar_tensor": _scalar("s"),
+    "cat": _hull("tensors"),
+    "stack": _hull("tensors"),
+    "full": _hull("fill_value"),
+    "full_like": _hull("fill_value"),
+    "new_full": _hull("fill_value"),
+    "fill": _hull("value"),
+    "scalar_tensor": _hull("s"),
     "zeros": _point(0.0), "zeros_like": _point(0.0), "new_zeros": _point(0.0),
     "ones": _point(1.0), "ones_like": _point(1.0), "new_ones": _point(1.0),
     "arange": _range,
