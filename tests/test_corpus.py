@@ -329,3 +329,27 @@ def test_a_vision_towers_grid_fixed_it_optimizes_equal_to_eager_and_refuses_anot
     with pytest.raises(opsched.errors.InputMismatchError, match=r"input 'grid_thw' is fixed to \[\[1, 4, 4\], "
                                                                 r"\[1, 4, 8\]\] \(int64\)"):
         module(hidden_states=patches, grid_thw=torch.tensor([[1, 4, 4], [1, 8, 4]]))
+
+
+def test_experts_that_loop_in_python_are_traced_routing_as_tensors_and_left_as_they_were() -> None:
+    """Experts implemented as transformers' "eager" loop (OpenAI's privacy filter's default) go
+    over the experts some token chose, a count torch.export cannot trace: the model is traced
+    with transformers' grouped implementation of the same experts, equals eager on fresh tokens
+    too, and is left with its own implementation."""
+    from transformers import MixtralConfig, MixtralModel
+
+    torch.manual_seed(0)
+    model = MixtralModel(MixtralConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                       num_experts_per_tok=2, use_cache=False)).eval()
+    model.set_experts_implementation("eager")
+    ids = torch.randint(0, 100, (1, 12))
+    with pytest.raises(Exception, match=r"data.dependent"):  # what the retry answers: torch.export's own refusal
+        torch.export.export(model, (ids,), strict=False)
+    graph = opsched.from_torch(model, (ids,), tracer="export")
+    assert not [n for n in graph.nodes if n.op == "opaque"]
+    assert model.get_experts_implementation() == {"": "eager"}
+    module = opsched.optimize(model, (ids,), cost=CPU)
+    for x in (ids, torch.randint(0, 100, (1, 12))):
+        with torch.no_grad():
+            assert_close(module(x).last_hidden_state, model(x).last_hidden_state)

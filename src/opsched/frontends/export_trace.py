@@ -57,7 +57,8 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
     on what it computes of constants alone (torch.nn's Transformer, given a causal mask that its
     forward makes, compares it with one of its own) or keeps numbers in buffers and sizes its
     tensors by them (Mimi's convolutions, their strides) is traced again with those computed for
-    real (:func:`_constants_fixed`)."""
+    real (:func:`_constants_fixed`); one whose Hugging Face experts loop over experts in Python,
+    with its experts routing as tensors (:func:`_experts_as_tensors`)."""
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     held = {k: leaves[k] for k in fixed}
     if held:
@@ -84,7 +85,9 @@ def export_graph(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
                 raise
             program, draft = _exported(module, args, kwargs, draft=True), True
     except Exception as e:
-        if not held and _data_dependent(str(e)) and (graph := _constants_fixed(module, args, kwargs, name)) is not None:
+        if not held and _data_dependent(str(e)) and (
+                (graph := _constants_fixed(module, args, kwargs, name)) is not None
+                or (graph := _experts_as_tensors(module, args, kwargs, name)) is not None):
             return graph
         sizing = () if held or not _data_dependent(str(e)) else tuple(_sizing(module, args, kwargs))
         hint = _torch_branch_hint(e) or _hint(str(e), sizing, bool(held)) or _unmade_hint(str(e), module, args, kwargs)
@@ -109,6 +112,42 @@ def _constants_fixed(module: nn.Module, args: Sequence[Any], kwargs: dict[str, A
     log.info("%s: traced with its constants computed (%d scalar buffers%s)", name, len(buffers),
              f": {', '.join(buffers[:3])}" if buffers else "")
     return ExportConverter(program, name, root=WithFixedValues.ROOT).run()
+
+
+#: transformers' implementation of a mixture of experts that routes tokens as tensors (one grouped
+#: matrix product over the tokens sorted by expert), which torch.export traces; its "eager" one loops
+#: in Python over the experts some token chose, a count that depends on the tokens' values
+_TENSOR_EXPERTS = "grouped_mm"
+
+
+def _experts_as_tensors(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Graph | None:
+    """``module`` traced with its Hugging Face experts routing as tensors (:data:`_TENSOR_EXPERTS`)
+    where they loop over the experts in Python (``experts_implementation="eager"``, OpenAI's
+    privacy filter's default), the model's own implementation restored after; the same experts'
+    arithmetic in another order, which the check against the model holds within its tolerance.
+    None where the model has no experts so implemented, transformers cannot switch them, or the
+    trace fails so too (the first failure is the one to report)."""
+    model: Any = next((m for m in module.modules() if callable(getattr(m, "set_experts_implementation", None))), None)
+    if model is None:
+        return None
+    try:
+        was = model.get_experts_implementation()
+        if "eager" not in was.values() or not model._can_set_experts_implementation():
+            return None
+        model.set_experts_implementation(_TENSOR_EXPERTS)
+    except Exception as e:  # noqa: BLE001 (transformers refuses the switch: no second trace)
+        log.info("%s: its experts cannot route as tensors (%s: %s)", name, type(e).__name__, e)
+        return None
+    try:
+        program = _exported(module, args, kwargs)
+    except Exception as e:  # noqa: BLE001 (not the experts' doing: the first failure is the one to report)
+        log.info("%s: tracing with its experts routing as tensors failed too (%s)", name, type(e).__name__)
+        return None
+    finally:
+        model.set_experts_implementation(was)
+    log.info("%s: its experts loop over experts in Python (experts_implementation=%r); traced with "
+             "experts_implementation=%r, their arithmetic in another order", name, was, _TENSOR_EXPERTS)
+    return ExportConverter(program, name).run()
 
 
 def program_outputs(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any] | None:
