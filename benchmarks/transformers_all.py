@@ -314,18 +314,14 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
     that reads its image where its text holds the image's token, its image with that token in the
     text for each of the image's features ("image placed", :func:`image_placed`); then
     :func:`example_inputs` ("as made"); then, for a text-and-image model, its tokens alone ("text
-    alone": its image needs sizes beside it, which only its processor knows); for an audio
-    model's features, the other layout ("features transposed"), or frames stacked to its feature
-    projection's width (w2v-BERT's); for a model given an image, a clip of its frames, with its
-    token placed for each of the clip's features where it reads them so (InstructBLIP-Video's),
-    then without; for a vision tower that takes an
-    image's grid, :func:`patch_grids`; for an audio model, the mel bins of its encoder's config
-    where the model's own has none, or its samples on a channel of their own (a codec's), or a
-    spectrogram of its config's frames and mel bins (AST's); for a model that takes an image its
+    alone": its image needs sizes beside it, which only its processor knows); for an audio model,
+    or rows of embeddings or latents, :func:`audio_forms`; for a model that takes an image its
     config sizes but makes no example of, its inputs with the image ("with its image": ViLT's);
-    for a model given an image, its image at each size a sub-config names (:func:`_image_sizes`:
-    SAM 2's and LW-DETR's backbones, whose windows tile no other)."""
-    import torch
+    for a model given an image, a clip of its frames, with its token placed for each of the clip's
+    features where it reads them so (InstructBLIP-Video's), then without, or two of its frames (a
+    keypoint matcher's pair of images: EfficientLoFTR's), and its image at each size a sub-config
+    names (:func:`_image_sizes`: SAM 2's and LW-DETR's backbones, whose windows tile no other);
+    for a vision tower that takes an image's grid, :func:`patch_grids` alone."""
 
     grid = next((n for n, p in inspect.signature(model.forward).parameters.items()
                  if n.endswith("grid_thw") and p.default is p.empty), None)  # a tower's, not its whole model's
@@ -344,16 +340,7 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
         if sized is not None:  # Mistral3's: its image beside its size
             candidates = {"image placed, with its size": sized, **candidates}
         candidates["text alone"] = {k: v for k, v in inputs.items() if k != "pixel_values"}
-    if "input_features" in inputs:  # Whisper's are (batch, mel bins, frames), Parakeet's (batch, frames, mel bins)
-        candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
-                                             .contiguous()}
-        for bins in _held(config, "num_mel_bins"):  # an encoder's own, where the whole model's config has none
-            if bins != inputs["input_features"].shape[1]:
-                features = torch.randn(1, bins, 3000)
-                candidates[f"{bins} mel bins"] = {**inputs, "input_features": features}
-                candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
-        for width in _held(config, "feature_projection_input_dim"):  # w2v-BERT's: frames stacked in twos
-            candidates[f"frames of {width}"] = {**inputs, "input_features": torch.randn(1, 1500, width)}
+    candidates.update(audio_forms(config, inputs))
     if "pixel_values" not in inputs and "pixel_values" in inspect.signature(model.forward).parameters and \
             isinstance(_field(config, "image_size"), int):  # ViLT's: one transformer over text and image
         candidates["with its image"] = {**inputs, "pixel_values": _image(config)}
@@ -361,12 +348,9 @@ def candidate_inputs(model: Any, config: Any) -> dict[str, dict[str, Any]]:
         clip = {**inputs, "pixel_values": _clip(config)}
         placed = image_placed(model, config, clip) if "input_ids" in clip else None
         candidates.update({"a clip placed": placed} if placed is not None else {}, **{"a clip": clip})
+        # a keypoint matcher's pair of images
+        candidates["an image pair"] = {**inputs, "pixel_values": clip["pixel_values"][:, :2].clone()}
     candidates.update(resized_images(config, inputs))
-    if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
-        candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
-        frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")
-        if isinstance(frames, int) and isinstance(bins, int):  # AST's: a spectrogram, (batch, frames, mel bins)
-            candidates["spectrogram"] = {**inputs, "input_values": torch.randn(1, frames, bins)}
     return candidates
 
 
@@ -494,6 +478,43 @@ def _patches(config: Any, frames: int) -> tuple[Any, Any]:
     return torch.randn(rows * rows, channels * frames * side * side), torch.tensor([[1, rows, rows]])
 
 
+def audio_forms(config: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The other forms of an audio model's inputs (:func:`candidate_inputs`), by name: its
+    features in the other layout ("features transposed": Whisper's are (batch, mel bins, frames),
+    Parakeet's (batch, frames, mel bins)), at the mel bins of its encoder's config where the
+    model's own has none, or frames stacked to its feature projection's width (w2v-BERT's); its
+    samples on a channel of their own (a codec's), or a spectrogram of its config's frames and mel
+    bins (AST's); for rows of embeddings or latents, each channel a row ("channels first": a
+    convolutional decoder's, VibeVoice's or Mimi's), or, where the config counts its audio's
+    channels, its samples on those (VibeVoice's encoder's, whose one input is named as hidden
+    states)."""
+    import torch
+
+    candidates: dict[str, dict[str, Any]] = {}
+    if "input_features" in inputs:
+        candidates["features transposed"] = {**inputs, "input_features": inputs["input_features"].transpose(1, 2)
+                                             .contiguous()}
+        for bins in _held(config, "num_mel_bins"):  # an encoder's own, where the whole model's config has none
+            if bins != inputs["input_features"].shape[1]:
+                features = torch.randn(1, bins, 3000)
+                candidates[f"{bins} mel bins"] = {**inputs, "input_features": features}
+                candidates[f"{bins} mel bins transposed"] = {**inputs, "input_features": features.mT.contiguous()}
+        for width in _held(config, "feature_projection_input_dim"):  # w2v-BERT's: frames stacked in twos
+            candidates[f"frames of {width}"] = {**inputs, "input_features": torch.randn(1, 1500, width)}
+    if "input_values" in inputs:  # a codec's samples: (batch, channels, samples)
+        candidates["samples on a channel"] = {**inputs, "input_values": inputs["input_values"].unsqueeze(1)}
+        frames, bins = _field(config, "max_length"), _field(config, "num_mel_bins")
+        if isinstance(frames, int) and isinstance(bins, int):  # AST's: a spectrogram, (batch, frames, mel bins)
+            candidates["spectrogram"] = {**inputs, "input_values": torch.randn(1, frames, bins)}
+    rows = [n for n, v in inputs.items() if n.endswith(("_embeds", "hidden_states", "latents")) and v.dim() == 3]
+    if rows:  # a codec's latents, a convolutional decoder's: (batch, channels, frames)
+        candidates["channels first"] = {**inputs, **{n: inputs[n].mT.contiguous() for n in rows}}
+        channels = _field(config, "channels")
+        if isinstance(channels, int) and list(inputs) == rows:  # a codec's encoder's, its one input: its audio
+            candidates["samples on its channels"] = {rows[0]: torch.randn(1, channels, 8000)}
+    return candidates
+
+
 def example_inputs(model: Any, config: Any) -> dict[str, Any]:
     """Keyword inputs for ``model``'s main input and each further one its ``forward`` requires
     (Blip-2's text beside its image, a vision tower's image where its main input is named
@@ -579,7 +600,7 @@ def named_input(name: str, model: Any, config: Any) -> Any:
         frames = getattr(config, "num_frames", None)  # a video model's clip: (batch, frames, channels, side, side)
         image = _image(config)
         return image.unsqueeze(1).expand(-1, frames, -1, -1, -1).clone() if isinstance(frames, int) else image
-    if name.endswith(("_embeds", "hidden_states")):  # an input at a width of the model, 16 rows of it:
+    if name.endswith(("_embeds", "hidden_states", "latents")):  # an input at a width of the model, 16 rows of it:
         width = _size(config, "hidden_size", 64)  # its own, or what it attends to (BLIP-2's Q-Former, its image's)
         return torch.randn(1, 16, _size(config, "encoder_hidden_size", width) if name.startswith("encoder_") else width)
     made = by_name().get(name)

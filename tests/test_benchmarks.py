@@ -397,7 +397,7 @@ def test_a_text_and_image_model_is_given_a_token_for_each_of_its_images_features
     config = sweep.shrunk(CONFIG_MAPPING["llava"](), sweep.SMALL)
     model = AutoModel.from_config(config).eval()
     candidates = sweep.candidate_inputs(model, config)
-    assert list(candidates) == ["image placed", "as made", "text alone", "a clip"]
+    assert list(candidates) == ["image placed", "as made", "text alone", "a clip", "an image pair"]
     ids = candidates["image placed"]["input_ids"]
     assert ids.shape == (1, 576 + 16) and (ids == config.image_token_id).sum() == 576
     assert model.get_input_embeddings().num_embeddings > config.image_token_id
@@ -474,7 +474,8 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     Kosmos-2's text with places for its image; SigLIP 2's patches with their grid; a codec's mel
     features beside its samples; AST's spectrogram; ViLT's image; X-MOD's default language; TimesFM's
     padding and frequency; a time series transformer's history, time features and mask; tokens
-    within the vocabulary, where it has fewer than 100."""
+    within the vocabulary, where it has fewer than 100; a codec's latents channels first, a codec
+    encoder's samples on its channel, and a keypoint matcher's pair of images, as further forms."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModel
@@ -545,6 +546,21 @@ def test_every_input_a_models_forward_requires_is_given_by_its_name() -> None:
     clip = sweep.candidate_inputs(video, config)["a clip placed"]  # 8 frames, 32 queries each, a token a query
     assert tuple(clip["pixel_values"].shape) == (1, 8, 3, 224, 224)
     assert (clip["input_ids"] == config.video_token_index).sum() == 8 * 32
+    # a codec decoder's latents, each channel a row; a codec encoder's samples on its one channel
+    config = sweep.shrunk(CONFIG_MAPPING["mimi_decoder"](), sweep.LAYERS)
+    with torch.device("meta"):
+        decoder = AutoModel.from_config(config)
+    latents = sweep.candidate_inputs(decoder, config)["channels first"]["latents"]
+    assert tuple(latents.shape) == (1, config.hidden_size, 16)
+    config = sweep.shrunk(CONFIG_MAPPING["vibevoice_acoustic_tokenizer_encoder"](), sweep.SMALL)
+    with torch.device("meta"):
+        encoder = AutoModel.from_config(config)
+    assert {k: tuple(v.shape) for k, v in sweep.candidate_inputs(encoder, config)["samples on its channels"].items()} \
+        == {"hidden_states": (1, 1, 8000)}
+    config = sweep.shrunk(CONFIG_MAPPING["efficientloftr"](), sweep.SMALL)  # a keypoint matcher's two images
+    with torch.device("meta"):
+        matcher = AutoModel.from_config(config)
+    assert sweep.candidate_inputs(matcher, config)["an image pair"]["pixel_values"].shape[:2] == (1, 2)
     drawn = sweep.tokens(CONFIG_MAPPING["vits"](), 1000)  # VITS reads 38 characters: tokens 3-37
     assert drawn.min() >= 3 and drawn.max() < 38
     assert sweep.tokens(CONFIG_MAPPING["bert"](), 1000).max() == 99
