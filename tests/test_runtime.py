@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -262,13 +264,38 @@ def test_optimize_never_returns_a_plan_slower_than_sequential_or_torchs_kernels_
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
     module = opsched.optimize(model, inputs, cost="measured", cache_dir=str(tmp_path))
     race = module.outcome.race
-    assert race is not None and module.outcome.contenders == {"ios", "sequential", "sequential on torch"}
+    one_core = {"sequential on 1 core"} if torch.get_num_threads() > 1 else set()
+    assert race is not None and module.outcome.contenders == {"ios", "sequential", "sequential on torch", *one_core}
     assert set(module.outcome.same_plan) <= {"sequential"}  # where ios's plan is the sequential one, raced once
     assert race.kept == race.standings.fastest and race.relative[race.kept] == 1.0
     on_torch = race.kept == "sequential on torch"
-    assert race.kept.removesuffix(" on torch") == module.schedule.scheduler
+    assert race.kept.removesuffix(" on torch").removesuffix(" on 1 core") == module.schedule.scheduler
     assert (module.backend.name == "torch") == on_torch
+    assert (module.schedule.cores == 1) == (race.kept == "sequential on 1 core")
     assert f"end-to-end check: {race}" in str(module.report())
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2 or not ort_available(), reason="one core, or no onnxruntime")
+def test_a_plan_on_one_core_runs_its_session_on_one_thread_and_saves_and_loads_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A schedule that says it runs on one core (what optimize()'s race keeps where a small model's
+    one ONNX Runtime session runs fastest so) builds its session on one intra-op thread, computes
+    what the model computes, and keeps its cores through save and load; one that asks for more
+    cores than torch is given runs on those torch has."""
+    model, inputs = get_model("squeezenet1_1").eval(), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, cost="analytic", scheduler="sequential")
+    assert module.schedule.cores is None and module.run.cores is None
+    one = opsched.ScheduledModule(module.graph, dataclasses.replace(module.schedule, cores=1), backend="ort")
+    assert one.run.cores == 1 and one.executor.describe().endswith("on 1 core")
+    session = next(s for s in one.executor.program.sessions if s is not None)
+    assert session.get_session_options().intra_op_num_threads == 1
+    with torch.no_grad():
+        assert_close(one(*inputs), model(*inputs))
+    one.save(tmp_path / "one.json")
+    assert json.loads((tmp_path / "one.json").read_text())["cores"] == 1
+    loaded = opsched.load(model, tmp_path / "one.json", inputs)
+    assert loaded.schedule.cores == 1 and loaded.run.cores == 1 and "on 1 core" in str(loaded.schedule)
+    many = opsched.ScheduledModule(module.graph, dataclasses.replace(module.schedule, cores=10_000), backend="ort")
+    assert many.run.cores == torch.get_num_threads()
 
 
 def test_plans_race_on_every_backend_named_and_the_kept_one_loads_onto_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -320,7 +347,8 @@ def test_a_plan_kept_on_torchs_kernels_loads_on_them(tmp_path) -> None:  # type:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])]), opset_imports=[helper.make_opsetid("", 17)])
     from_file = opsched.optimize_graph(opsched.from_onnx(erf), cache_dir=str(tmp_path / "store"))
-    assert from_file.outcome.contenders == {"ios", "sequential"}
+    one_core = {"sequential on 1 core"} if torch.get_num_threads() > 1 else set()  # its session on one thread
+    assert from_file.outcome.contenders == {"ios", "sequential", *one_core}
 
 
 def test_several_schedulers_race_and_the_fastest_plan_is_kept() -> None:

@@ -407,6 +407,11 @@ def test_bad_schedule_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "future.json").write_text('{"format": "opsched.schedule", "version": 99}')
     with pytest.raises(InvalidScheduleError, match="version 99"):
         Schedule.load(tmp_path / "future.json")
+    (tmp_path / "cores.json").write_text('{"format": "opsched.schedule", "version": 2, "graph_hash": "h", '
+                                         '"lanes": [["a"]], "cores": 0}')
+    with pytest.raises(InvalidScheduleError, match=r"cores.json: malformed schedule: .*a positive number of CPU "
+                                                   r"cores or None \(all of them\), got 0"):
+        Schedule.load(tmp_path / "cores.json")
 
 
 def diamond() -> Graph:

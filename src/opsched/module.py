@@ -26,6 +26,12 @@ from opsched.timeline import TraceEvent
 __all__ = ["ScheduledModule", "InputStructure", "OutputStructure"]
 
 
+def _cores(schedule: Schedule, device: torch.device) -> int | None:
+    """The CPU cores ``schedule``'s plan runs on here: as many as it says, where this machine gives
+    torch as many; None for all of them (its own default, and on a GPU)."""
+    return None if schedule.cores is None or device.type != "cpu" else min(schedule.cores, torch.get_num_threads())
+
+
 class ScheduledModule(nn.Module):
     """Returns exactly what the original model returns, computed by the schedule's plan.
 
@@ -49,7 +55,8 @@ class ScheduledModule(nn.Module):
         self.graph = graph
         self.schedule = schedule
         placed = schedule.options.get("platform")
-        self.run = RunOptions(torch.device(device), None, graphs, channels_last, spin=True, platform=placed)
+        self.run = RunOptions(torch.device(device), _cores(schedule, torch.device(device)), graphs, channels_last,
+                              spin=True, platform=placed)
         if placed is not None:  # lanes on the units of a platform
             _on_the_host(graph, placed, self.run.device)
             backend = get_backend("units")

@@ -67,6 +67,12 @@ class Backend(Protocol):
     def relative_pricing(self) -> bool: ...
 
     @property
+    def threads_by_cores(self) -> bool:
+        """Whether a plan's one lane runs on as many threads as its cores (:attr:`RunOptions.cores`):
+        ONNX Runtime's sessions, whose intra-op threads they are. Where not, the cores matter only
+        between lanes, and a plan on fewer is the same plan."""
+
+    @property
     def default_policy(self) -> TimingPolicy: ...
 
     def unavailable(self) -> str | None:
@@ -187,6 +193,7 @@ class CpuBackend(TorchKernels):
     name = "cpu"
     device_type = "cpu"
     relative_pricing = True
+    threads_by_cores = False
     default_policy = TimingPolicy(warmup=2, repeat=7)
     #: Bumped whenever what this backend's measurements mean changes (old ones are then not used).
     measure_version = 4

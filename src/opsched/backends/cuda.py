@@ -80,6 +80,7 @@ class CudaBackend(TorchKernels):
     name = "cuda"
     device_type = "cuda"
     relative_pricing = False
+    threads_by_cores = False
     default_policy = TimingPolicy(warmup=3, repeat=7, inner=10)
 
     def unavailable(self) -> str | None:

@@ -145,6 +145,7 @@ class OrtBackend(CpuBackend):
     run with torch between sessions (:attr:`opsched.ir.ops.OpDef.no_onnx` says why)."""
 
     name = "ort"
+    threads_by_cores = True
 
     def unavailable(self) -> str | None:
         return None if ort_available() else "onnxruntime is not installed (pip install onnxruntime)"

@@ -15,7 +15,8 @@ A :class:`Schedule` is one form for every scheduler:
 * ``splits``: groups of nodes computed as instances, each on its slice of the batch or band of rows
   (:mod:`opsched.transforms.split_instances`). The lanes then name the nodes of the graph so
   rewritten (:meth:`Schedule.instance_graph`): ``conv@0``, ``conv@1``, ...; ``graph_hash`` stays
-  the model's own.
+  the model's own;
+* ``cores``: on a CPU, how many cores the plan runs on (None: all); its lanes share them.
 
 IOS's stages are a schedule with a barrier after each stage (:meth:`Schedule.from_stages`):
 group ``i`` of every stage on lane ``i``, a merge stage on lane 0. Such a schedule prints in
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from opsched._text import count
 from opsched.errors import InvalidScheduleError
 from opsched.ir import Graph
 from opsched.schedule.validate import check_schedule, input_types
@@ -155,8 +157,16 @@ class Schedule:
     #: The inputs of the graph it was made for (name: type, as ``f32[1,3,224,224]``), in order; what
     #: a mismatch names. Empty in schedules written before schedules recorded them.
     inputs: Mapping[str, str] = field(default_factory=dict)
+    #: The CPU cores its plan runs on (a phase's lanes share them as intra-op threads), at most as
+    #: many as the machine it runs on gives torch; None: all of those. A small model's one-session
+    #: plan runs fastest on one (no thread to wake for each kernel), where optimize()'s race keeps it.
+    cores: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cores is not None and (isinstance(self.cores, bool) or not isinstance(self.cores, int)
+                                       or self.cores < 1):
+            raise InvalidScheduleError(f"a schedule's cores is a positive number of CPU cores or None (all of "
+                                       f"them), got {self.cores!r}")
         object.__setattr__(self, "lanes", tuple(_lane(lane) for lane in self.lanes))
         object.__setattr__(self, "splits", tuple(self.splits))
         object.__setattr__(self, "waits", tuple((str(a), str(b)) for a, b in self.waits))
@@ -264,6 +274,7 @@ class Schedule:
             "merges": [list(m) for m in self.merges],
             "barriers": [list(b) for b in self.barriers],
             **({"splits": [s.to_dict() for s in self.splits]} if self.splits else {}),
+            **({"cores": self.cores} if self.cores is not None else {}),
         }
 
     @classmethod
@@ -279,7 +290,8 @@ class Schedule:
                         device=data.get("device", ""), scheduler=data.get("scheduler", ""),
                         options=dict(data.get("options") or {}), estimated_ms=data.get("estimated_ms"),
                         stats=dict(data.get("stats") or {}),
-                        inputs={str(k): str(v) for k, v in (data.get("inputs") or {}).items()})
+                        inputs={str(k): str(v) for k, v in (data.get("inputs") or {}).items()},
+                        cores=data.get("cores"))
             if version == 1 and data.get("lanes") is None:  # version 1's stage-based form
                 stages = [Stage(tuple(tuple(g) for g in s["groups"]), s.get("strategy", "parallel"))
                           for s in data.get("stages") or ()]
@@ -304,8 +316,9 @@ class Schedule:
     # --- printing ---------------------------------------------------------------------------
     def __str__(self) -> str:
         est = f", estimated {self.estimated_ms:.3f} ms" if self.estimated_ms is not None else ""
+        cores = f", on {count(self.cores, 'core')}" if self.cores is not None else ""
         head = (f"Schedule of {self.graph_name or '?'} by {self.scheduler or '?'} "
-                f"(batch {self.batch}{', ' + self.device if self.device else ''}{est})")
+                f"(batch {self.batch}{', ' + self.device if self.device else ''}{cores}{est})")
         stages = self.stages
         if stages is not None:
             body = ["  " + str(s) + ("," if i < len(stages) - 1 else "") for i, s in enumerate(stages)]
