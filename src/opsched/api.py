@@ -162,9 +162,11 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
     With the measured cost model, the plans race end to end and the fastest is kept: the searched
     schedule's, the sequential one's, and on a CPU (backend ``"auto"``) the sequential plan on
     torch's kernels, so that the module keeps up with eager PyTorch where ONNX Runtime's kernels
-    lose to torch's. Contenders are compared round by round (:class:`opsched.race.Standings`);
-    on a CPU, one that another beat by more than 10% in each of its first 3 rounds is timed no
-    more, and the race ends with one left (:class:`opsched.race.Cutoff`). Plans that run the
+    lose to torch's, and the sequential plan on one core (its ONNX Runtime session on one thread,
+    :attr:`Schedule.cores`), which a small model's calls take least time on. Contenders are
+    compared round by round (:class:`opsched.race.Standings`); on a CPU, one that another beat by
+    more than 10% in each of its first 3 rounds is timed no more, and the race ends with one left
+    (:class:`opsched.race.Cutoff`). Plans that run the
     same program (IOS's schedule, where it has no concurrency, and the sequential one: one ONNX
     Runtime session each) race once, under the first name. At a batch
     larger than 1 the ``graphturbo`` plan (sub-graphs split into batch instances that fit a core's

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from opsched._text import first_line
+from opsched.backends.affinity import worker_affinities
 from opsched.backends.lanes import Item, Program, step_category
 from opsched.backends.ort_export import export_segment, exportable
 from opsched.backends.segments import Segment, SegmentBuilder
@@ -56,6 +57,10 @@ def ort_session(model: OnnxModel, threads: int, profile_prefix: str | None = Non
     # and only within a run: what runs between calls (the caller's torch code) needs them too
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")
+    # a plan's one session (the one that spins) runs alone: its workers woken at every call, each pinned to a
+    # core of its own, so that none waits on the caller's (:mod:`opsched.backends.affinity`)
+    if spin and (pinned := worker_affinities(threads)) is not None:
+        so.add_session_config_entry("session.intra_op_thread_affinities", pinned)
     # one arena for every session (shared_arena), not one each: an arena keeps the most memory
     # it ever held, and a torch.compile'd model holds a plan per graph and shape, a session per
     # segment; none at all maps a call's large temporaries afresh each time (ort_arena.py)
