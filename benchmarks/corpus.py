@@ -133,7 +133,7 @@ def run(name: str, budget: float, rounds: int, cache_dir: str) -> tuple[list[obj
               "onnx_exporter": exporter, "onnx_operators": len(onnx_graph.nodes),
               "generic_onnx": generic(onnx_graph, "onnx."), "sessions_sequential": sessions(sequential),
               "sessions_optimize": sessions(opt), "sessions_onnx_file": sessions(from_file),
-              "optimize_scheduler": opt.schedule.scheduler,
+              "optimize_kept": opt.outcome.race.kept if opt.outcome.race is not None else opt.schedule.scheduler,
               "median_ms": med, "ratios": ratios, "optimize_s": optimize_s}
     row = [name, len(graph.nodes), record["generic_aten"], kinds["opaque"], f"{exporter}: {len(onnx_graph.nodes)}",
            record["generic_onnx"], f"{proto.ByteSize() / 1e6:.1f} / {onnx_import_s:.2f}",

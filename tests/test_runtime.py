@@ -14,6 +14,7 @@ from torch import nn
 
 import opsched
 from opsched.backends import get_backend
+from opsched.backends.affinity import worker_affinities
 from opsched.backends.ort import ort_available
 from opsched.cost import AnalyticCostModel
 from opsched.costing import host_cpu_model
@@ -479,8 +480,12 @@ def test_only_a_module_that_is_one_ort_session_lets_its_threads_spin_and_only_wi
     graph = from_torch_zoo("googlenet")
 
     def spins(executor: object, entry: str = "session.intra_op.allow_spinning") -> list[str]:
-        return [s.get_session_options().get_session_config_entry(entry)
-                for s in executor.program.sessions]  # type: ignore[attr-defined]
+        def entry_of(options: Any) -> str:
+            try:
+                return str(options.get_session_config_entry(entry))
+            except RuntimeError:  # not set
+                return ""
+        return [entry_of(s.get_session_options()) for s in executor.program.sessions]  # type: ignore[attr-defined]
 
     sequential = schedule(graph, "sequential", CPU)
     module = opsched.ScheduledModule(graph, sequential, backend="ort")
@@ -488,6 +493,40 @@ def test_only_a_module_that_is_one_ort_session_lets_its_threads_spin_and_only_wi
     assert spins(OrtExecutor(graph, lower(graph, sequential))) == ["0"]  # as the measured cost model builds it
     lanes = spins(opsched.ScheduledModule(graph, schedule(graph, "greedy", CPU), backend="ort")._executor)
     assert len(lanes) > 1 and set(lanes) == {"0"}
+    # the spinning session's workers pinned a physical core each (where there are workers and cores for
+    # them); no other session's
+    pinned = worker_affinities(torch.get_num_threads()) or ""
+    assert spins(module._executor, "session.intra_op_thread_affinities") == [pinned]
+    assert spins(OrtExecutor(graph, lower(graph, sequential)), "session.intra_op_thread_affinities") == [""]
+
+
+def test_workers_are_pinned_one_physical_core_each_past_the_callers(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Hyper-threads of one core count once (the first of them); the first core is left to the
+    caller; nothing is pinned without workers, without cores enough for them, or without a
+    readable topology."""
+    from opsched.backends import affinity
+
+    for cpu, core in enumerate([0, 0, 1, 1, 2, 2]):  # three cores of two hyper-threads each
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(affinity, "_TOPOLOGY", tmp_path)
+    monkeypatch.setattr(affinity.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    affinity.physical_cpus.cache_clear()
+    try:
+        assert affinity.physical_cpus() == (0, 2, 4)
+        assert affinity.worker_affinities(3) == "3;5"  # 1-based logical processors, one worker a core
+        assert affinity.worker_affinities(2) == "3"
+        assert affinity.worker_affinities(1) is None and affinity.worker_affinities(4) is None
+        monkeypatch.setattr(affinity.os, "sched_getaffinity", lambda pid: {2, 3, 4, 5})  # a cpuset without core 0
+        affinity.physical_cpus.cache_clear()
+        assert affinity.worker_affinities(2) == "5"
+        monkeypatch.setattr(affinity, "_TOPOLOGY", tmp_path / "absent")
+        affinity.physical_cpus.cache_clear()
+        assert affinity.physical_cpus() == () and affinity.worker_affinities(2) is None
+    finally:
+        affinity.physical_cpus.cache_clear()
 
 
 @pytest.mark.skipif(not ort_available(), reason="needs onnxruntime")
