@@ -1209,3 +1209,55 @@ def test_a_plan_runs_where_the_model_is_unless_told() -> None:
     with pytest.raises(OpschedError, match="device 'meta' is not supported by this opsched"):
         opsched.optimize_graph(graph, cost="analytic")
     assert opsched.optimize_graph(module.graph, cost="analytic").device == torch.device("cpu")
+
+
+class PooledView(nn.Module):
+    """Returns its tokens, a view of their first row (DINOv2's pooler output), and a flat view of
+    its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens = self.proj(x).relu()
+        return tokens, tokens[:, 0], x.view(-1)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_outputs_that_view_an_input_or_another_output_are_views_as_in_eager(backend: str, tmp_path: Path) -> None:
+    """Eager's pooled row is a view of its tokens, and its flat input a view of the caller's
+    tensor: so are the module's, a saved and loaded module's too, and what is written into one
+    in place shows in the other."""
+    model, x = PooledView().eval(), torch.randn(2, 3, 8)
+    module = opsched.optimize(model, x, backend=backend, **ANALYTIC)
+    module.save(tmp_path / "s.json")
+    for m in (module, opsched.load(model, tmp_path / "s.json", x)):
+        with torch.no_grad():
+            mine, theirs = x.clone(), x.clone()
+            got, want = m(mine), model(theirs)
+        assert_close(list(got), list(want))
+        tokens, pooled, flat = got
+        assert pooled.untyped_storage().data_ptr() == tokens.untyped_storage().data_ptr()
+        assert flat.untyped_storage().data_ptr() == mine.untyped_storage().data_ptr()
+        for written in (tokens, want[0]):
+            written.add_(1)
+        for written in (mine, theirs):
+            written.mul_(3)
+        assert_close(list(got), list(want))  # the pooled rows and the flat inputs, changed alike
+    assert [(v.output, v.base, v.of_input) for v in module.outputs.views] == [(2, 0, True), (1, 0, False)]
+
+
+def test_a_view_of_an_output_laid_out_otherwise_is_taken_of_it_laid_out_as_the_models() -> None:
+    """Where the module's output is laid out otherwise than the model's (strides of another
+    order), it is laid out as the model's first, so that the view takes the model's elements."""
+    from opsched.structure.returns import View
+
+    base = torch.arange(6.0).reshape(2, 3)
+    row = View(output=1, base=0, of_input=False, size=(3,), stride=(1,), offset=3, base_size=(2, 3), base_stride=(3, 1))
+    other = base.t().contiguous().t()  # the same values, column-major
+    laid, view = row.made(other)
+    assert laid.stride() == (3, 1) and torch.equal(laid, base) and torch.equal(view, base[1])
+    assert view.untyped_storage().data_ptr() == laid.untyped_storage().data_ptr()
+    same, again = row.made(base)
+    assert same is base and again.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()

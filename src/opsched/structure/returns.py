@@ -39,7 +39,13 @@ class OutputStructure(Pickled):
     ``past_key_values=cache`` appends to that cache and returns it). The graph computes the new
     contents; :meth:`build` returns the caller's tensor (its new value already written into it)
     and the caller's object, its contents replaced by the rebuilt one's, so that a loop which
-    keeps passing one cache sees it grow or fill as it does in eager."""
+    keeps passing one cache sees it grow or fill as it does in eager.
+
+    What the model returns as views shares memory as it does in eager: ``views`` lists the graph
+    outputs that are views of an input (``x.view(-1)``: the caller's tensor, seen so) and those
+    that are views of another output (DINOv2's ``pooler_output``, ``last_hidden_state[:, 0]``), so
+    that a change made in place to one afterwards (code between the graphs ``torch.compile``
+    captures writes into a tensor one of them returned) shows in the other, as in eager."""
 
     spec: pytree.TreeSpec
     slots: tuple[int | None, ...]  # per leaf: the graph output it is, or None for a constant
@@ -47,6 +53,7 @@ class OutputStructure(Pickled):
     passed: tuple[tuple[int, int], ...] = ()  # (graph output, graph input it is)
     returned: tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...] = ()  # (where in the output, where in the call)
     ordered: Ordered = ()  # (where in the output, the keys of a mapping there in the model's order)
+    views: tuple[View, ...] = ()  # graph outputs that view an input's or another output's memory
 
     @classmethod
     def of(cls, example: Any, call: Call | None = None, inputs: Sequence[torch.Tensor] = ()) -> OutputStructure:
@@ -62,8 +69,10 @@ class OutputStructure(Pickled):
             slots[k], constants[k] = slot, constant
         given = {id(t): k for k, t in enumerate(inputs)}
         passed = tuple((s, given[id(leaf)]) for leaf, s in zip(leaves, slots) if s is not None and id(leaf) in given)
+        outputs = {s: leaf for leaf, s in zip(leaves, slots) if s is not None}
         return cls(spec, tuple(slots), tuple(constants), passed, _returned(example, call) if call is not None else (),
-                   _reordered(example, pytree.tree_unflatten(leaves, spec)))
+                   _reordered(example, pytree.tree_unflatten(leaves, spec)),
+                   _views([outputs[s] for s in range(len(outputs))], inputs, {s for s, _ in passed}))
 
     @classmethod
     def flat(cls, n: int) -> OutputStructure:
@@ -83,6 +92,13 @@ class OutputStructure(Pickled):
             outputs = list(outputs)
             for out, given in self.passed:
                 outputs[out] = inputs[given]
+        if self.views and (inputs or not any(v.of_input for v in self.views)):
+            outputs = list(outputs)
+            for v in self.views:
+                if v.of_input:
+                    outputs[v.output] = v.made(inputs[v.base])[1]
+                else:
+                    outputs[v.base], outputs[v.output] = v.made(outputs[v.base])
         if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
             return outputs[0] if self._plain else tuple(outputs)
         leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
@@ -109,6 +125,72 @@ class OutputStructure(Pickled):
         if in_order and self.spec.type is tuple and all(c.is_leaf() for c in self.spec.children()):
             return False
         return None
+
+
+@dataclass(frozen=True)
+class View:
+    """Graph output ``output`` as the model returns it: ``size`` and ``stride`` over the memory of
+    ``base`` (a graph input where ``of_input``, else an earlier graph output), ``offset`` elements
+    past where ``base`` starts in it. Where the base is an output, its own ``base_size`` and
+    ``base_stride`` are what the view was taken of (the module's output may be laid out otherwise:
+    it is then laid out so first)."""
+
+    output: int
+    base: int
+    of_input: bool
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    base_size: tuple[int, ...] = ()
+    base_stride: tuple[int, ...] = ()
+
+    def made(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base, laid out as the model's (a module's output copied so where it is not), and
+        the view of it as the model took it."""
+        if not self.of_input and (tuple(base.shape) != self.base_size or base.stride() != self.base_stride):
+            base = torch.empty_strided(self.base_size, self.base_stride, dtype=base.dtype,
+                                       device=base.device).copy_(base)
+        return base, base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
+
+
+def _views(outputs: Sequence[Any], inputs: Sequence[torch.Tensor], passed: set[int]) -> tuple[View, ...]:
+    """Which of the model's ``outputs`` (per graph output, as returned on ``inputs``) view the
+    memory of an input, or of another output whose elements cover theirs, the widest such (the
+    first of equals): :attr:`OutputStructure.views`, those of inputs first. An output whose
+    elements lie outside every other's (two slices of a tensor the model does not return) is left
+    a tensor of its own."""
+    def storage(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    def span(t: torch.Tensor) -> tuple[int, int]:  # the elements it reaches, from its storage's start
+        first = int(t.storage_offset())
+        return first, first + sum((int(n) - 1) * int(st) for n, st in zip(t.shape, t.stride()))
+
+    def within(t: torch.Tensor, base: torch.Tensor) -> bool:
+        (a, b), (lo, hi) = span(t), span(base)
+        return storage(t) == storage(base) and lo <= a and b <= hi
+
+    def width(t: torch.Tensor) -> int:
+        lo, hi = span(t)
+        return hi - lo
+
+    def layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(map(int, t.shape)), tuple(map(int, t.stride()))
+
+    tensors = {k: t for k, t in enumerate(outputs) if isinstance(t, torch.Tensor) and t.numel() and k not in passed}
+    of_inputs, of_outputs = [], []
+    for k, out in tensors.items():
+        of = next((j for j, t in enumerate(inputs) if t.numel() and within(out, t)), None)
+        if of is not None:
+            of_inputs.append(View(k, of, True, *layout(out), int(out.storage_offset() - inputs[of].storage_offset())))
+            continue
+        covering = [j for j, t in tensors.items() if j != k and within(out, t)]
+        base = min(covering, key=lambda j: (-width(tensors[j]), j), default=None)
+        if base is not None and (width(tensors[base]), -base) > (width(out), -k):
+            b = tensors[base]
+            of_outputs.append(View(k, base, False, *layout(out), int(out.storage_offset() - b.storage_offset()),
+                                   *layout(b)))
+    return (*of_inputs, *of_outputs)
 
 
 def _returned(output: Any, call: Call) -> tuple[tuple[pytree.KeyPath, pytree.KeyPath], ...]:
