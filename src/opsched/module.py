@@ -91,7 +91,8 @@ class ScheduledModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         inputs = self.inputs.tensors(args, kwargs)
-        check_inputs(self.graph, inputs)
+        if not self._fit(inputs):
+            check_inputs(self.graph, inputs)  # raises, naming the input and what was expected
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             raise InputMismatchError(
                 f"a scheduled module of {self.graph.name!r} is for inference: it computes no gradients, and an input "
@@ -110,6 +111,19 @@ class ScheduledModule(nn.Module):
             for k, value in zip(self._written, results[returned:]):
                 inputs[k].copy_(value)
         return results[:returned]
+
+    def _fit(self, inputs: Sequence[Any]) -> bool:
+        """Whether ``inputs`` are tensors of the graph's inputs' shapes and dtypes, in two compares
+        each (:func:`~opsched.runtime.check_inputs` spells out what is wrong where they are not)."""
+        expected = self._expected
+        return len(inputs) == len(expected) and all(
+            isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
+            for t, (shape, dtype) in zip(inputs, expected))
+
+    @functools.cached_property
+    def _expected(self) -> tuple[tuple[torch.Size, torch.dtype], ...]:
+        """Per graph input, its shape and torch dtype (found once, not per call)."""
+        return tuple((torch.Size(i.type.shape), getattr(torch, i.type.dtype)) for i in self.graph.inputs)
 
     @functools.cached_property
     def _written(self) -> tuple[int, ...]:

@@ -96,8 +96,11 @@ def shared_arena() -> bool:
 
 def _to_numpy(v: Any) -> np.ndarray:
     """``v`` as an array sharing its memory; a lazily conjugated or negated view (``z.conj()``)
-    is made real first, as NumPy has no such views."""
-    return v.detach().resolve_conj().resolve_neg().numpy() if isinstance(v, torch.Tensor) else v
+    is made real first, as NumPy has no such views (and a tensor that requires grad detached: the
+    three checks cost a call less than making them)."""
+    if isinstance(v, torch.Tensor) and (v.requires_grad or v.is_conj() or v.is_neg()):
+        v = v.detach().resolve_conj().resolve_neg()
+    return v.numpy() if isinstance(v, torch.Tensor) else v
 
 
 def _to_torch(v: Any) -> torch.Tensor:
