@@ -10,7 +10,9 @@ ones, their median the round's sample), in microseconds:
   mode, the per-item loop), which plans of several sessions or lanes take;
 - *executor, direct*: the same executor as it runs a one-session plan (``Program.direct``);
 - *module*: the sequential plan as a drop-in module (input checks; the graph's outputs as they are);
-- *optimize()*: what ``opsched.optimize`` returns, which also builds the model's own output object;
+- *optimize()*: what ``opsched.optimize`` returns, which also builds the model's own output object
+  (on two cores its race keeps these models' plan on one core, whose session wakes no thread for a
+  kernel: it runs faster than the two-thread session the other columns call);
 - *output object*: building that object alone (Hugging Face's ``ModelOutput``), on the same
   tensors each time, and *executor + output object*: built right after a run.
 
@@ -88,7 +90,9 @@ def main() -> None:
         "process, in microseconds (see `benchmarks/call_overhead.py` for what each column calls). *direct's "
         "speed-up*: the median per-round ratio of the executor through its slots to the executor's direct call. "
         "On a 2-core machine the medians of contenders swing between rounds by more than these differences; "
-        "the per-round ratio, of calls made moments apart, is the figure to read.",
+        "the per-round ratio, of calls made moments apart, is the figure to read. *optimize()* runs the plan "
+        "its race kept, which may be on fewer cores than the others' (`Schedule.cores`): on two, these "
+        "models' one session on one thread, faster than the others' on two.",
     ], headers, rows, {"direct's speed-up": geomean(float(r["slots_vs_direct"]) for r in records)},  # type: ignore[arg-type]
         {"rows": records, "rounds": args.rounds, "block": args.block})
 
