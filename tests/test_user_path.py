@@ -1248,6 +1248,24 @@ def test_outputs_that_view_an_input_or_another_output_are_views_as_in_eager(back
     assert [(v.output, v.base, v.of_input) for v in module.outputs.views] == [(2, 0, True), (1, 0, False)]
 
 
+def test_a_view_of_an_input_passed_laid_out_otherwise_is_the_modules_own_tensor_of_its_values() -> None:
+    """The module takes inputs of the example's shape whatever their strides: a transposed one
+    is not laid out as the view was taken of the example, so that output is the module's own
+    tensor, of the values eager's view has (a view taken by the example's strides would read
+    other elements)."""
+    class FirstRow(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x.relu(), x[:, 0]
+
+    model = FirstRow().eval()
+    module = opsched.optimize(model, torch.randn(2, 3, 8), **ANALYTIC)
+    across = torch.randn(3, 2, 8).transpose(0, 1)  # (2, 3, 8), strides of another order
+    with torch.no_grad():
+        got, want = module(across), model(across)
+    assert_close(list(got), list(want))
+    assert got[1].untyped_storage().data_ptr() != across.untyped_storage().data_ptr()
+
+
 def test_a_view_of_an_output_laid_out_otherwise_is_taken_of_it_laid_out_as_the_models() -> None:
     """Where the module's output is laid out otherwise than the model's (strides of another
     order), it is laid out as the model's first, so that the view takes the model's elements."""

@@ -95,10 +95,11 @@ class OutputStructure(Pickled):
         if self.views and (inputs or not any(v.of_input for v in self.views)):
             outputs = list(outputs)
             for v in self.views:
-                if v.of_input:
-                    outputs[v.output] = v.made(inputs[v.base])[1]
-                else:
-                    outputs[v.base], outputs[v.output] = v.made(outputs[v.base])
+                made = v.made(inputs[v.base] if v.of_input else outputs[v.base])
+                if made is not None:
+                    base, outputs[v.output] = made
+                    if not v.of_input:
+                        outputs[v.base] = base
         if self._plain is not None:  # one tensor, or a tuple of them in order: no tree to rebuild
             return outputs[0] if self._plain else tuple(outputs)
         leaves = [c if s is None else outputs[s] for s, c in zip(self.slots, self.constants)]
@@ -130,10 +131,11 @@ class OutputStructure(Pickled):
 @dataclass(frozen=True)
 class View:
     """Graph output ``output`` as the model returns it: ``size`` and ``stride`` over the memory of
-    ``base`` (a graph input where ``of_input``, else an earlier graph output), ``offset`` elements
-    past where ``base`` starts in it. Where the base is an output, its own ``base_size`` and
-    ``base_stride`` are what the view was taken of (the module's output may be laid out otherwise:
-    it is then laid out so first)."""
+    ``base`` (a graph input where ``of_input``, else another graph output), ``offset`` elements
+    past where ``base`` starts in it; ``base_size`` and ``base_stride`` are what the view was
+    taken of. A module's output laid out otherwise is laid out so first; a caller's input laid
+    out otherwise (a transposed tensor of the example's shape) is not the model's memory to
+    view: the output is then the module's own tensor, of the same values."""
 
     output: int
     base: int
@@ -144,10 +146,12 @@ class View:
     base_size: tuple[int, ...] = ()
     base_stride: tuple[int, ...] = ()
 
-    def made(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def made(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The base, laid out as the model's (a module's output copied so where it is not), and
-        the view of it as the model took it."""
-        if not self.of_input and (tuple(base.shape) != self.base_size or base.stride() != self.base_stride):
+        the view of it as the model took it; None for a caller's input laid out otherwise."""
+        if tuple(base.shape) != self.base_size or base.stride() != self.base_stride:
+            if self.of_input:
+                return None
             base = torch.empty_strided(self.base_size, self.base_stride, dtype=base.dtype,
                                        device=base.device).copy_(base)
         return base, base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
@@ -182,7 +186,8 @@ def _views(outputs: Sequence[Any], inputs: Sequence[torch.Tensor], passed: set[i
     for k, out in tensors.items():
         of = next((j for j, t in enumerate(inputs) if t.numel() and within(out, t)), None)
         if of is not None:
-            of_inputs.append(View(k, of, True, *layout(out), int(out.storage_offset() - inputs[of].storage_offset())))
+            of_inputs.append(View(k, of, True, *layout(out), int(out.storage_offset() - inputs[of].storage_offset()),
+                                  *layout(inputs[of])))
             continue
         covering = [j for j, t in tensors.items() if j != k and within(out, t)]
         base = min(covering, key=lambda j: (-width(tensors[j]), j), default=None)
