@@ -270,8 +270,9 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
                 outputs=outputs)
         if checked and be.threads_by_cores and torch.get_num_threads() > 1:
             # a small model's one session runs fastest on one core, with no intra-op thread to wake for each
-            # kernel (on two cores: the shrunk corpus's BERT 1.6x, Silero VAD 1.4-1.6x faster; MobileNet V2
-            # 0.88x as fast): the sequential plan on one core races the others
+            # kernel (on two cores, benchmarks/call_overhead.py: the corpus's BERT, GPT-2, ViT and ResNet kept so,
+            # 1.2-1.6x faster than the two-thread plan's module), a larger one's not (benchmarks/onnx_files.py:
+            # PP-LCNet's race keeps two): the sequential plan on one core races the others
             modules[ONE_CORE] = ScheduledModule(graph, dataclasses.replace(made["sequential"], cores=1), backend=be,
                                                 device=dev, channels_last=channels_last, inputs=inputs,
                                                 outputs=outputs)

@@ -5,10 +5,12 @@ a worker woken for a kernel may be placed on the caller's core (Linux places a w
 near its waker) and wait there for the scheduler's next tick while the caller spins for it:
 a 4-7 ms stall in a call of 1.5 ms. A session whose threads stop spinning when a run returns
 (``session.force_spinning_stop``, which opsched's sessions set: :mod:`.ort_program`) wakes its
-workers at every call, so it meets that often: on this repository's two-core VM, PP-LCNet's
-session of two threads took 2.7 ms per call in median, 6.3 ms at the 90th percentile; its
-workers pinned, 1.6 ms and 1.7 ms, as fast as ONNX Runtime's own default session (which pins
-its threads where it picks their count itself, and never stops them spinning). So each worker
+workers at every call, so it meets that often: on this repository's two-core VM, a probe of
+PP-LCNet's file in a session of two threads took 2.7 ms per call in median, 6.3 ms at the 90th
+percentile; its worker pinned, 1.6 ms and 1.7 ms, as fast as ONNX Runtime's own default session
+(which pins its threads where it picks their count itself, and never stops them spinning). In
+``benchmarks/onnx_files.py`` opsched's plan of it ran at 0.59x of that session unpinned (at
+d2adba7), 0.91x pinned. So each worker
 is pinned to a core of its own, one logical processor per physical core, none of them the first
 of the cores the process may use (left to the caller).
 """

@@ -92,9 +92,11 @@ class OutputStructure(Pickled):
             outputs = list(outputs)
             for out, given in self.passed:
                 outputs[out] = inputs[given]
-        if self.views and (inputs or not any(v.of_input for v in self.views)):
+        if self.views:
             outputs = list(outputs)
             for v in self.views:
+                if v.of_input and not inputs:  # no caller's tensors to view: the module's own, of their values
+                    continue
                 made = v.made(inputs[v.base] if v.of_input else outputs[v.base])
                 if made is not None:
                     base, outputs[v.output] = made
@@ -143,8 +145,8 @@ class View:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int
-    base_size: tuple[int, ...] = ()
-    base_stride: tuple[int, ...] = ()
+    base_size: tuple[int, ...]
+    base_stride: tuple[int, ...]
 
     def made(self, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The base, laid out as the model's (a module's output copied so where it is not), and
