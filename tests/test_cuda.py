@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -199,6 +201,52 @@ def test_capture_once_then_replay_with_static_buffers(zoo: Callable[[str], Graph
     first = shared([x1])
     second = shared([x2])
     assert first[0] is second[0]  # the graph's own output buffer, overwritten by the next call
+
+
+def test_calls_from_several_threads_take_turns_on_the_captured_graph() -> None:
+    """The captured graph's static buffers are one set: calls made at once each get their own
+    input's outputs (a replay here recomputes on the host, so a call whose input another call
+    overwrote between its copy and its replay would return the other's)."""
+    graph = random_dag(16, 2, edge_prob=0.3)
+    ex = _executor(graph, "est", RecordingDevice())
+    xs = [torch.randn(graph.inputs[0].type.shape, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    expected = [run_graph(graph, [x]) for x in xs]
+    ex([xs[0]])  # captured
+    wrong: list[int] = []
+
+    def caller(i: int) -> None:
+        for _ in range(10):
+            if not all(torch.equal(a, b) for a, b in zip(ex([xs[i]]), expected[i])):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(xs))]
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads taking turns between any two bytecodes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert not wrong
+
+
+def test_a_call_on_another_stream_first_waits_for_the_last_calls_stream() -> None:
+    """The buffers a call overwrites may still be read by the last call's replay, on its stream."""
+    graph = random_dag(10, 1)
+    dev = RecordingDevice()
+    ex = _executor(graph, "sequential", dev)  # one stream: the program records and waits for nothing
+    x = [torch.randn(graph.inputs[0].type.shape)]
+    ex(x)
+    ex(x)
+    assert dev.log == []
+    dev.current = dev.new_stream()
+    assert_close(ex(x), run_graph(graph, x))
+    assert [(kind, stream) for kind, stream, _ in dev.log] == [("record", 0), ("wait", 1)]
+    assert dev.log[0][2] == dev.log[1][2]  # on one event
+    ex(x)
+    assert len(dev.log) == 2  # the same stream again: no wait
 
 
 def test_capture_failure_falls_back_to_eager_streams_and_says_why_once(zoo: Callable[[str], Graph],
@@ -451,3 +499,34 @@ def test_a_model_already_on_the_gpu_in_float16_is_optimized_where_it_is(name: st
         got = [t for t in torch.utils._pytree.tree_leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
     assert_close(got, expected)
     assert "captured into one CUDA graph" in module._executor.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False], ids=["captured", "eager"])
+def test_calls_from_threads_each_on_its_own_stream_return_their_own_outputs(graphs: bool) -> None:
+    """A server's threads calling one module at once, each on a CUDA stream of its own: the
+    captured graph's buffers, and the events of the eager walk, are shared, so each call waits
+    for the last one's stream (where a call could overwrite inputs that a replay still reads)."""
+    model, x = get_model("googlenet").eval().cuda(), example_inputs("googlenet")
+    module = optimize(model, x, device="cuda", scheduler="est", cost="analytic", verify=False, graphs=graphs)
+    xs = [torch.randn(x[0].shape, device="cuda", generator=torch.Generator("cuda").manual_seed(i)) for i in range(6)]
+    with torch.no_grad():
+        expected = [model(t) for t in xs]
+    torch.cuda.synchronize()
+    got: dict[int, list[torch.Tensor]] = {}
+
+    def caller(i: int) -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            got[i] = [module(xs[i]) for _ in range(8)]
+        stream.synchronize()
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, outs in got.items():
+        for out in outs:
+            assert_close(out, expected[i], f"thread {i}")
+    assert ("captured into one CUDA graph" in module._executor.describe()) == graphs

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -159,6 +161,50 @@ def test_concurrent_calls_on_one_module() -> None:
     for i, e in enumerate(expected):
         assert_close(results[i], e, f"call {i}")
 
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_concurrent_calls_of_a_plan_whose_worker_lanes_wait_on_each_other_all_finish(backend: str) -> None:
+    """Two lanes run by workers, one waiting for the other: calls sharing one crew of workers could
+    each hold a worker waiting for a lane queued behind the other's, and hang."""
+    g = random_dag(40, 3, edge_prob=0.3)
+    names = [n.name for n in g.nodes]
+    sched = Schedule(g.structural_hash(), tuple(tuple(names[k::5]) for k in range(5)), graph_name=g.name).validate(g)
+    plan = lower(g, sched)
+    lane_of = {s: k for p in plan.phases for k, lane in enumerate(p.lanes) for s in lane}
+    assert any(lane_of[s] and lane_of[w] and lane_of[w] != lane_of[s]
+               for s, step in enumerate(plan.steps) for w in step.waits)  # a worker lane waits for another
+    executor = get_backend(backend).prepare(g, plan, RunOptions())
+    xs = [torch.randn(g.inputs[0].type.shape, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    expected = [opsched.run_graph(g, [x]) for x in xs]
+    wrong: list[int] = []
+    errors: list[BaseException] = []
+
+    def caller(i: int) -> None:
+        try:
+            for _ in range(25):
+                if not torch.allclose(executor([xs[i]])[0], expected[i][0], rtol=1e-4, atol=1e-5):
+                    wrong.append(i)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(len(xs))]
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads taking turns between any two bytecodes: calls' submissions interleave
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        sys.setswitchinterval(switching)
+    try:
+        assert not [t for t in threads if t.is_alive()], "calls hung"
+        assert not errors and not wrong
+    finally:
+        if not any(t.is_alive() for t in threads):
+            executor.close()
 
 def test_save_load_round_trip_and_mismatch(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")

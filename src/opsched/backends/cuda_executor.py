@@ -10,6 +10,14 @@ into the graph's static input buffers, replay it, and return its outputs (cloned
 the next call). Where capture is impossible (an opaque node that runs on the host) or fails,
 the executor logs why once and keeps running the same program eagerly on the streams.
 
+Several threads may call one executor: its calls take turns, as the graph's static buffers and
+the program's events are one set for all of them (two at once would each read the other's
+inputs, or wait on the other's events), and a call on another stream than the last one's
+first waits for the work of that stream, as the buffers it overwrites may still be being read
+there. The capture errors only on what its own thread does (``thread_local``, as Inductor's
+CUDA graphs capture), so another thread's work on the GPU, another model's, neither breaks it
+nor is broken by it.
+
 The device is reached through a small :class:`StreamDevice` interface, so the whole walk
 (stream switching, events, releases, the capture fallback) also runs against a recording
 stand-in in the CPU tests; only :class:`TorchCuda` touches ``torch.cuda``. The backends that
@@ -19,6 +27,7 @@ run it (:mod:`.cuda`, :mod:`.cuda_inductor`) prepare it and time stages with it.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,7 +111,7 @@ class TorchCuda:
             # a plan of views alone (a stage being timed, a model that reshapes its input)
             # launches nothing: its graph is empty, which torch warns of and we expect
             warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 outputs = run()
         return graph.replay, outputs
 
@@ -162,6 +171,9 @@ class CudaExecutor:
         self._replay: Callable[[], None] | None = None
         self._static_in: list[torch.Tensor] = []
         self._static_out: list[torch.Tensor] = []
+        self._lock = threading.Lock()  # one call at a time (see the module docstring)
+        self._last_stream: Any = None  # the stream the last call ran on
+        self._handover = self.dev.new_event()
 
     @property
     def captured(self) -> bool:
@@ -259,12 +271,27 @@ class CudaExecutor:
         """Run the plan eagerly once with CUDA events around each step: one event per step."""
         self._check(inputs)
         events: list[TraceEvent] = []
-        self._traced([self._layout(t) for t in inputs], events)
+        with self._lock:
+            self._follow_last_call()
+            self._traced([self._layout(t) for t in inputs], events)
         return events
+
+    def _follow_last_call(self) -> None:
+        """Make the caller's stream wait for the last call's, where they differ."""
+        stream = self.dev.current_stream()
+        if self._last_stream is not None and stream != self._last_stream:
+            self.dev.record(self._handover, self._last_stream)
+            self.dev.wait(stream, self._handover)
+        self._last_stream = stream
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the plan (captured into a CUDA graph on the first call, where it can be)."""
         self._check(inputs)
+        with self._lock:
+            self._follow_last_call()
+            return self._run(inputs)
+
+    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self.capture_error is not None:
             return self._walk([self._layout(t) for t in inputs])
         if self._replay is None:

@@ -6,8 +6,15 @@ session (:mod:`opsched.backends.ort`). torch's intra-op thread count is process-
 (``torch.set_num_threads`` from any thread changes it for all), so the coordinating thread sets
 it at each phase boundary: a phase of k lanes gives each lane ``cores // k`` threads, a phase
 of one lane gets every core. The caller's thread runs the first lane itself; the others go to a
-pool of persistent workers. Each call has its own slots and events, so several threads may call
-one executor at once (they then share the cores; results stay exact).
+crew of persistent workers, one per lane past the first.
+
+Several threads may call one executor at once: each call has its own slots and events, and its
+own crew, taken from those idle or made afresh, and kept for later calls (so there are as many
+crews as calls have ever overlapped). Calls sharing one crew would hang: a lane that waits for
+another lane's step can hold a worker while the lane it waits for is queued behind another
+call's, each call's holding what the other's waits for (NASNet-A mobile on Nimble's 13 lanes,
+called from four threads, hung at once). Concurrent calls share the cores, and a phase boundary
+of one sets torch's thread count for all; results stay exact.
 """
 
 from __future__ import annotations
@@ -94,12 +101,30 @@ class LaneExecutor:
         self.name = name
         self.cores = cores or torch.get_num_threads()
         self._evented = any(it.waits for phase in program.phases for lane in phase for it in lane)
-        workers = max((len(phase) for phase in program.phases), default=1) - 1
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="opsched-lane") if workers else None
+        self._workers = max((len(phase) for phase in program.phases), default=1) - 1
+        self._crews: list[ThreadPoolExecutor] = []  # every crew made
+        self._idle: list[ThreadPoolExecutor] = []   # those no call holds
+        self._crews_lock = threading.Lock()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        with self._crews_lock:
+            crews, self._crews, self._idle = self._crews, [], []
+        for crew in crews:
+            crew.shutdown(wait=False)
+
+    def _take_crew(self) -> ThreadPoolExecutor:
+        """Workers for one call's lanes past the first, held by it alone (see the module docstring)."""
+        with self._crews_lock:
+            if self._idle:
+                return self._idle.pop()
+            crew = ThreadPoolExecutor(self._workers, thread_name_prefix=f"opsched-lane{len(self._crews)}")
+            self._crews.append(crew)
+            return crew
+
+    def _give_back(self, crew: ThreadPoolExecutor) -> None:
+        with self._crews_lock:
+            if crew in self._crews:  # not closed meanwhile
+                self._idle.append(crew)
 
     @property
     def sessions(self) -> int:
@@ -129,21 +154,26 @@ class LaneExecutor:
         run = _Run(prog, self._evented, trace)
         for slot, t in zip(prog.input_slots, inputs):
             run.slots[slot] = prog.encode(t)
-        for k, (lanes, frees) in enumerate(zip(prog.phases, prog.frees)):
-            run.phase = k
-            if len(lanes) == 1:
-                self._lane(lanes[0], run)
-            else:
-                self._parallel(lanes, run)
-            for slot in frees:
-                run.slots[slot] = None
+        crew = self._take_crew() if self._workers else None
+        try:
+            for k, (lanes, frees) in enumerate(zip(prog.phases, prog.frees)):
+                run.phase = k
+                if len(lanes) == 1:
+                    self._lane(lanes[0], run)
+                else:
+                    assert crew is not None
+                    self._parallel(lanes, run, crew)
+                for slot in frees:
+                    run.slots[slot] = None
+        finally:
+            if crew is not None:
+                self._give_back(crew)
         return [prog.decode(run.slots[s]) for s in prog.output_slots]
 
-    def _parallel(self, lanes: tuple[tuple[Item, ...], ...], run: _Run) -> None:
-        assert self._pool is not None
+    def _parallel(self, lanes: tuple[tuple[Item, ...], ...], run: _Run, crew: ThreadPoolExecutor) -> None:
         torch.set_num_threads(max(1, self.cores // len(lanes)))
         try:
-            futures = [self._pool.submit(self._lane, lane, run, k) for k, lane in enumerate(lanes[1:], start=1)]
+            futures = [crew.submit(self._lane, lane, run, k) for k, lane in enumerate(lanes[1:], start=1)]
             error: BaseException | None = None
             try:
                 self._lane(lanes[0], run)
