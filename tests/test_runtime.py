@@ -242,6 +242,11 @@ def test_bad_calls_and_options() -> None:
         module(torch.randn(1, 3, 200, 200))
     with pytest.raises(InputMismatchError, match="float64"):
         module(inputs[0].double())
+    with pytest.raises(InputMismatchError, match=r"must be a tensor, got ndarray \(torch.from_numpy\(array\)"):
+        module(inputs[0].numpy())
+    graph_module = opsched.optimize_graph(module.graph, cost=CPU)  # called by the graph's input names
+    with pytest.raises(InputMismatchError, match=r"must be a tensor, got ndarray \(torch.from_numpy\(array\)"):
+        graph_module(inputs[0].numpy())
     with pytest.raises(OpschedError, match="device 'tpu' is not supported"):
         opsched.optimize(model, inputs, device="tpu")
     with pytest.raises(OpschedError, match="cost must be"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["count", "first_line", "size", "value_name"]
+__all__ = ["count", "first_line", "not_a_tensor", "size", "value_name"]
 
 
 def count(n: int, noun: str) -> str:
@@ -16,6 +16,13 @@ def first_line(e: BaseException) -> str:
     """An exception's first line, at most 300 characters (its type where it says nothing)."""
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def not_a_tensor(value: object) -> str:
+    """What a call passed where a tensor belongs, with the way to a tensor from a NumPy array
+    (``got ndarray (torch.from_numpy(array) shares its memory)``)."""
+    hint = " (torch.from_numpy(array) shares its memory)" if type(value).__module__ == "numpy" else ""
+    return f"got {type(value).__name__}{hint}"
 
 
 def size(nbytes: float) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
+from opsched._text import not_a_tensor
 from opsched.errors import ExecutionError, InputMismatchError, OpschedError
 from opsched.ir import Graph, random_inputs
 from opsched.ir.ops import Kernel, torch_kernel
@@ -27,7 +28,7 @@ def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
     for spec, t in zip(graph.inputs, inputs):
         if not isinstance(t, torch.Tensor):
             raise InputMismatchError(f"input {spec.name!r} of graph {graph.name!r} must be a tensor, "
-                                     f"got {type(t).__name__}")
+                                     f"{not_a_tensor(t)}")
         shape, dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
         if shape == spec.type.shape and dtype != spec.type.dtype:
             again = (f", or optimize again with dtype={dtype!r} for a graph in that precision"

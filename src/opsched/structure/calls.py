@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from opsched._text import value_name
+from opsched._text import not_a_tensor, value_name
 from opsched.errors import FrontendError, InputMismatchError
 from opsched.structure.trees import Call, Pickled, leaf_slots
 
@@ -176,8 +176,7 @@ class InputStructure(Pickled):
                                          f"module computes what it computed then; got {_short(leaf)}: optimize "
                                          f"again with example inputs that pass it")
             if slot is not None and not isinstance(leaf, torch.Tensor):
-                hint = " (torch.from_numpy(array) shares its memory)" if type(leaf).__module__ == "numpy" else ""
-                raise InputMismatchError(f"input {place!r} must be a tensor, got {type(leaf).__name__}{hint}")
+                raise InputMismatchError(f"input {place!r} must be a tensor, {not_a_tensor(leaf)}")
         return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
 
     def canonical(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
