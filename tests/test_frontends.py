@@ -2150,3 +2150,39 @@ def test_a_module_converting_itself_to_what_it_is_traces_and_equals_eager() -> N
     with pytest.raises(FrontendError, match="torch.export cannot trace _ConvertsItself"):
         from_torch(_ConvertsItself(torch.float64).eval(), x, tracer="export")  # a conversion of its weights
     assert nn.Module.to is to
+
+
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_a_model_is_traced_holding_dynamos_compile_lock(monkeypatch: pytest.MonkeyPatch, tracer: str) -> None:
+    """torch.export's tracer is process-wide state Dynamo takes for its own when it compiles a
+    frame in another thread at the same time (a server's threads meeting new input shapes of
+    ``torch.compile(model, backend="opsched")``); Dynamo compiles holding its lock, so a trace
+    holds it too, and another thread cannot take it meanwhile."""
+    import threading
+
+    from torch._dynamo.convert_frame import compile_lock
+
+    from opsched.frontends import pytorch
+
+    taken_elsewhere: list[bool] = []
+
+    def try_elsewhere() -> None:
+        got = compile_lock.acquire(blocking=False)
+        if got:
+            compile_lock.release()
+        taken_elsewhere.append(got)
+
+    def probing(real: Any) -> Any:
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            other = threading.Thread(target=try_elsewhere)
+            other.start()
+            other.join()
+            return real(*args, **kwargs)
+        return traced
+
+    monkeypatch.setattr(pytorch, "export_graph", probing(pytorch.export_graph))
+    monkeypatch.setattr(pytorch, "fx_graph", probing(pytorch.fx_graph))
+    from_torch(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(1, 4), tracer=tracer)  # type: ignore[arg-type]
+    assert taken_elsewhere == [False]
+    try_elsewhere()
+    assert taken_elsewhere == [False, True]  # released after

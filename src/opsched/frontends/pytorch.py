@@ -10,6 +10,7 @@ whole.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -254,11 +255,27 @@ def from_torch(module: Model, example_inputs: ExampleInputs | None = None, *, na
     # a program's own module is traced (weights named as in the model), called as it was exported: the
     # canonical call's positional arguments by position, its keyword-only ones by name
     traced = module.program if isinstance(module, ProgramModule) else module
-    graph = _trace(traced, structure, inputs, name, leaves, "fx" if leaves else tracer).verify()
+    with _dynamo_compiling():
+        graph = _trace(traced, structure, inputs, name, leaves, "fx" if leaves else tracer)
+    graph = graph.verify()
     if canonical:
         graph = canonicalize(graph)
     report_opaque(graph, f"from_torch({name})")
     return graph
+
+
+def _dynamo_compiling() -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's compile lock, held while a model is traced: torch.export's tracer is process-wide
+    state that Dynamo, compiling a frame in another thread at the same time, takes for its own
+    (a server's threads, each meeting a new input shape of ``torch.compile(model,
+    backend="opsched")``, whose plans are made at the call: Dynamo failed on "s50 is not tracked
+    with proxy for _ModuleStackTracer", and the trace fell back to torch.fx, which broke the other
+    threads' calls). Dynamo holds it for each compile; without it (another torch), nothing."""
+    try:
+        from torch._dynamo.convert_frame import compile_lock
+    except ImportError:  # pragma: no cover - a torch without it
+        return contextlib.nullcontext()
+    return compile_lock
 
 
 def _trace(module: nn.Module, structure: InputStructure, inputs: tuple[torch.Tensor, ...], name: str,
