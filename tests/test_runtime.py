@@ -247,6 +247,12 @@ def test_bad_calls_and_options() -> None:
     graph_module = opsched.optimize_graph(module.graph, cost=CPU)  # called by the graph's input names
     with pytest.raises(InputMismatchError, match=r"must be a tensor, got ndarray \(torch.from_numpy\(array\)"):
         graph_module(inputs[0].numpy())
+    assert module.to("cpu") is module and module.float() is module  # where it is, as it is
+    with pytest.raises(OpschedError, match=r"runs on cpu in float32, .*for cpu in float16, optimize the model again "
+                                           r"with device='cpu', dtype='float16'"):
+        module.half()
+    with pytest.raises(OpschedError, match="for cpu in float64"):
+        nn.Sequential(module).to(torch.float64)  # as a submodule of the caller's model
     with pytest.raises(OpschedError, match="device 'tpu' is not supported"):
         opsched.optimize(model, inputs, device="tpu")
     with pytest.raises(OpschedError, match="cost must be"):

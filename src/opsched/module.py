@@ -103,6 +103,24 @@ class ScheduledModule(nn.Module):
         call = self.inputs.canonical(args, kwargs) if self.outputs.returned else None
         return self.outputs.build(results, inputs, call)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> ScheduledModule:
+        """What ``.to()``, ``.half()``, ``.cuda()`` and their kin do to a module: here, nothing,
+        where they would change neither the device nor a type its plan runs in (``.to("cpu")`` of
+        a module on the CPU); else a refusal saying how to get that module, as the plan (its
+        sessions, its captured graph, its measured schedule) was made for them, and silently
+        left as it is, the module would refuse every call in the new types instead."""
+        floating = sorted(d for d in self.graph.dtypes if getattr(torch, d).is_floating_point) or ["float32"]
+        for dtype in floating:
+            probe = torch.empty(0, dtype=getattr(torch, dtype), device=self.device)
+            moved = fn(probe)
+            if moved.device != probe.device or moved.dtype != probe.dtype:
+                dtype = str(moved.dtype).removeprefix("torch.")
+                raise OpschedError(
+                    f"this scheduled module of {self.graph.name!r} runs on {self.device} in {', '.join(floating)}, the "
+                    f"device and types its plan was made for: for {moved.device} in {dtype}, optimize the model "
+                    f"again with device={moved.device.type!r}, dtype={dtype!r}")
+        return self
+
     def _write(self, inputs: Sequence[torch.Tensor], results: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copy the new values of the inputs the model changes in place into the caller's
         tensors (the trailing results, :attr:`Graph.writes`); the others are what it returns."""
