@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -205,6 +207,38 @@ def test_concurrent_calls_of_a_plan_whose_worker_lanes_wait_on_each_other_all_fi
     finally:
         if not any(t.is_alive() for t in threads):
             executor.close()
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_runs_a_plan_of_several_lanes_its_parent_ran() -> None:
+    """A server forking its workers from a parent that loaded (and called) the model: the lanes'
+    workers are not in the child, which makes its own. (On ONNX Runtime: torch's OpenMP pool is
+    not fork-safe, and eager SqueezeNet hung in such a child too.)"""
+    g = random_dag(12, 3, edge_prob=0.35)
+    names = [n.name for n in g.nodes]
+    plan = lower(g, Schedule(g.structural_hash(), (tuple(names[0::2]), tuple(names[1::2])),
+                             graph_name=g.name).validate(g))
+    assert plan.max_lanes == 2
+    executor = get_backend("ort").prepare(g, plan, RunOptions())
+    x = torch.randn(g.inputs[0].type.shape)
+    expected = opsched.run_graph(g, [x])
+    assert_close(executor([x]), expected)  # the parent's crew made and used
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit status
+        signal.alarm(60)
+        ok = False
+        try:
+            ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(executor([x]), expected))
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 90
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung or computed otherwise"
+    executor.close()
+
 
 def test_save_load_round_trip_and_mismatch(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")

@@ -14,13 +14,17 @@ crews as calls have ever overlapped). Calls sharing one crew would hang: a lane 
 another lane's step can hold a worker while the lane it waits for is queued behind another
 call's, each call's holding what the other's waits for (NASNet-A mobile on Nimble's 13 lanes,
 called from four threads, hung at once). Concurrent calls share the cores, and a phase boundary
-of one sets torch's thread count for all; results stay exact.
+of one sets torch's thread count for all; results stay exact. A process forked from one that
+has called an executor (a server's workers forked from a parent that loaded the model) makes its
+crews afresh: the workers of the parent's are not in it, and work handed to them never ran.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,6 +96,21 @@ class _Run:
         self.phase = 0
 
 
+#: Every executor alive, so that a forked child can forget their crews (:func:`_forget_crews`).
+_EXECUTORS: weakref.WeakSet[LaneExecutor] = weakref.WeakSet()
+
+
+def _forget_crews() -> None:
+    """In a forked child: no crew's workers came along, so none is kept (new ones are made)."""
+    for executor in list(_EXECUTORS):
+        executor._crews_lock = threading.Lock()
+        executor._crews, executor._idle = [], []
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forget_crews)
+
+
 class LaneExecutor:
     """Runs a :class:`Program`: each phase's first lane on the caller's thread, the others on
     persistent workers (see the module docstring). An :class:`~opsched.backends.Executor`."""
@@ -105,6 +124,7 @@ class LaneExecutor:
         self._crews: list[ThreadPoolExecutor] = []  # every crew made
         self._idle: list[ThreadPoolExecutor] = []   # those no call holds
         self._crews_lock = threading.Lock()
+        _EXECUTORS.add(self)
 
     def close(self) -> None:
         with self._crews_lock:
