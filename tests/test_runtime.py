@@ -293,6 +293,25 @@ def test_bad_calls_and_options() -> None:
         opsched.optimize(model, inputs, cost="psychic")
 
 
+def test_tracers_are_refused_for_no_tracer_sees_into_a_plan_but_torch_compile_runs_it_between_graphs() -> None:
+    """torch.jit.trace of a scheduled module made a module that returned the traced call's outputs
+    for every input (ONNX Runtime's outputs became constants; it warned of a NumPy conversion)."""
+    model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
+    module = opsched.optimize(model, inputs, cost=CPU)
+    why = "cannot trace this scheduled module of 'SqueezeNet': its plan runs on ort's kernels"
+    with pytest.raises(OpschedError, match=f"torch.jit.trace {why}"):
+        torch.jit.trace(module, tuple(inputs))
+    with pytest.raises(OpschedError, match=f"torch.fx {why}"):
+        torch.fx.symbolic_trace(module)
+    with pytest.raises(OpschedError, match=f"torch.export {why}"):
+        torch.export.export(module, tuple(inputs))
+    outer = nn.Sequential(module, nn.Linear(1000, 10)).eval()
+    with torch.no_grad():
+        expected = nn.Sequential(model, outer[1])(*inputs)
+        assert_close(torch.compile(outer, backend="eager")(*inputs), expected)
+    assert_close(module(*inputs), model(*inputs))  # called again as it was
+
+
 def test_ort_backend_runs_opaque_steps_with_torch() -> None:
     b = GraphBuilder("g")
     x = b.input("x", (1, 4, 6, 6))

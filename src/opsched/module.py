@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+from torch.fx.proxy import TraceError
 
 from opsched.backends import Backend, Executor, get_backend, resolve_backend
 from opsched.cost.units import platform
@@ -90,9 +92,16 @@ class ScheduledModule(nn.Module):
         return self._executor
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        inputs = self.inputs.tensors(args, kwargs)
+        try:
+            inputs = self.inputs.tensors(args, kwargs)
+        except TraceError as e:  # torch.fx's proxies in place of the arguments
+            raise self._untraceable("torch.fx") from e
         if not self._fit(inputs):
+            if any(is_fake(t) for t in inputs if isinstance(t, torch.Tensor)):
+                raise self._untraceable("torch.export")
             check_inputs(self.graph, inputs)  # raises, naming the input and what was expected
+        if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]  # documented, untyped
+            raise self._untraceable("torch.jit.trace")
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             raise InputMismatchError(
                 f"a scheduled module of {self.graph.name!r} is for inference: it computes no gradients, and an input "
@@ -131,12 +140,24 @@ class ScheduledModule(nn.Module):
         return results[:returned]
 
     def _fit(self, inputs: Sequence[Any]) -> bool:
-        """Whether ``inputs`` are tensors of the graph's inputs' shapes and dtypes, in two compares
-        each (:func:`~opsched.runtime.check_inputs` spells out what is wrong where they are not)."""
+        """Whether ``inputs`` are plain tensors of the graph's inputs' shapes and dtypes, in three
+        compares each (:func:`~opsched.runtime.check_inputs` spells out what is wrong where they
+        are not; a subclass, a tracer's own, is looked at there)."""
         expected = self._expected
         return len(inputs) == len(expected) and all(
-            isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
+            type(t) is torch.Tensor and t.shape == shape and t.dtype == dtype
             for t, (shape, dtype) in zip(inputs, expected))
+
+    def _untraceable(self, tracer: str) -> OpschedError:
+        """Why ``tracer`` cannot take this module: no tracer sees into its plan's sessions or
+        graphs, so a trace would hold one call's outputs as constants (torch.jit.trace's did,
+        warning only of a conversion to NumPy)."""
+        return OpschedError(
+            f"{tracer} cannot trace this scheduled module of {self.graph.name!r}: its plan runs on "
+            f"{self.backend.name}'s kernels, which no tracer sees into (a trace would hold one call's outputs as "
+            f"constants); trace, export or compile the original model instead, and keep this module with "
+            f"torch.save(module) or its schedule with module.save(path) (torch.compile of a model holding it "
+            f"runs it between the graphs it compiles)")
 
     @functools.cached_property
     def _expected(self) -> tuple[tuple[torch.Size, torch.dtype], ...]:
