@@ -438,6 +438,46 @@ def test_a_graph_dynamo_hands_over_again_reapplies_its_twins_schedule_and_no_oth
     assert (second.buckets[0].schedule_of, second.buckets[0].graph_of) == (0, 1)
 
 
+def test_a_graph_dynamo_lets_go_of_is_freed_with_its_plans_and_still_reported_and_reapplied() -> None:
+    """The backend kept every graph it was handed, and each graph its modules, weights and
+    sessions, for the life of the process; it keeps only their report and schedules now. (A
+    model with a graph break is not the test: Dynamo itself keeps a compiled function of such a
+    model in the model's module after ``torch._dynamo.reset()``.)"""
+    import gc
+    import weakref
+
+    handed: list[weakref.ref[od.OpschedGraph]] = []
+
+    def keeping_count(gm: torch.fx.GraphModule, example: list[torch.Tensor]) -> od.OpschedGraph:
+        graph = od.backend(gm, example, options={**FAST, "scheduler": "ios"})
+        handed.append(weakref.ref(graph))
+        return graph
+
+    model, x = Parallel().eval(), torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        expected = model(x)
+        assert_close(torch.compile(model, backend=keeping_count)(x), expected)
+    assert len(handed) == 1 and handed[0]() is not None
+    torch._dynamo.reset()  # Dynamo lets go of the graph
+    gc.collect()
+    assert handed[0]() is None
+    assert [len(g.buckets) for g in od.compiled_graphs()] == [1]  # still reported
+    with torch.no_grad():  # the same graph again: its schedule reapplied, as a twin's, with no search
+        assert_close(_compiled(model, scheduler="ios")(x), expected)
+    assert [(b.schedule_of, b.graph_of) for b in od.compiled_graphs()[1].buckets] == [(0, 0)]
+
+
+class Parallel(nn.Module):
+    """Two parallel convolutions, concatenated: one graph for Dynamo."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.a(x).relu(), self.b(x).sigmoid()], 1)
+
+
 class _Anchored(nn.Module):
     """torchvision's anchor generator: a list of tensors the model assigns anew at each call
     (``.to()``, which under Dynamo makes new tensors), plus ``step`` (0: the same values)."""

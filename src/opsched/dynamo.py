@@ -64,6 +64,7 @@ The backend is for inference: call the compiled model under ``torch.no_grad()`` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import threading
@@ -100,22 +101,54 @@ class _Origin(NamedTuple):
 
 
 class _Source(NamedTuple):
-    """A searched bucket whose schedule a new bucket reapplies: its module, its place in its
-    graph's buckets, and that graph's number where it is another graph (None: the same one)."""
+    """A searched bucket whose schedule a new bucket reapplies: that schedule and the backend it
+    ran on, its place in its graph's buckets, and that graph's number where it is another graph
+    (None: the same one)."""
 
-    module: ScheduledModule
+    schedule: Schedule
+    backend: str
     bucket: int
     graph: int | None = None
 
 
-_GRAPHS: list[OpschedGraph] = []
+class _Searched(NamedTuple):
+    """A bucket whose schedule is its own (searched for it, or loaded from the schedule cache)."""
+
+    place: int                # in its graph's buckets
+    shapes: tuple[Any, ...]   # its key but the weights: what its schedule was made for
+    schedule: Schedule
+    backend: str
+
+
+@dataclasses.dataclass
+class _Ledger:
+    """What this process keeps of a graph Dynamo handed over: its report, and the schedules
+    searched for it, which a twin graph reapplies (:meth:`OpschedGraph._twin`). It holds no
+    module, weight or session, so a graph Dynamo lets go of (its model deleted, or
+    ``torch._dynamo.reset()``) is freed with all its plans hold: kept whole, every graph had
+    stayed for the life of the process (BERT compiled and dropped six times held six)."""
+
+    index: int
+    operators: int
+    settings: dict[str, Any]
+    admission: Admission
+    buckets: list[Bucket] = dataclasses.field(default_factory=list)
+    searched: list[_Searched] = dataclasses.field(default_factory=list)
+
+    def info(self) -> CompiledGraphInfo:
+        return CompiledGraphInfo(self.index, self.operators, tuple(self.buckets), self.settings["max_shapes"],
+                                 tuple(self.admission.as_captured.values()))
+
+
+_GRAPHS: list[_Ledger] = []
 _LOCK = threading.Lock()
 
 
 def compiled_graphs() -> tuple[CompiledGraphInfo, ...]:
-    """Every graph the backend was handed in this process (since :func:`reset`), in order."""
+    """Every graph the backend was handed in this process (since :func:`reset`), in order,
+    whether or not Dynamo still holds it."""
     with _LOCK:
-        return tuple(g.info() for g in _GRAPHS)
+        return tuple(ledger.info() for ledger in _GRAPHS)
 
 
 def report() -> str:
@@ -142,8 +175,8 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | No
     settings = checked_settings(mode, dict(options or {}))
     graph = OpschedGraph(gm, example_inputs, settings)
     with _LOCK:
-        graph.index = len(_GRAPHS)
-        _GRAPHS.append(graph)
+        graph.ledger = _Ledger(len(_GRAPHS), graph.operators, graph.settings, graph._admission)
+        _GRAPHS.append(graph.ledger)
     return graph
 
 
@@ -173,7 +206,6 @@ class OpschedGraph:
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Mapping[str, Any]) -> None:
         self.gm = gm
         self.settings = dict(settings)
-        self.index = -1
         self.operators = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
         self.weights = tuple(i for i, a in enumerate(example_inputs) if is_lifted_weight(a))
         self.tensors = tuple(i for i, a in enumerate(example_inputs)
@@ -193,10 +225,16 @@ class OpschedGraph:
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
+        #: What the process keeps of it (:func:`backend` registers it).
+        self.ledger = _Ledger(-1, self.operators, self.settings, self._admission)
+
+    @property
+    def index(self) -> int:
+        """Its number in this process."""
+        return self.ledger.index
 
     def info(self) -> CompiledGraphInfo:
-        return CompiledGraphInfo(self.index, self.operators, tuple(b for _, b in self._buckets.values()),
-                                 self.settings["max_shapes"], tuple(self._admission.as_captured.values()))
+        return self.ledger.info()
 
     def __call__(self, *args: Any) -> Any:
         if self.writes_weights:  # new versions at every call: the graph as captured, one bucket saying why
@@ -281,6 +319,9 @@ class OpschedGraph:
               bucket: Bucket) -> tuple[Callable[..., Any], Bucket]:
         """Hold a new bucket, and the weights it was made with (:meth:`_same_values` compares them)."""
         self._made_with[key] = weights
+        if isinstance(run, ScheduledModule) and bucket.schedule_of is None:
+            self.ledger.searched.append(_Searched(len(self._buckets), key[1:], run.schedule, run.backend.name))
+        self.ledger.buckets.append(bucket)
         self._buckets[key] = (run, bucket)
         return self._buckets[key]
 
@@ -291,8 +332,7 @@ class OpschedGraph:
         then cached)."""
         template = self._template(key)
         if template is not None:
-            source = template.module
-            scheduled = self._load(module, inputs, source.schedule, source.backend.name, template.graph is None)
+            scheduled = self._load(module, inputs, template.schedule, template.backend, template.graph is None)
             if scheduled is not None:
                 return scheduled, _Origin(template.bucket, template.graph)
         cache, cache_key = self.cache, self._cache_key(args, inputs[0].device)
@@ -323,21 +363,14 @@ class OpschedGraph:
         """The searched bucket whose schedule a new one reapplies: one of the same shapes (new
         weights), else, for a dynamic graph under ``specialize="graph"``, the first, else a twin's
         (:meth:`_twin`)."""
-        searched = self._searched()
-        same = [_Source(run, i) for i, k, run in searched if k[1:] == key[1:]]
+        searched = tuple(self.ledger.searched)  # one C call: another graph's thread may read it as this one adds
+        same = [_Source(b.schedule, b.backend, b.place) for b in searched if b.shapes == key[1:]]
         if same:
             return same[0]
         if self.dynamic and self.settings["specialize"] == "graph" and searched:
-            place, _, run = searched[0]
-            return _Source(run, place)
+            first = searched[0]
+            return _Source(first.schedule, first.backend, first.place)
         return self._twin(key)
-
-    def _searched(self) -> list[tuple[int, tuple[Any, ...], ScheduledModule]]:
-        """This graph's buckets whose schedule is their own (searched for them, or loaded from the
-        schedule cache): (place, key, module), in order. The buckets are copied in one C call, so
-        another graph's thread may read them while this one adds."""
-        return [(i, k, run) for i, (k, (run, b)) in enumerate(tuple(self._buckets.items()))
-                if isinstance(run, ScheduledModule) and b.schedule_of is None]
 
     def _twin(self, key: tuple[Any, ...]) -> _Source | None:
         """A bucket searched by another graph of this process at the same inputs, with as many
@@ -347,12 +380,12 @@ class OpschedGraph:
         It is reapplied only to a graph whose import is the same to the last type (the schedule's
         own check); any other is searched."""
         with _LOCK:
-            twins = [g for g in reversed(_GRAPHS) if g is not self and g.operators == self.operators
+            twins = [g for g in reversed(_GRAPHS) if g is not self.ledger and g.operators == self.operators
                      and g.settings == self.settings]
-        for graph in twins:
-            for i, k, run in graph._searched():
-                if k[1:] == key[1:]:
-                    return _Source(run, i, graph.index)
+        for ledger in twins:
+            for b in tuple(ledger.searched):
+                if b.shapes == key[1:]:
+                    return _Source(b.schedule, b.backend, b.place, ledger.index)
         return None
 
     def _load(self, module: fx.GraphModule, inputs: tuple[torch.Tensor, ...], schedule: Schedule, backend: str,
