@@ -218,6 +218,19 @@ def test_the_cost_of_a_call_through_the_backend_is_measured_with_one_graph_and_n
     assert all(t > 0 for t in row["median_ms"].values())
 
 
+def test_threads_serving_one_module_each_get_eagers_outputs_on_every_plan(tmp_path: Path) -> None:
+    """``benchmarks/threads.py``: calls from several threads at once, every output checked; its
+    plan of lanes really has lanes that wait on each other."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--models", "googlenet", "--threads", "1",
+           "3", "--rounds", "1", "--calls", "1", "--budget", "1", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    (row,) = data["rows"]
+    assert row["lanes"] > 1 and row["wrong"] == {"eager": 0, "optimize()": 0, "lanes": 0}
+    assert set(row["calls_per_s"]) == {f"{c} x{n}" for c in ("eager", "optimize()", "lanes") for n in (1, 3)}
+    assert all(rate > 0 for rate in row["calls_per_s"].values())
+
+
 def test_a_restart_loads_the_cold_processs_schedule_and_the_measurements_alone_search_again(tmp_path: Path) -> None:
     """``benchmarks/compile_restart.py`` (it stops where the cached process searched a graph):
     three processes on one cache directory; the cold and measured ones search, the cached one
