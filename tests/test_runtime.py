@@ -281,6 +281,9 @@ def test_bad_calls_and_options() -> None:
     graph_module = opsched.optimize_graph(module.graph, cost=CPU)  # called by the graph's input names
     with pytest.raises(InputMismatchError, match=r"must be a tensor, got ndarray \(torch.from_numpy\(array\)"):
         graph_module(inputs[0].numpy())
+    with pytest.raises(InputMismatchError, match=r"SqueezeNet fails on the example inputs \(\w+ \[1, 3, 224\] "
+                                                 r"float32\): \w+Error: .*; give inputs the model takes"):
+        opsched.optimize(model, torch.randn(1, 3, 224), cost=CPU)  # the model's own error, said as ours
     assert module.to("cpu") is module and module.float() is module  # where it is, as it is
     with pytest.raises(OpschedError, match=r"runs on cpu in float32, .*for cpu in float16, optimize the model again "
                                            r"with device='cpu', dtype='float16'"):

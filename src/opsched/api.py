@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsched._text import size
+from opsched._text import first_line, size
 from opsched.backends import resolve_backend
 from opsched.check import verify_against
 from opsched.cost import CostModel, MeasuredCostModel
@@ -61,8 +61,14 @@ def _outputs(model: nn.Module, structure: InputStructure, inputs: Sequence[torch
     """The structure of what ``model`` returns when called as ``structure`` with ``inputs``."""
     copies = [t.clone() for t in inputs]  # a model may change its inputs
     args, kwargs = structure.call(copies)
-    with torch.no_grad():
-        out = model(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            out = model(*args, **kwargs)
+    except Exception as e:  # the model's own failure, on the inputs it was given
+        given = ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                          for name, t in zip(structure.names, inputs))
+        raise InputMismatchError(f"{type(model).__name__} fails on the example inputs ({given}): "
+                                 f"{type(e).__name__}: {first_line(e)}; give inputs the model takes") from e
     register_dataclasses(out)
     return OutputStructure.of(out, (args, kwargs), copies)
 
