@@ -208,6 +208,32 @@ def test_concurrent_calls_of_a_plan_whose_worker_lanes_wait_on_each_other_all_fi
         if not any(t.is_alive() for t in threads):
             executor.close()
 
+def test_a_plan_of_lanes_leaves_torchs_thread_count_as_the_caller_set_it_whatever_calls_overlap() -> None:
+    """A phase of k lanes gives each lane cores // k of torch's threads (a process-wide count):
+    each call put back the count its executor was made with, undoing what the caller set since,
+    and calls that overlap must not leave one call's lane count behind."""
+    g = random_dag(16, 3, edge_prob=0.3)
+    names = [n.name for n in g.nodes]
+    plan = lower(g, Schedule(g.structural_hash(), (tuple(names[0::2]), tuple(names[1::2])),
+                             graph_name=g.name).validate(g))
+    executor = get_backend("torch").prepare(g, plan, RunOptions(cores=2))
+    x = torch.randn(g.inputs[0].type.shape)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # the caller's choice, made after the executor
+        executor([x])
+        assert torch.get_num_threads() == 3
+        threads = [threading.Thread(target=lambda: [executor([x]) for _ in range(20)]) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+        executor.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_process_runs_a_plan_of_several_lanes_its_parent_ran() -> None:
     """A server forking its workers from a parent that loaded (and called) the model: the lanes'

@@ -4,28 +4,30 @@ An executor runs a :class:`Program`: the plan's phases and lanes, whose items ar
 steps (torch kernels) or, with the ONNX Runtime backend, whole segments of a lane run as one
 session (:mod:`opsched.backends.ort`). torch's intra-op thread count is process-wide
 (``torch.set_num_threads`` from any thread changes it for all), so the coordinating thread sets
-it at each phase boundary: a phase of k lanes gives each lane ``cores // k`` threads, a phase
-of one lane gets every core. The caller's thread runs the first lane itself; the others go to a
-crew of persistent workers, one per lane past the first.
+it at each phase boundary: a phase of k lanes gives each lane ``cores // k`` threads, and a
+phase of one lane runs at the count the caller set. The caller's thread runs the first lane
+itself; the others go to a crew of persistent workers, one per lane past the first.
 
 Several threads may call one executor at once: each call has its own slots and events, and its
 own crew, taken from those idle or made afresh, and kept for later calls (so there are as many
 crews as calls have ever overlapped). Calls sharing one crew would hang: a lane that waits for
 another lane's step can hold a worker while the lane it waits for is queued behind another
 call's, each call's holding what the other's waits for (NASNet-A mobile on Nimble's 13 lanes,
-called from four threads, hung at once). Concurrent calls share the cores, and a phase boundary
-of one sets torch's thread count for all; results stay exact. A process forked from one that
-has called an executor (a server's workers forked from a parent that loaded the model) makes its
-crews afresh: the workers of the parent's are not in it, and work handed to them never ran.
+called from four threads, hung at once). Concurrent calls share the cores, and torch's thread
+count (the caller's is put back when no call's phase of several lanes runs); results stay
+exact. A process forked from one that has called an executor (a server's workers forked from a
+parent that loaded the model) makes its crews afresh: the workers of the parent's are not in
+it, and work handed to them never ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +97,35 @@ class _Run:
         self.t0 = time.perf_counter()
         self.phase = 0
 
+
+class _LaneThreads:
+    """torch's intra-op thread count while phases of several lanes run: each phase sets its
+    lanes' share, and the count the caller had is put back when the last phase of any call
+    ends (overlapping calls' phases share the one process-wide count). Put back from the
+    executor's own cores, it undid a count the caller had set since."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0  # phases of several lanes running, over every call
+        self._callers = 0  # the count before the first of them
+
+    @contextlib.contextmanager
+    def share(self, threads: int) -> Iterator[None]:
+        with self._lock:
+            if not self._running:
+                self._callers = torch.get_num_threads()
+            self._running += 1
+            torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    torch.set_num_threads(self._callers)
+
+
+_LANE_THREADS = _LaneThreads()
 
 #: Every executor alive, so that a forked child can forget their crews (:func:`_forget_crews`).
 _EXECUTORS: weakref.WeakSet[LaneExecutor] = weakref.WeakSet()
@@ -191,8 +222,7 @@ class LaneExecutor:
         return [prog.decode(run.slots[s]) for s in prog.output_slots]
 
     def _parallel(self, lanes: tuple[tuple[Item, ...], ...], run: _Run, crew: ThreadPoolExecutor) -> None:
-        torch.set_num_threads(max(1, self.cores // len(lanes)))
-        try:
+        with _LANE_THREADS.share(max(1, self.cores // len(lanes))):
             futures = [crew.submit(self._lane, lane, run, k) for k, lane in enumerate(lanes[1:], start=1)]
             error: BaseException | None = None
             try:
@@ -206,8 +236,6 @@ class LaneExecutor:
                     error = error or e
             if error is not None:
                 raise error
-        finally:
-            torch.set_num_threads(self.cores)
 
     def _lane(self, lane: Sequence[Item], run: _Run, index: int = 0) -> None:
         slots, trace = run.slots, run.trace
