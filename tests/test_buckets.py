@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import opsched
-from opsched.errors import InputMismatchError, InvalidScheduleError, ScheduleMismatchError
+from opsched.errors import InputMismatchError, InvalidScheduleError, OpschedError, ScheduleMismatchError
 from opsched.testing import assert_close
 from opsched.testing.corpus import corpus_available
 
@@ -60,6 +60,9 @@ def test_each_input_shape_is_scheduled_on_its_first_call_and_reused_after() -> N
     assert text.startswith("BertModel: 2 input shapes scheduled (at most 16)")
     assert "[2x24 int64, 2x24 int64]" in text and "scheduled by ios" in text
     assert not any(True for _ in fast.parameters())  # the model's weights stay the model's
+    assert fast.to("cpu") is fast
+    with pytest.raises(OpschedError, match="runs on cpu in float32, .*for cpu in float16"):
+        fast.half()  # its buckets' plans, and the ones it will make, are for float32
 
 
 def test_shapes_past_the_bound_are_refused_naming_the_shapes_held() -> None:

@@ -198,6 +198,14 @@ class ShapeBuckets(nn.Module):
     def buckets(self) -> dict[Shapes, ScheduledModule]:
         return dict(self._buckets)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> ShapeBuckets:
+        """``.to()``, ``.half()`` and their kin, as each bucket takes them
+        (:meth:`ScheduledModule._apply`): nothing where they change neither device nor types,
+        else refused, as the buckets made later would be made on and in what the options say."""
+        for module in self._buckets.values():
+            module._apply(fn, recurse)
+        return self
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         tensors = self.inputs.tensors(args, kwargs)
         shapes = self._key(tensors)
