@@ -10,15 +10,16 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from opsched._text import first_line, size
+from opsched._text import first_line
 from opsched.backends import resolve_backend
 from opsched.check import verify_against
+from opsched.contenders import baselines, contenders, distinct, within_budget
 from opsched.cost import CostModel, MeasuredCostModel
 from opsched.costing import for_scheduler, named_cost_model
 from opsched.errors import ExecutionError, FrontendError, InputMismatchError, OpschedError, ScheduleError
@@ -30,10 +31,9 @@ from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
 from opsched.race import cutoff_for, race, turn_for
 from opsched.report import OptimizeOutcome, RaceResult, ScheduleSummary
-from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names, scheduler_options
-from opsched.runtime.plan import plan_work
+from opsched.request import DEVICES, Request, check_device, check_request, scheduler_names
 from opsched.runtime.reference import drawn_well
-from opsched.schedule import Schedule, graph_batch
+from opsched.schedule import Schedule
 from opsched.schedulers import schedule
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
 from opsched.transforms.place import dtype_name, place
@@ -247,51 +247,13 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
                                _within(request.options[name], memory_budget), progress=progress(f"searching {name}"))
                 for name in request.schedulers}
         checked = check and isinstance(cost_model, MeasuredCostModel)
-        extra = [*race_with, *(["sequential"] if checked or memory_budget is not None else [])]
-        for name in extra:
-            if name not in made:
-                made[name] = schedule(graph, name, cost_model, scheduler_options([name], dev.type, {})[name])
-        if checked and graph_batch(graph) > 1 and "graphturbo" not in made:
-            # at a batch, the cache-fitting split plan races too (every sub-graph whose instances fit
-            # split, the paper's rule, since the estimate misses what smaller kernels lose and gain):
-            # kept only where it runs faster
-            defaults = scheduler_options(["graphturbo"], dev.type, {"split_when": "fits"})["graphturbo"]
-            split = schedule(graph, "graphturbo", cost_model, defaults, progress=progress("searching graphturbo"))
-            if split.splits:
-                made["graphturbo"] = split
-        modules = {name: ScheduledModule(graph, s, backend=be, device=dev, graphs=graphs, channels_last=channels_last,
-                                         inputs=inputs, outputs=outputs) for name, s in made.items()}
-        for named in request.also_on:  # each plan also on each further backend asked for
-            other = resolve_backend(named, dev, graph.dtypes)
-            modules.update((f"{name} on {other.name}", ScheduledModule(
-                graph, _on_backend(s, other.name), backend=other, device=dev, graphs=graphs,
-                channels_last=channels_last, inputs=inputs, outputs=outputs)) for name, s in made.items())
-        if checked and request.backend == "auto" and be.name != TORCH_KERNELS and _torch_runs_it(graph, dev):
-            # where ONNX Runtime's kernels lose to torch's (FNet's ONNX file, its FFTs on torch, runs at
-            # 0.76-0.87x of eager at BERT's width: docs/results/fourier.md), the sequential plan on torch's
-            # kernels keeps up with eager
-            on_torch = _on_backend(made["sequential"], TORCH_KERNELS)
-            modules[f"sequential on {TORCH_KERNELS}"] = ScheduledModule(
-                graph, on_torch, backend=TORCH_KERNELS, device=dev, channels_last=channels_last, inputs=inputs,
-                outputs=outputs)
-        if checked and be.threads_by_cores and torch.get_num_threads() > 1:
-            # a small model's one session runs fastest on one core, with no intra-op thread to wake for each
-            # kernel (on two cores, benchmarks/call_overhead.py: the corpus's BERT, GPT-2, ViT and ResNet kept so,
-            # 1.2-1.6x faster than the two-thread plan's module), a larger one's not (benchmarks/onnx_files.py:
-            # PP-LCNet's race keeps two): the sequential plan on one core races the others
-            modules[ONE_CORE] = ScheduledModule(graph, dataclasses.replace(made["sequential"], cores=1), backend=be,
-                                                device=dev, channels_last=channels_last, inputs=inputs,
-                                                outputs=outputs)
+        made.update(baselines(graph, made, cost_model, dev, race_with=race_with,
+                              sequential=checked or memory_budget is not None, split=checked, progress=progress))
+        modules = contenders(graph, made, request, be, checked=checked, graphs=graphs, channels_last=channels_last,
+                             inputs=inputs, outputs=outputs)
         peaks = {name: m.peak_bytes for name, m in modules.items()}
-        over = {}
-        if memory_budget is not None:
-            over = {name: peak for name, peak in peaks.items() if peak > memory_budget}
-            if len(over) == len(modules):
-                listing = ", ".join(f"{name}'s at {size(peak)}" for name, peak in over.items())
-                raise ScheduleError(f"no plan of {graph.name!r} fits memory_budget={memory_budget} bytes "
-                                    f"({size(memory_budget)}): their activations peak {listing}")
-            modules = {name: m for name, m in modules.items() if name not in over}
-        modules, same = _distinct(modules)
+        modules, over = within_budget(modules, peaks, memory_budget, graph)
+        modules, same = distinct(modules)
         raced = None
         kept = next(name for name in (*request.schedulers, *modules) if name in modules)
         if len(modules) > 1:
@@ -324,40 +286,6 @@ def _on_drawn_inputs(graph: Graph) -> Iterator[None]:
                       f"{', '.join(map(repr, chosen))}; where an input's value selects what the model computes (a "
                       f"sample rate, a mode), fix it where the graph is made: from_onnx(path, input_values="
                       f"{{{chosen[0]!r}: ...}}), or opsched optimize FILE --input-value {chosen[0]}=...)") from e
-
-
-def _distinct(modules: Mapping[str, ScheduledModule]) -> tuple[dict[str, ScheduledModule], dict[str, str]]:
-    """The contenders whose plans differ (of plans with the same work on the same backend, the
-    first named: the scheduler asked for before the baselines), and each one left out with the
-    contender that runs its plan. Racing one program against itself measures only noise: on two
-    cores, Inception V3's IOS schedule and the sequential one are both one ONNX Runtime session,
-    and the race kept either by turns."""
-    first: dict[object, str] = {}
-    same: dict[str, str] = {}
-    for name, m in modules.items():
-        key = (m.backend.name, m.run.cores, plan_work(m.plan))
-        if key in first:
-            same[name] = first[key]
-        else:
-            first[key] = name
-    return {name: m for name, m in modules.items() if name not in same}, same
-
-
-#: The backend whose plan races the others on a CPU: eager PyTorch's kernels, op by op.
-TORCH_KERNELS = "torch"
-#: The contender that runs the sequential plan on one CPU core (:attr:`Schedule.cores`).
-ONE_CORE = "sequential on 1 core"
-
-
-def _torch_runs_it(graph: Graph, device: torch.device) -> bool:
-    """Whether torch's kernels run ``graph`` as eager PyTorch would: on a CPU, a graph of torch's
-    operators (it runs an ONNX file's generic nodes as one-node ONNX Runtime sessions)."""
-    return device.type == "cpu" and not any(n.op.startswith("onnx.") for n in graph.nodes)
-
-
-def _on_backend(sched: Schedule, backend: str) -> Schedule:
-    """``sched`` with every lane on ``backend``: what its module, saved and loaded, runs on."""
-    return dataclasses.replace(sched, lanes=tuple(dataclasses.replace(lane, backend=backend) for lane in sched.lanes))
 
 
 def _within(options: Any, memory_budget: int | None) -> Any:
