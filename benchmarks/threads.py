@@ -5,7 +5,7 @@ Per model and thread count, each contender in turn, in a fresh order each round:
 started together, each make ``--calls`` calls on inputs of their own (the example's, its floats
 drawn anew and its integers shuffled, per thread), and the wall time of all of them gives calls
 per second (the median over ``--rounds`` rounds). Every output of every call is held against
-eager's output for the same input (``opsched.testing.assert_close``'s tolerances): *wrong* counts
+eager's output for the same input (``opsched.testing.mismatch``'s tolerances): *wrong* counts
 the calls that differ, over every round and thread count. Contenders:
 
 - *eager*: the model itself, under ``torch.no_grad()``;
@@ -39,7 +39,7 @@ from _report import RESULTS, each_model, geomean, write_table  # noqa: E402
 import opsched  # noqa: E402
 from opsched.cost import AnalyticCostModel  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
-from opsched.testing import assert_close  # noqa: E402
+from opsched.testing import mismatch  # noqa: E402
 from opsched.testing.corpus import corpus  # noqa: E402
 
 CONTENDERS = ("eager", "optimize()", "lanes")
@@ -67,11 +67,7 @@ def varied(inputs: Sequence[torch.Tensor], seed: int) -> tuple[torch.Tensor, ...
     return tuple(out)
 
 
-def leaves(out: Any) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def served(call: Callable[..., Any], inputs: list[tuple[torch.Tensor, ...]], expected: list[list[torch.Tensor]],
+def served(call: Callable[..., Any], inputs: list[tuple[torch.Tensor, ...]], expected: list[Any],
            calls: int) -> tuple[float, int]:
     """``len(inputs)`` threads at once, each calling ``call`` ``calls`` times on its own inputs:
     the calls per second of all of them, and how many calls differed from eager's outputs (each
@@ -103,14 +99,7 @@ def served(call: Callable[..., Any], inputs: list[tuple[torch.Tensor, ...]], exp
     rate = len(inputs) * calls / (time.perf_counter() - began)
     if errors:
         raise errors[0]
-    wrong = 0
-    for outs, want in zip(made, expected):
-        for out in outs:
-            try:
-                assert_close(leaves(out), want)
-            except AssertionError:
-                wrong += 1
-    return rate, wrong
+    return rate, sum(1 for outs, want in zip(made, expected) for out in outs if mismatch(out, want))
 
 
 def run(name: str, threads: Sequence[int], calls: int, rounds: int, budget: float
@@ -122,7 +111,7 @@ def run(name: str, threads: Sequence[int], calls: int, rounds: int, budget: floa
     contenders: dict[str, Callable[..., Any]] = {"eager": model, "optimize()": module, "lanes": lanes}
     per_thread = [varied(inputs, seed) for seed in range(max(threads))]
     with torch.no_grad():
-        expected = [leaves(model(*x)) for x in per_thread]
+        expected = [model(*x) for x in per_thread]
     rates: dict[tuple[str, int], list[float]] = {}
     wrong = dict.fromkeys(CONTENDERS, 0)
     order = random.Random(0)

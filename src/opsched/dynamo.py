@@ -175,7 +175,7 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | No
     settings = checked_settings(mode, dict(options or {}))
     graph = OpschedGraph(gm, example_inputs, settings)
     with _LOCK:
-        graph.ledger = _Ledger(len(_GRAPHS), graph.operators, graph.settings, graph._admission)
+        graph.ledger.index = len(_GRAPHS)
         _GRAPHS.append(graph.ledger)
     return graph
 
@@ -225,7 +225,7 @@ class OpschedGraph:
         #: The weights each bucket was made with, by its key (a new tensor in a weight's place is compared with them).
         self._made_with: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}
         self._lock = threading.Lock()
-        #: What the process keeps of it (:func:`backend` registers it).
+        #: What the process keeps of it (:func:`backend` numbers and registers it).
         self.ledger = _Ledger(-1, self.operators, self.settings, self._admission)
 
     @property

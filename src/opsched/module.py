@@ -123,11 +123,11 @@ class ScheduledModule(nn.Module):
             probe = torch.empty(0, dtype=getattr(torch, dtype), device=self.device)
             moved = fn(probe)
             if moved.device != probe.device or moved.dtype != probe.dtype:
-                dtype = str(moved.dtype).removeprefix("torch.")
+                target = str(moved.dtype).removeprefix("torch.")
                 raise OpschedError(
                     f"this scheduled module of {self.graph.name!r} runs on {self.device} in {', '.join(floating)}, the "
-                    f"device and types its plan was made for: for {moved.device} in {dtype}, optimize the model "
-                    f"again with device={moved.device.type!r}, dtype={dtype!r}")
+                    f"device and types its plan was made for: for {moved.device} in {target}, optimize the model "
+                    f"again with device={moved.device.type!r}, dtype={target!r}")
         return self
 
     def _write(self, inputs: Sequence[torch.Tensor], results: list[torch.Tensor]) -> list[torch.Tensor]:
