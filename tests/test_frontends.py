@@ -1591,6 +1591,47 @@ def test_an_input_fixed_at_a_value_is_a_constant_and_the_branch_it_decides_is_in
             from_onnx(mode_switch_onnx, input_shapes=shapes, input_values=values)
 
 
+def test_a_module_of_a_graph_with_inputs_fixed_at_values_takes_them_as_the_file_does(
+        mode_switch_onnx: str, tmp_path: Any) -> None:
+    """An input ``input_values`` fixes is left out of the graph, and a module of it is fed as
+    the file is (ONNX Runtime's feeds, Silero's ``model(x, sr)``): with the input or without,
+    by name or, where it follows every input a call must pass, by position; the value as a
+    tensor of any type, an array or a number. Another value is refused, naming the input, its
+    value and the call. A fixed input before one a call must pass is keyword-only."""
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32))
+    module = opsched.optimize_graph(from_onnx(mode_switch_onnx, input_shapes={"x": (2, 4)}, input_values={"mode": 1}),
+                                    cost="analytic", cache_dir=str(tmp_path))
+    want = -x * x
+    for args, kwargs in [((x,), {}), ((x, 1), {}), ((x,), {"mode": torch.tensor(1)}), ((), {"x": x, "mode": 1.0}),
+                         ((x, np.array(1, np.int32)), {})]:
+        torch.testing.assert_close(module(*args, **kwargs), want, rtol=0, atol=0)
+    with pytest.raises(InputMismatchError, match=r"input 'mode' was fixed at 1 \(int64\) where the graph was "
+                                                 r"made \(input_values=\).*got 0 \(int64\).*"
+                                                 r"input_values=\{'mode': \.\.\.\}"):
+        module(x, torch.tensor(0))
+    for args, why in [((x, [1, 1]), "got \\[1, 1\\]"), ((x, 1, 2), r"forward\(x, mode=1\): too many positional")]:
+        with pytest.raises(InputMismatchError, match=why):
+            module(*args)
+    per_shape = opsched.optimize_per_shape(mode_switch_onnx, {"x": x}, input_values={"mode": 1}, cost="analytic",
+                                           cache_dir=str(tmp_path))
+    torch.testing.assert_close(per_shape(x, mode=1), want, rtol=0, atol=0)
+
+    graph = helper.make_graph([helper.make_node("Cast", ["scale"], ["s"], to=TensorProto.FLOAT),
+                               helper.make_node("Mul", ["x", "s"], ["y"])], "scaled",
+                              [helper.make_tensor_value_info("scale", TensorProto.INT64, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    scaled = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    fixed = from_onnx(scaled, input_values={"scale": 3})
+    assert [(f.name, f.value.tolist(), f.position) for f in fixed.fixed_inputs] == [("scale", 3, 0)]
+    module = opsched.optimize_graph(fixed, cost="analytic", cache_dir=str(tmp_path))
+    assert str(module.inputs.signature) == "(x, *, scale=3)"
+    for args, kwargs in [((x,), {}), ((x,), {"scale": 3}), ((), {"scale": 3, "x": x})]:
+        torch.testing.assert_close(module(*args, **kwargs), 3 * x, rtol=0, atol=0)
+    with pytest.raises(InputMismatchError, match="too many positional arguments"):
+        module(x, 3)
+
+
 def test_an_if_whose_branches_differ_in_type_is_refused_unless_an_input_value_decides_it() -> None:
     """At opset 11 (its branches' Unsqueeze and ReduceMean take their axes as attributes, which
     the upgrade to the segments' opset makes inputs, in the branches too): a computed condition

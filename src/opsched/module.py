@@ -72,7 +72,7 @@ class ScheduledModule(nn.Module):
                                    f" with backend {lane.backend}: this module runs every lane on "
                                    f"{self.run.device} with {self.backend.name}")
         self._executor: Executor = self.backend.prepare(graph, self.plan, self.run)
-        self.inputs = inputs or InputStructure.positional([i.name for i in graph.inputs])
+        self.inputs = inputs or InputStructure.positional([i.name for i in graph.inputs], graph.fixed_inputs)
         if len(self.inputs.names) != len(graph.inputs):
             raise OpschedError(f"the call {self.inputs.describe()} passes {len(self.inputs.names)} tensors, but graph "
                                f"{graph.name!r} has {len(graph.inputs)} inputs")

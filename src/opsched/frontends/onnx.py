@@ -43,6 +43,7 @@ from opsched.ir.ops.onnx_node import (
     subgraphs,
 )
 from opsched.ir.types import FrozenAttrs, TensorType
+from opsched.structure import FixedInput
 from opsched.transforms import canonicalize
 
 __all__ = ["from_onnx", "supported_onnx_ops"]
@@ -125,11 +126,12 @@ class _OnnxConverter:
         # an input keeps its name where it is an identifier; a name made one (input.1 -> input_1) that
         # another input holds already (input_1) is numbered
         taken = {inp.name for inp in self.g.input if value_name(inp.name) == inp.name}
-        for inp in self.g.input:
-            if inp.name in self.env:
-                continue  # an initializer listed as an input (old exporters, _skeleton): a constant all the same
+        fixed: list[FixedInput] = []
+        for inp in [inp for inp in self.g.input if inp.name not in self.env]:  # not an initializer listed as one
             if inp.name in self.input_values:
-                self.env[inp.name] = self._input_value(inp)
+                self.env[inp.name] = value = self._input_value(inp)
+                before = len(fixed) + len(self.ctx.b.inputs)  # the model's inputs before it
+                fixed.append(FixedInput(value_name(inp.name), torch.from_numpy(value.copy()), before))
                 continue
             name = value_name(inp.name)
             if name != inp.name and (name in taken or self.ctx.b.holds(name)):
@@ -148,7 +150,7 @@ class _OnnxConverter:
             if not isinstance(v, str):
                 v = self._const_node(v, out.name)
             outputs.append(v)
-        return self.ctx.b.build(outputs)
+        return self.ctx.b.build(outputs).replace(fixed_inputs=tuple(fixed))
 
     def _infer_types(self) -> dict[str, TensorType]:
         """Every value's type that ONNX shape inference can tell, the inputs at their fixed shapes."""

@@ -23,6 +23,7 @@ from opsched.ir.node import Node
 from opsched.ir.printer import format_graph
 from opsched.ir.schema import infer_type
 from opsched.ir.types import TensorType
+from opsched.structure.calls import FixedInput
 
 __all__ = ["Graph", "GraphInput", "tensor_type", "random_inputs"]
 
@@ -49,6 +50,10 @@ class Graph:
     the last ``len(writes)`` outputs are their values after the call, in that order, and a
     scheduled module copies them back into the caller's tensors; :attr:`returns` are the others,
     what the model returns.
+
+    ``fixed_inputs`` are the model's inputs the graph computes for one value of, which are not
+    among its inputs (:func:`opsched.from_onnx`'s ``input_values``): a module made of it is
+    called with them too, or without them (:class:`~opsched.structure.FixedInput`).
     """
 
     name: str
@@ -58,6 +63,7 @@ class Graph:
     params: Mapping[str, torch.Tensor] = field(default_factory=dict)
     callables: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     writes: tuple[str, ...] = ()
+    fixed_inputs: tuple[FixedInput, ...] = ()
 
     # --- derived facts (computed once) ----------------------------------------------------
     @cached_property
@@ -123,7 +129,8 @@ class Graph:
         return [self.param_types[p] for p in node.params]
 
     def replace(self, **changes: Any) -> Graph:
-        fields = {f: getattr(self, f) for f in ("name", "inputs", "nodes", "outputs", "params", "callables", "writes")}
+        fields = {f: getattr(self, f) for f in ("name", "inputs", "nodes", "outputs", "params", "callables", "writes",
+                                                "fixed_inputs")}
         fields.update(changes)
         return Graph(**fields)
 

@@ -22,13 +22,37 @@ from opsched._text import not_a_tensor, value_name
 from opsched.errors import FrontendError, InputMismatchError
 from opsched.structure.trees import Call, Pickled, leaf_slots
 
-__all__ = ["InputStructure", "ExampleInputs", "bind_example", "split_example"]
+__all__ = ["InputStructure", "FixedInput", "ExampleInputs", "bind_example", "split_example"]
 
 log = logging.getLogger("opsched")
 
 #: What a user gives as example inputs: one tensor, the positional arguments, or the keyword
 #: arguments (a tokenizer's output, say).
 ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class FixedInput:
+    """An input of a model that a graph computes for one value of (:func:`opsched.from_onnx`'s
+    ``input_values``: a sample rate, a mode): its name as a call passes it, that value, and its
+    position among the model's inputs. A call may leave it out or pass it, with that value: a
+    module made of the graph is fed as the file is (``module(x, sr)``, ``module(**feeds)``)."""
+
+    name: str
+    value: torch.Tensor
+    position: int
+
+    def holds(self, given: Any) -> bool:
+        """Whether ``given`` (a tensor, an array, a number) is this value: its shape and each
+        element, whatever the type that holds them (``16000`` for an int64 ``sr``)."""
+        try:
+            t = torch.as_tensor(given).detach().cpu()
+        except (TypeError, ValueError, RuntimeError):  # a string, an object
+            return False
+        return t.shape == self.value.shape and bool((t == self.value).all())
+
+    def __repr__(self) -> str:  # how a call's description shows it: ``forward(x, sr=16000)``
+        return repr(self.value.tolist())
 
 
 @dataclass(frozen=True)
@@ -73,13 +97,15 @@ class InputStructure(Pickled):
         return structure
 
     @classmethod
-    def positional(cls, names: Sequence[str]) -> InputStructure:
+    def positional(cls, names: Sequence[str], fixed: Sequence[FixedInput] = ()) -> InputStructure:
         """A graph's own inputs, by position or (where every name is a Python identifier, as ONNX
-        Runtime's feeds are keyed) by name."""
+        Runtime's feeds are keyed) by name; and the model's inputs ``fixed`` at a value, which a
+        call may pass too, by name, or by position where they follow every input it must pass
+        (:class:`FixedInput`)."""
         signature = None
-        if all(n.isidentifier() and not keyword.iskeyword(n) for n in names) and len(set(names)) == len(names):
-            signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                           for n in names])
+        every = [*names, *(f.name for f in fixed)]
+        if all(n.isidentifier() and not keyword.iskeyword(n) for n in every) and len(set(every)) == len(every):
+            signature = _signature(names, fixed)
         example = tuple(torch.empty(0) for _ in names)
         return cls._of(signature, example, {})
 
@@ -163,6 +189,7 @@ class InputStructure(Pickled):
         except TypeError as e:  # the signature refuses the call
             raise InputMismatchError(f"this module is called as {self.describe()}: {e}") from None
         if spec != self.spec:
+            self._refuse_other_values(args, kwargs)
             raise InputMismatchError(f"this module is called as {self.describe()}, got "
                                      f"{_describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
                                      f"traced for that call; optimize again with example inputs of the new form")
@@ -178,6 +205,19 @@ class InputStructure(Pickled):
             if slot is not None and not isinstance(leaf, torch.Tensor):
                 raise InputMismatchError(f"input {place!r} must be a tensor, {not_a_tensor(leaf)}")
         return tuple(leaf for leaf, slot in zip(leaves, self.slots) if slot is not None)
+
+    def _refuse_other_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raises where a call passes an input the graph was made for one value of
+        (:class:`FixedInput`) with another."""
+        assert self.signature is not None  # a call of another form binds to a signature
+        for name, value in self.signature.bind(*args, **kwargs).arguments.items():
+            fixed = self.signature.parameters[name].default
+            if isinstance(fixed, FixedInput) and not fixed.holds(value):
+                raise InputMismatchError(
+                    f"input {name!r} was fixed at {_values(fixed.value)} where the graph was made (input_values=), "
+                    f"and this module computes for that value alone; got {_values(value)}: make a module for that "
+                    f"value from from_onnx(path, input_values={{{name!r}: ...}}) (or opsched optimize FILE "
+                    f"--input-value {name}=...)")
 
     def canonical(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
         """A call as :meth:`call` makes it (bound to the signature, defaults left out), where
@@ -230,8 +270,13 @@ class InputStructure(Pickled):
         return tuple(args), dict(kwargs)
 
     def describe(self) -> str:
-        """The call's form, for messages, its tensors by name: ``forward(ids, mask, return_dict=False)``."""
-        return _describe_call(self.spec, self._leaves([_Named(n) for n in self.names]))
+        """The call's form, for messages, its tensors by name: ``forward(ids, mask, return_dict=False)``;
+        an input fixed at a value with it (``forward(x, sr=16000)``: :class:`FixedInput`)."""
+        args, kwargs = pytree.tree_unflatten(self._leaves([_Named(n) for n in self.names]), self.spec)
+        params = () if self.signature is None else self.signature.parameters.values()
+        kwargs = {**kwargs, **{p.name: p.default for p in params if isinstance(p.default, FixedInput)}}
+        leaves, spec = pytree.tree_flatten((tuple(args), kwargs))
+        return _describe_call(spec, leaves)
 
     def _leaves(self, tensors: Sequence[Any]) -> list[Any]:
         return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
@@ -308,10 +353,29 @@ def _canonical(signature: inspect.Signature | None, args: tuple[Any, ...], kwarg
     return tuple(bound.args), dict(bound.kwargs)
 
 
+def _signature(names: Sequence[str], fixed: Sequence[FixedInput]) -> inspect.Signature:
+    """A graph's inputs ``names`` as parameters, each a call must pass, among the inputs
+    ``fixed`` at values, each a parameter whose default is its value: positional where it
+    follows every input a call must pass, else keyword-only (a parameter with a default cannot
+    precede one without)."""
+    Parameter = inspect.Parameter
+    order: list[str | FixedInput] = list(names)
+    for f in sorted(fixed, key=lambda f: f.position):
+        order.insert(f.position, f)
+    last = max((k for k, p in enumerate(order) if isinstance(p, str)), default=-1)
+    params = [Parameter(p, Parameter.POSITIONAL_OR_KEYWORD) if isinstance(p, str) else
+              Parameter(p.name, Parameter.POSITIONAL_OR_KEYWORD if k > last else Parameter.KEYWORD_ONLY, default=p)
+              for k, p in enumerate(order)]
+    return inspect.Signature(sorted(params, key=lambda p: p.kind == Parameter.KEYWORD_ONLY))
+
+
 def _same(value: Any, fixed: Any) -> bool:
-    """Whether a non-tensor argument equals a value the graph was specialised to (tensors never do)."""
+    """Whether a non-tensor argument equals a value the graph was specialised to (tensors never
+    do), or a fixed input's value (:class:`FixedInput`) is the one given."""
     if value is fixed:
         return True
+    if isinstance(fixed, FixedInput):
+        return fixed.holds(value)
     if isinstance(value, torch.Tensor) or isinstance(fixed, torch.Tensor) or type(value) is not type(fixed):
         return False
     try:
