@@ -1609,9 +1609,12 @@ def test_a_module_of_a_graph_with_inputs_fixed_at_values_takes_them_as_the_file_
                                                  r"made \(input_values=\).*got 0 \(int64\).*"
                                                  r"input_values=\{'mode': \.\.\.\}"):
         module(x, torch.tensor(0))
-    for args, why in [((x, [1, 1]), "got \\[1, 1\\]"), ((x, 1, 2), r"forward\(x, mode=1\): too many positional")]:
+    for args, kwargs, why in [((x, [1, 1]), {}, "got \\[1, 1\\]"),
+                              ((x, 1, 2), {}, r"forward\(x, mode=1\): too many positional"),
+                              ((x, 1), {"mode": 1}, "multiple values for argument 'mode'"),
+                              ((x,), {"mode": "1"}, "got '1'")]:
         with pytest.raises(InputMismatchError, match=why):
-            module(*args)
+            module(*args, **kwargs)
     per_shape = opsched.optimize_per_shape(mode_switch_onnx, {"x": x}, input_values={"mode": 1}, cost="analytic",
                                            cache_dir=str(tmp_path))
     torch.testing.assert_close(per_shape(x, mode=1), want, rtol=0, atol=0)

@@ -44,12 +44,21 @@ class FixedInput:
 
     def holds(self, given: Any) -> bool:
         """Whether ``given`` (a tensor, an array, a number) is this value: its shape and each
-        element, whatever the type that holds them (``16000`` for an int64 ``sr``)."""
-        try:
-            t = torch.as_tensor(given).detach().cpu()
-        except (TypeError, ValueError, RuntimeError):  # a string, an object
+        element, whatever the type that holds them (``16000`` for an int64 ``sr``). Compared as
+        Python numbers: a call that passes it each time pays a microsecond, not a tensor op's ten."""
+        if isinstance(given, (bool, int, float)):
+            return self.value.ndim == 0 and given == self._numbers
+        if not (hasattr(given, "shape") and hasattr(given, "tolist")):  # neither a tensor nor an array
             return False
-        return t.shape == self.value.shape and bool((t == self.value).all())
+        try:
+            return tuple(given.shape) == tuple(self.value.shape) and given.tolist() == self._numbers
+        except (TypeError, ValueError, RuntimeError):  # an object that only looks like one
+            return False
+
+    @functools.cached_property
+    def _numbers(self) -> Any:
+        """The value as Python numbers (a number, or nested lists of them)."""
+        return self.value.tolist()
 
     def __repr__(self) -> str:  # how a call's description shows it: ``forward(x, sr=16000)``
         return repr(self.value.tolist())
@@ -160,10 +169,22 @@ class InputStructure(Pickled):
 
     def _direct(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any] | None:
         """The call's leaves in canonical order where it passes exactly the canonical call's
-        arguments, positionally up to where that call does (a dictionary lookup each, against
-        microseconds to bind a signature); None where it must be bound to know."""
+        arguments, positionally up to where that call does, and any input fixed at a value
+        (:class:`FixedInput`) with that value (a dictionary lookup each, against microseconds
+        to bind a signature); None where it must be bound to know."""
         known = self._arguments
-        if known is None or len(args) > known[0] or len(args) + len(kwargs) != len(known[1]):
+        if known is None:
+            return None
+        if self._fixed_inputs and (len(args) > known[0] or not kwargs.keys().isdisjoint(self._fixed_inputs)):
+            trailing = args[known[0]:]
+            if len(trailing) > len(self._positional_fixed) or any(
+                    fixed.name in kwargs or not fixed.holds(v) for fixed, v in zip(self._positional_fixed, trailing)):
+                return None
+            named = {k: v for k, v in kwargs.items() if k not in self._fixed_inputs}
+            if any(not self._fixed_inputs[k].holds(v) for k, v in kwargs.items() if k not in named):
+                return None
+            args, kwargs = args[:known[0]], named
+        if len(args) > known[0] or len(args) + len(kwargs) != len(known[1]):
             return None
         leaves = list(args)
         for name in known[1][len(args):]:
@@ -174,6 +195,19 @@ class InputStructure(Pickled):
             if not isinstance(leaf, torch.Tensor) if slot is not None else not _holds(leaf, constant):
                 return None
         return leaves
+
+    @functools.cached_property
+    def _fixed_inputs(self) -> dict[str, FixedInput]:
+        """The inputs fixed at a value a call may pass, by parameter name."""
+        params = () if self.signature is None else self.signature.parameters.values()
+        return {p.name: p.default for p in params if isinstance(p.default, FixedInput)}
+
+    @functools.cached_property
+    def _positional_fixed(self) -> tuple[FixedInput, ...]:
+        """Those a call may pass by position, in order, after the canonical call's arguments."""
+        params = () if self.signature is None else self.signature.parameters.values()
+        return tuple(p.default for p in params
+                     if isinstance(p.default, FixedInput) and p.kind == p.POSITIONAL_OR_KEYWORD)
 
     def tensors(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
         """The graph's inputs in a call with ``args`` and ``kwargs``; raises
@@ -273,8 +307,7 @@ class InputStructure(Pickled):
         """The call's form, for messages, its tensors by name: ``forward(ids, mask, return_dict=False)``;
         an input fixed at a value with it (``forward(x, sr=16000)``: :class:`FixedInput`)."""
         args, kwargs = pytree.tree_unflatten(self._leaves([_Named(n) for n in self.names]), self.spec)
-        params = () if self.signature is None else self.signature.parameters.values()
-        kwargs = {**kwargs, **{p.name: p.default for p in params if isinstance(p.default, FixedInput)}}
+        kwargs = {**kwargs, **self._fixed_inputs}
         leaves, spec = pytree.tree_flatten((tuple(args), kwargs))
         return _describe_call(spec, leaves)
 
