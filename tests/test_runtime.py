@@ -165,6 +165,66 @@ def test_concurrent_calls_on_one_module() -> None:
 
 
 
+def test_searches_in_several_threads_measure_the_machine_one_at_a_time(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Two threads' optimize_graph() with measured costs, each its own profile store: every
+    timed stretch (a stage's profile, the race) of one lies outside every one of the other's,
+    so neither times plans under the other's load and keeps those times. A search within a
+    Dynamo compile (a user's own torch.compile backend that calls opsched) goes on at once
+    where another holds the machine: that one may wait for Dynamo's compile lock."""
+    import opsched.backends.base
+    import opsched.race
+    from opsched import timing
+
+    stretches: list[tuple[str, float, float]] = []
+
+    def recorded(interleave: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return interleave(*args, **kwargs)
+            finally:
+                stretches.append((threading.current_thread().name, start, time.perf_counter()))
+        return timed
+
+    for module in (opsched.backends.base, opsched.race):
+        monkeypatch.setattr(module, "interleave", recorded(module.interleave))
+    errors: list[BaseException] = []
+
+    def search(k: int) -> None:
+        try:
+            opsched.optimize_graph(random_dag(8, seed=k), backend="torch", cache_dir=str(tmp_path / str(k)))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=search, args=(k,), name=f"search{k}") for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert {name for name, _, _ in stretches} == {"search0", "search1"}
+    for a, a0, a1 in stretches:
+        for b, b0, b1 in stretches:
+            assert a == b or a1 <= b0 or b1 <= a0, f"{a} timed {a0:.3f}-{a1:.3f} while {b} timed {b0:.3f}-{b1:.3f}"
+
+    from torch._dynamo.convert_frame import compile_lock
+
+    done = threading.Event()
+
+    def within_a_compile() -> None:
+        with compile_lock:
+            opsched.optimize_graph(random_dag(6, seed=3), backend="torch", cost="analytic")
+        done.set()
+
+    with timing.alone("a search in this thread") as held:
+        assert held
+        thread = threading.Thread(target=within_a_compile)
+        thread.start()
+        assert done.wait(timeout=120), "a search within a Dynamo compile waited for the machine"
+    thread.join()
+
+
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_concurrent_calls_of_a_plan_whose_worker_lanes_wait_on_each_other_all_finish(backend: str) -> None:
     """Two lanes run by workers, one waiting for the other: calls sharing one crew of workers could

@@ -25,7 +25,7 @@ from opsched.costing import for_scheduler, named_cost_model
 from opsched.errors import ExecutionError, FrontendError, InputMismatchError, OpschedError, ScheduleError
 from opsched.execution import RunOptions
 from opsched.frontends import from_torch
-from opsched.frontends.pytorch import Model, Tracer, as_module, register_dataclasses
+from opsched.frontends.pytorch import Model, Tracer, as_module, in_dynamo_compile, register_dataclasses
 from opsched.ir import Graph, random_inputs
 from opsched.module import ScheduledModule
 from opsched.progress import Phases, phases
@@ -36,6 +36,7 @@ from opsched.runtime.reference import drawn_well
 from opsched.schedule import Schedule
 from opsched.schedulers import schedule
 from opsched.structure import ExampleInputs, InputStructure, OutputStructure, bind_example
+from opsched.timing import alone
 from opsched.transforms.place import dtype_name, place
 
 __all__ = ["optimize", "optimize_graph", "load", "load_graph"]
@@ -241,6 +242,9 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     be = resolve_backend(request.backend, dev, graph.dtypes)  # a bfloat16 model, say
     run = RunOptions(dev, None, graphs, channels_last, spin=True)
     with contextlib.ExitStack() as stack:
+        # one search of this process measures at a time; one within a Dynamo compile does not wait for another's,
+        # which may wait for Dynamo's compile lock (exporting a segment)
+        stack.enter_context(alone(f"optimize() of {graph.name!r}", wait=not in_dynamo_compile()))
         stack.enter_context(_on_drawn_inputs(graph))
         cost_model = named_cost_model(cost, be, run, cache_dir, stack)
         made = {name: schedule(graph, name, for_scheduler(cost_model, request.options[name]),

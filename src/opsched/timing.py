@@ -14,17 +14,25 @@ makes back-to-back calls of one session faster and a call of anything else right
 slower. ``block`` and ``settle_s`` time that fairly: each contender runs a block of calls in
 its turn (the sample is the block's median, after one untimed call), and sleeps ``settle_s``
 first, so the last contender's threads have gone idle.
+
+Nor is the machine fair to two searches at once: each would time its plans under the other's
+load, and keep those times. :func:`alone` lets one thread of a process measure at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 import statistics
+import threading
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median", "paired_ratio"]
+__all__ = ["Clock", "interleave", "wall_ms", "synchronized", "cuda_events_ms", "median", "paired_ratio", "alone"]
+
+log = logging.getLogger("opsched")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -121,3 +129,28 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
         if on_round is not None:
             on_round(r + 1, warmup + rounds)
     return times
+
+
+
+#: Held by the thread whose search measures the machine (:func:`alone`).
+_MACHINE = threading.RLock()
+
+
+@contextlib.contextmanager
+def alone(what: str, wait: bool = True) -> Iterator[bool]:
+    """Hold the machine while ``what`` (a search and its race) measures it: another thread's,
+    in this process, waits for its turn, and so measures the machine alone in turn (a search's
+    ``budget_s`` counts from its turn). Yields whether the machine is held: without ``wait``
+    (a thread holding a lock that the holder may need) it goes on without it, and says so."""
+    held = _MACHINE.acquire(blocking=False)
+    if not held and wait:
+        log.info("opsched: %s waits for another thread's search to finish measuring", what)
+        held = _MACHINE.acquire()
+    elif not held:
+        log.warning("opsched: %s measures while another thread's search does: each times plans under the other's "
+                    "load", what)
+    try:
+        yield held
+    finally:
+        if held:
+            _MACHINE.release()

@@ -271,10 +271,22 @@ def _dynamo_compiling() -> contextlib.AbstractContextManager[Any]:
     backend="opsched")``, whose plans are made at the call: Dynamo failed on "s50 is not tracked
     with proxy for _ModuleStackTracer", and the trace fell back to torch.fx, which broke the other
     threads' calls). Dynamo holds it for each compile; without it (another torch), nothing."""
+    lock = _compile_lock()
+    return contextlib.nullcontext() if lock is None else lock
+
+
+def in_dynamo_compile() -> bool:
+    """Whether this thread holds Dynamo's compile lock: it is compiling a frame, and the caller
+    runs within (a torch.compile backend of a user's own that calls :func:`opsched.optimize`)."""
+    owned = getattr(_compile_lock(), "_is_owned", None)  # a threading.RLock's, as Condition uses it
+    return bool(owned is not None and owned())
+
+
+def _compile_lock() -> Any:
     try:
         from torch._dynamo.convert_frame import compile_lock
     except ImportError:  # pragma: no cover - a torch without it
-        return contextlib.nullcontext()
+        return None
     return compile_lock
 
 
