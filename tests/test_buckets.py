@@ -221,6 +221,12 @@ def test_an_onnx_file_of_open_sizes_gets_a_bucket_per_shape(tmp_path: Path, mode
         np.testing.assert_array_equal(switch(x=x).numpy(),
                                       reference.run(None, {"x": x.numpy(), "mode": np.array(1, np.int64)})[0])
     assert len(switch.buckets) == 2
+    fed = opsched.optimize_per_shape(mode_switch_onnx, {"x": x, "mode": np.array(1)}, input_values={"mode": 1},
+                                     cost="analytic")  # ONNX Runtime's feeds, the fixed input too
+    np.testing.assert_array_equal(fed(x=x, mode=1).numpy(), switch(x).numpy())
+    with pytest.raises(InputMismatchError, match="the example gives input 'mode' the value 0, but input_values "
+                                                 "fixes it at 1"):
+        opsched.optimize_per_shape(mode_switch_onnx, {"x": x, "mode": 0}, input_values={"mode": 1})
 
 
 class _Tower(nn.Module):

@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -94,9 +95,11 @@ class OnnxSource:
         return cls(os.fspath(path), tuple(n for n in onnx_input_dims(path) if n not in fixed), fixed)
 
     def tensors(self, example: ExampleInputs | None) -> tuple[torch.Tensor, ...]:
-        """The example's tensors in the file's order: given by input name, or in that order."""
+        """The example's tensors in the file's order: given by input name (the inputs
+        ``input_values`` fixes too, at those values: ONNX Runtime's feeds), or in that order."""
         names = ", ".join(map(repr, self.inputs))
         if isinstance(example, Mapping):
+            example = {name: value for name, value in example.items() if not self._holds(name, value)}
             if set(example) != set(self.inputs):
                 raise InputMismatchError(f"{self.path} takes the inputs {names}, the example gives "
                                          f"{', '.join(map(repr, example)) or 'none'}")
@@ -108,6 +111,18 @@ class OnnxSource:
             raise InputMismatchError(f"optimize_per_shape() needs example inputs of {self.path}: a tensor per input "
                                      f"({names}), by name or in that order")
         return tuple(example)
+
+    def _holds(self, name: str, value: Any) -> bool:
+        """Whether ``value`` is given for input ``name`` as ``input_values`` fixes it; raises
+        where it is given another."""
+        if name not in self.input_values:
+            return False
+        fixed = np.asarray(self.input_values[name])
+        given = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+        if given.shape != fixed.shape or not np.array_equal(given, fixed):
+            raise InputMismatchError(f"{self.path}: the example gives input {name!r} the value {given.tolist()}, "
+                                     f"but input_values fixes it at {fixed.tolist()}")
+        return True
 
     def graph(self, shapes: Shapes) -> Graph:
         """The file imported at ``shapes`` (one per input, in order)."""
