@@ -28,6 +28,7 @@ from opsched.frontends import TRACERS
 from opsched.ir.ops.aten import SDPA, arguments
 from opsched.ir.ops.onnx_builder import OPSET
 from opsched.runtime import run_graph
+from opsched.structure import InputStructure
 from opsched.testing import assert_close
 
 
@@ -1633,6 +1634,10 @@ def test_a_module_of_a_graph_with_inputs_fixed_at_values_takes_them_as_the_file_
         torch.testing.assert_close(module(*args, **kwargs), 3 * x, rtol=0, atol=0)
     with pytest.raises(InputMismatchError, match="too many positional arguments"):
         module(x, 3)
+    nameless = InputStructure.positional(["x", "x"])  # two inputs of one name: by position alone, and refused so
+    assert nameless.signature is None
+    with pytest.raises(InputMismatchError, match=r"called as forward\(args\[0\], args\[1\]\), got forward\(<tensor"):
+        nameless.tensors((x,), {})
 
 
 def test_an_if_whose_branches_differ_in_type_is_refused_unless_an_input_value_decides_it() -> None:

@@ -243,10 +243,12 @@ class InputStructure(Pickled):
     def _refuse_other_values(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raises where a call passes an input the graph was made for one value of
         (:class:`FixedInput`) with another."""
-        assert self.signature is not None  # a call of another form binds to a signature
+        if not self._fixed_inputs:
+            return
+        assert self.signature is not None  # it holds them
         for name, value in self.signature.bind(*args, **kwargs).arguments.items():
-            fixed = self.signature.parameters[name].default
-            if isinstance(fixed, FixedInput) and not fixed.holds(value):
+            fixed = self._fixed_inputs.get(name)
+            if fixed is not None and not fixed.holds(value):
                 raise InputMismatchError(
                     f"input {name!r} was fixed at {_values(fixed.value)} where the graph was made (input_values=), "
                     f"and this module computes for that value alone; got {_values(value)}: make a module for that "
