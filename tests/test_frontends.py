@@ -1630,6 +1630,7 @@ def test_a_module_of_a_graph_with_inputs_fixed_at_values_takes_them_as_the_file_
     assert [(f.name, f.value.tolist(), f.position) for f in fixed.fixed_inputs] == [("scale", 3, 0)]
     module = opsched.optimize_graph(fixed, cost="analytic", cache_dir=str(tmp_path))
     assert str(module.inputs.signature) == "(x, *, scale=3)"
+    assert "\n  computes for inputs fixed at scale=3 (int64) (input_values)\n" in str(module.report())
     for args, kwargs in [((x,), {}), ((x,), {"scale": 3}), ((), {"scale": 3, "x": x})]:
         torch.testing.assert_close(module(*args, **kwargs), 3 * x, rtol=0, atol=0)
     with pytest.raises(InputMismatchError, match="too many positional arguments"):

@@ -120,12 +120,15 @@ class OptimizeReport:
     schedule: ScheduleSummary
     outcome: OptimizeOutcome = OptimizeOutcome()
     peak_bytes: int | None = None
+    fixed_inputs: str = ""  # the inputs the graph was made for one value of: "sr=16000 (int64)"
 
     def __str__(self) -> str:
         s = self.schedule
         lines = [f"{self.model}: {self.operators} operators, scheduled by {s.scheduler} for batch {self.batch} on "
                  f"{self.device}, running on the {self.backend} backend",
                  f"  {s}", f"  {self.executor}"]
+        if self.fixed_inputs:
+            lines.append(f"  computes for inputs fixed at {self.fixed_inputs} (input_values)")
         if self.peak_bytes is not None:
             budget = self.outcome.memory_budget
             lines.append(f"  peak activations: {size(self.peak_bytes)}"
