@@ -224,6 +224,22 @@ def test_searches_in_several_threads_measure_the_machine_one_at_a_time(
         assert done.wait(timeout=120), "a search within a Dynamo compile waited for the machine"
     thread.join()
 
+    reported: list[tuple[str, int, int]] = []
+
+    def phase(name: str) -> Callable[[int, int, str], None]:
+        return lambda done, total, _: reported.append((name, done, total))
+
+    with timing.alone("a search in this thread"):  # one outside a compile waits, and its progress says so
+        thread = threading.Thread(target=lambda: opsched.optimize_graph(random_dag(6, seed=4), cost="analytic",
+                                                                        progress=phase))
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not reported and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reported == [("waiting for another thread's search", 0, 1)] and thread.is_alive()
+    thread.join()
+    assert reported[1] == ("waiting for another thread's search", 1, 1)
+
 
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_concurrent_calls_of_a_plan_whose_worker_lanes_wait_on_each_other_all_finish(backend: str) -> None:

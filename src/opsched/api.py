@@ -244,7 +244,8 @@ def _optimize(graph: Graph, request: Request, *, channels_last: bool, graphs: bo
     with contextlib.ExitStack() as stack:
         # one search of this process measures at a time; one within a Dynamo compile does not wait for another's,
         # which may wait for Dynamo's compile lock (exporting a segment)
-        stack.enter_context(alone(f"optimize() of {graph.name!r}", wait=not in_dynamo_compile()))
+        stack.enter_context(alone(f"optimize() of {graph.name!r}", wait=not in_dynamo_compile(),
+                                  waiting=progress("waiting for another thread's search")))
         stack.enter_context(_on_drawn_inputs(graph))
         cost_model = named_cost_model(cost, be, run, cache_dir, stack)
         made = {name: schedule(graph, name, for_scheduler(cost_model, request.options[name]),

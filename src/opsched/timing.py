@@ -137,15 +137,21 @@ _MACHINE = threading.RLock()
 
 
 @contextlib.contextmanager
-def alone(what: str, wait: bool = True) -> Iterator[bool]:
+def alone(what: str, wait: bool = True,
+          waiting: Callable[[int, int, str], None] | None = None) -> Iterator[bool]:
     """Hold the machine while ``what`` (a search and its race) measures it: another thread's,
     in this process, waits for its turn, and so measures the machine alone in turn (a search's
-    ``budget_s`` counts from its turn). Yields whether the machine is held: without ``wait``
-    (a thread holding a lock that the holder may need) it goes on without it, and says so."""
+    ``budget_s`` counts from its turn), reporting ``waiting(0, 1, ...)`` and then ``(1, 1, ...)``
+    (a progress bar). Yields whether the machine is held: without ``wait`` (a thread holding a
+    lock that the holder may need) it goes on without it, and says so."""
     held = _MACHINE.acquire(blocking=False)
     if not held and wait:
         log.info("opsched: %s waits for another thread's search to finish measuring", what)
+        if waiting is not None:
+            waiting(0, 1, what)
         held = _MACHINE.acquire()
+        if waiting is not None:
+            waiting(1, 1, what)
     elif not held:
         log.warning("opsched: %s measures while another thread's search does: each times plans under the other's "
                     "load", what)
