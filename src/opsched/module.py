@@ -182,8 +182,7 @@ class ScheduledModule(nn.Module):
 
     def report(self) -> OptimizeReport:
         s = self.schedule
-        fixed = ", ".join(f"{f.name}={f!r} ({str(f.value.dtype).removeprefix('torch.')})"
-                          for f in self.graph.fixed_inputs)
+        fixed = ", ".join(map(str, self.graph.fixed_inputs))
         return OptimizeReport(self.graph.name, len(self.graph.nodes), s.batch, s.device, self.backend.name,
                               self._executor.describe(), ScheduleSummary.of(s, self.plan), self.outcome,
                               self.peak_bytes, fixed)

@@ -131,7 +131,6 @@ def interleave(calls: Mapping[K, Callable[[], object]], rounds: int, warmup: int
     return times
 
 
-
 #: Held by the thread whose search measures the machine (:func:`alone`).
 _MACHINE = threading.RLock()
 

@@ -61,7 +61,10 @@ class FixedInput:
         return self.value.tolist()
 
     def __repr__(self) -> str:  # how a call's description shows it: ``forward(x, sr=16000)``
-        return repr(self.value.tolist())
+        return repr(self._numbers)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self._numbers!r} ({str(self.value.dtype).removeprefix('torch.')})"
 
 
 @dataclass(frozen=True)
