@@ -1641,6 +1641,38 @@ def test_a_module_of_a_graph_with_inputs_fixed_at_values_takes_them_as_the_file_
         nameless.tensors((x,), {})
 
 
+def test_inputs_fixed_among_those_a_call_passes_keep_the_files_order_where_python_can() -> None:
+    """A file's inputs ``a x b y c``, ``a``, ``b`` and ``c`` fixed: ``c`` follows every input a
+    call must pass and stays positional, ``a`` and ``b`` precede one and are keyword-only. Every
+    call ONNX Runtime's feeds make (by name, any subset of the fixed ones) and every positional
+    one Python allows gives the graph ``x`` and ``y``, in that order; a fixed value at another
+    value, or given twice, is refused."""
+    from opsched.structure import FixedInput
+
+    x, y = torch.zeros(1), torch.ones(1)
+    fixed = [FixedInput("a", torch.tensor(1), 0), FixedInput("b", torch.tensor([2.0, 3.0]), 2),
+             FixedInput("c", torch.tensor(True), 4)]
+    call = InputStructure.positional(["x", "y"], fixed)
+    assert str(call.signature) == "(x, y, c=True, *, a=1, b=[2.0, 3.0])"
+    assert call.describe() == "forward(x, y, c=True, a=1, b=[2.0, 3.0])"
+    values = {"a": np.int64(1), "b": np.array([2, 3], np.float32), "c": torch.tensor(True)}
+    for k in range(8):  # every subset of the fixed inputs, by name; then c by position
+        given = {name: v for bit, (name, v) in enumerate(values.items()) if k >> bit & 1}
+        for args, kwargs in [((x, y), given), ((), {"y": y, "x": x, **given}), ((x,), {"y": y, **given})]:
+            got = call.tensors(args, kwargs)
+            assert len(got) == 2 and got[0] is x and got[1] is y, (args, kwargs)
+        rest = {n: v for n, v in given.items() if n != "c"}
+        got = call.tensors((x, y, True), rest)
+        assert got[0] is x and got[1] is y
+    for args, kwargs, why in [((x, y), {"b": [2.0, 4.0]}, r"input 'b' was fixed at \[2.0, 3.0\] \(float32\)"),
+                              ((x, y, False), {}, r"input 'c' was fixed at True \(bool\)"),
+                              ((x, y, True), {"c": True}, "multiple values for argument 'c'"),
+                              ((x, y, True, 1), {}, "too many positional arguments"),
+                              ((x,), {"a": 1}, "missing a required argument: 'y'")]:
+        with pytest.raises(InputMismatchError, match=why):
+            call.tensors(args, kwargs)
+
+
 def test_an_if_whose_branches_differ_in_type_is_refused_unless_an_input_value_decides_it() -> None:
     """At opset 11 (its branches' Unsqueeze and ReduceMean take their axes as attributes, which
     the upgrade to the segments' opset makes inputs, in the branches too): a computed condition
