@@ -164,6 +164,39 @@ def test_several_processes_at_once(tmp_path: Path) -> None:
                 assert store.status()["measurements"] == 40 + workers * 40, f"round {r}"
 
 
+def _measurer(cache: str, ready: mp.synchronize.Event, release: mp.synchronize.Event) -> None:
+    with ProfileStore(cache) as store, store.measuring() as alone:
+        assert alone
+        ready.set()
+        release.wait(30)
+
+
+def test_a_search_measuring_while_another_process_does_is_warned_and_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server's workers each optimizing at start time plans under each other's load: the
+    second to measure with one store is told so (and goes on: a search does not wait minutes
+    for another's); once the first is done, or its process gone, the next measures alone."""
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_measurer, args=(str(tmp_path), ready, release))
+    other.start()
+    try:
+        assert ready.wait(60)
+        with (caplog.at_level(logging.WARNING, logger="opsched.cost.store"), ProfileStore(tmp_path) as store,
+              store.measuring() as alone):
+            assert not alone
+            store.put(CTX, "measured meanwhile", 1.0)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"another process is measuring with the profile store {tmp_path / 'profiles.sqlite'}: each times plans "
+            f"under the other's load and keeps those times; optimize once and hand the others the schedule "
+            f"(opsched.load) or the module"]
+    finally:
+        release.set()
+        other.join(30)
+    with ProfileStore(tmp_path) as store, store.measuring() as alone:
+        assert alone and store.get(CTX, "measured meanwhile") == 1.0
+
+
 def test_export_import_round_trip_and_bad_files(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     with ProfileStore(a) as store:

@@ -64,6 +64,7 @@ def named_cost_model(cost: str | CostModel, backend: Backend, run: RunOptions, c
         return AnalyticCostModel(backend.analytic_spec(run))
     if cost == "measured":
         store = stack.enter_context(ProfileStore(cache_dir))
+        stack.enter_context(store.measuring())
         return measured_cost(run.device, backend=backend, store=store, cores=run.cores,
                              channels_last=run.channels_last)
     raise OpschedError(f"cost must be 'measured', 'analytic' or a CostModel, got {cost!r}")

@@ -11,7 +11,9 @@ Nothing measured is lost, whatever state the file is in:
   timeout), and every measurement is committed as soon as it is taken, so an interrupted search
   keeps what it measured. Two processes searching the same model at once both measure it: a
   search takes minutes and holds no lock meanwhile, so the second does not wait for the first;
-  equal keys simply keep the later figure (this is intended);
+  equal keys simply keep the later figure (this is intended). Each measures under the other's
+  load, though, and :meth:`ProfileStore.measuring` says so when it happens (a server's workers
+  each optimizing at start);
 * a store another process keeps locked is *locked, not corrupt*: reads go on, and what cannot be
   written within the timeout is kept in memory for this run (one warning says so); the file is
   never moved;
@@ -235,6 +237,39 @@ class ProfileStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextmanager
+    def measuring(self) -> Iterator[bool]:
+        """Mark this process as measuring with the store while the block runs (an advisory
+        lock on ``measuring.lock`` beside it, which the system drops when the process ends):
+        where another process holds it, a warning says both measure under each other's load,
+        and the block runs all the same (a search does not wait minutes for another's). Yields
+        whether this process measures alone; True where the lock cannot be taken at all (no
+        ``fcntl``, a store that cannot be written)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no advisory locks of this kind
+            yield True
+            return
+        try:
+            fd = os.open(self.path.parent / "measuring.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a read-only store: nothing to mark
+            yield True
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except BlockingIOError:  # held: another process measures
+                alone = False
+                log.warning("another process is measuring with the profile store %s: each times plans under the "
+                            "other's load and keeps those times; optimize once and hand the others the schedule "
+                            "(opsched.load) or the module", self.path)
+            except OSError:  # a file system without such locks (some network ones): nothing to tell
+                alone = True
+            yield alone
+        finally:
+            os.close(fd)  # drops the lock where it was taken
 
     # --- measurements ---------------------------------------------------------------------
     def get(self, ctx: ProfileContext, stage_key: str) -> float | None:
