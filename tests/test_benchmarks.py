@@ -231,6 +231,19 @@ def test_threads_serving_one_module_each_get_eagers_outputs_on_every_plan(tmp_pa
     assert all(rate > 0 for rate in row["calls_per_s"].values())
 
 
+def test_concurrent_searches_compare_each_stage_with_the_same_stage_measured_alone(tmp_path: Path) -> None:
+    """``benchmarks/concurrent_searches.py``: two searches of one model at once, with turns and
+    without, every stage of each held against its figure from a search alone."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "concurrent_searches.py"), "--models", "squeezenet1_1",
+           "squeezenet1_1", "--repeats", "1", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert [(r["model"], r["way"]) for r in data["rows"]] == [
+        (m, w) for m in ("squeezenet1_1 1", "squeezenet1_1 2") for w in ("at once", "at once, no turns")]
+    assert all(r["stages"] > 10 and r["median"] > 0 and r["p90"] >= r["median"] for r in data["rows"])
+    assert set(data["walls"]) == {"alone", "at once", "at once, no turns"}
+
+
 def test_a_restart_loads_the_cold_processs_schedule_and_the_measurements_alone_search_again(tmp_path: Path) -> None:
     """``benchmarks/compile_restart.py`` (it stops where the cached process searched a graph):
     three processes on one cache directory; the cold and measured ones search, the cached one
