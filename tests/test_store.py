@@ -3,14 +3,16 @@ cache beside it: its command line, and whole files under concurrent writers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
 import multiprocessing.synchronize
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -164,6 +166,22 @@ def test_several_processes_at_once(tmp_path: Path) -> None:
                 assert store.status()["measurements"] == 40 + workers * 40, f"round {r}"
 
 
+@contextlib.contextmanager
+def _another_process(target: Callable[..., None], *args: Any) -> Iterator[None]:
+    """``target(*args, ready, release)`` in a process of its own, from when it sets ``ready``
+    until the block ends (then ``release`` is set and the process joined)."""
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    process = ctx.Process(target=target, args=(*args, ready, release))
+    process.start()
+    try:
+        assert ready.wait(60)
+        yield
+    finally:
+        release.set()
+        process.join(30)
+
+
 def _measurer(cache: str, ready: mp.synchronize.Event, release: mp.synchronize.Event) -> None:
     with ProfileStore(cache) as store, store.measuring() as alone:
         assert alone
@@ -176,23 +194,14 @@ def test_a_search_measuring_while_another_process_does_is_warned_and_goes_on(
     """A server's workers each optimizing at start time plans under each other's load: the
     second to measure with one store is told so (and goes on: a search does not wait minutes
     for another's); once the first is done, or its process gone, the next measures alone."""
-    ctx = mp.get_context("spawn")
-    ready, release = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_measurer, args=(str(tmp_path), ready, release))
-    other.start()
-    try:
-        assert ready.wait(60)
-        with (caplog.at_level(logging.WARNING, logger="opsched.cost.store"), ProfileStore(tmp_path) as store,
-              store.measuring() as alone):
-            assert not alone
-            store.put(CTX, "measured meanwhile", 1.0)
-        assert [r.getMessage() for r in caplog.records] == [
-            f"another process is measuring with the profile store {tmp_path / 'profiles.sqlite'}: each times plans "
-            f"under the other's load and keeps those times; optimize once and hand the others the schedule "
-            f"(opsched.load) or the module"]
-    finally:
-        release.set()
-        other.join(30)
+    with (_another_process(_measurer, str(tmp_path)), caplog.at_level(logging.WARNING, logger="opsched.cost.store"),
+          ProfileStore(tmp_path) as store, store.measuring() as alone):
+        assert not alone
+        store.put(CTX, "measured meanwhile", 1.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"another process is measuring with the profile store {tmp_path / 'profiles.sqlite'}: each times plans "
+        f"under the other's load and keeps those times; optimize once and hand the others the schedule "
+        f"(opsched.load) or the module"]
     with ProfileStore(tmp_path) as store, store.measuring() as alone:
         assert alone and store.get(CTX, "measured meanwhile") == 1.0
 
@@ -255,21 +264,13 @@ def test_a_store_another_process_holds_locked_is_not_moved(tmp_path: Path, journ
         import sqlite3
 
         sqlite3.connect(db, isolation_level=None).execute("PRAGMA journal_mode = DELETE").close()
-    ctx = mp.get_context("spawn")
-    ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_holder, args=(str(db), ready, release))
-    holder.start()
-    try:
-        assert ready.wait(30)
+    with _another_process(_holder, str(db)):
         with (caplog.at_level(logging.WARNING, logger="opsched.cost.store"),
               ProfileStore(tmp_path, timeout_s=0.3) as store):
             store.put(CTX, "new", 2.0)  # cannot be written now: kept in memory for this run
             assert store.get(CTX, "new") == 2.0
             assert store.get(CTX, "kept") in (1.0, None)  # readable where the lock lets readers in
         assert any("locked by another process" in r.getMessage() for r in caplog.records)
-    finally:
-        release.set()
-        holder.join(30)
     assert not list(tmp_path.glob("*.corrupt-*")) and db.exists()
     with ProfileStore(tmp_path) as store:
         assert store.get(CTX, "kept") == 1.0
