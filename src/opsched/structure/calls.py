@@ -47,11 +47,11 @@ class FixedInput:
         element, whatever the type that holds them (``16000`` for an int64 ``sr``). Compared as
         Python numbers: a call that passes it each time pays a microsecond, not a tensor op's ten."""
         if isinstance(given, (bool, int, float)):
-            return self.value.ndim == 0 and given == self._numbers
+            return not self._shape and given == self._numbers
         if not (hasattr(given, "shape") and hasattr(given, "tolist")):  # neither a tensor nor an array
             return False
         try:
-            return tuple(given.shape) == tuple(self.value.shape) and given.tolist() == self._numbers
+            return tuple(given.shape) == self._shape and given.tolist() == self._numbers
         except (TypeError, ValueError, RuntimeError):  # an object that only looks like one
             return False
 
@@ -59,6 +59,10 @@ class FixedInput:
     def _numbers(self) -> Any:
         """The value as Python numbers (a number, or nested lists of them)."""
         return self.value.tolist()
+
+    @functools.cached_property
+    def _shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
 
     def __repr__(self) -> str:  # how a call's description shows it: ``forward(x, sr=16000)``
         return repr(self._numbers)
