@@ -159,3 +159,43 @@ def test_a_report_names_the_contenders_a_race_cut_off_and_the_rounds_they_ran() 
     assert result.cut_off("est") == result.cut_off("ios") == ""
     assert str(result) == ("ios 1.00 ms, greedy 1.50 ms (1.50x), cut off after 3 rounds, "
                            "est 1.00 ms (1.00x): kept ios")
+
+
+def test_a_search_whose_progress_fails_as_its_turn_comes_lets_the_machine_go() -> None:
+    """The progress callback of a search that waited for its turn is called with the machine
+    held: where it raises, the search fails and the machine is free for the next."""
+    import threading
+
+    from opsched import timing
+
+    holding, waiting, release = threading.Event(), threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        with timing.alone("first"):
+            holding.set()
+            release.wait(30)
+
+    def progress(done: int, total: int, what: str) -> None:
+        waiting.set()
+        if done == total:
+            raise RuntimeError(f"the progress bar of {what} failed")
+
+    def second() -> None:
+        try:
+            with timing.alone("second", waiting=progress):
+                pass
+        except RuntimeError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    assert holding.wait(30)
+    threads[1].start()
+    assert waiting.wait(30)  # the second waits for its turn
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert [str(e) for e in failures] == ["the progress bar of second failed"]
+    with timing.alone("third", wait=False) as held:
+        assert held

@@ -143,18 +143,18 @@ def alone(what: str, wait: bool = True,
     ``budget_s`` counts from its turn), reporting ``waiting(0, 1, ...)`` and then ``(1, 1, ...)``
     (a progress bar). Yields whether the machine is held: without ``wait`` (a thread holding a
     lock that the holder may need) it goes on without it, and says so."""
-    held = _MACHINE.acquire(blocking=False)
+    held, waited = _MACHINE.acquire(blocking=False), False
     if not held and wait:
         log.info("opsched: %s waits for another thread's search to finish measuring", what)
         if waiting is not None:
             waiting(0, 1, what)
-        held = _MACHINE.acquire()
-        if waiting is not None:
-            waiting(1, 1, what)
+        held = waited = _MACHINE.acquire()
     elif not held:
         log.warning("opsched: %s measures while another thread's search does: each times plans under the other's "
                     "load", what)
     try:
+        if waited and waiting is not None:
+            waiting(1, 1, what)  # within: the machine is let go whatever the callback does
         yield held
     finally:
         if held:
