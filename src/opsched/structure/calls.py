@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 
 from opsched._text import not_a_tensor, value_name
 from opsched.errors import FrontendError, InputMismatchError
+from opsched.structure.shown import Named, cache_hint, describe_call, short, values
 from opsched.structure.trees import Call, Pickled, leaf_slots
 
 __all__ = ["InputStructure", "FixedInput", "ExampleInputs", "bind_example", "split_example"]
@@ -102,7 +103,7 @@ class InputStructure(Pickled):
         try:
             structure = cls._of(signature, *_canonical(signature, args, kwargs), fixed=fixed)
         except TypeError as e:  # the signature refuses the example
-            shown = _describe_call(pytree.tree_flatten((args, kwargs))[1], pytree.tree_leaves((args, kwargs)))
+            shown = describe_call(pytree.tree_flatten((args, kwargs))[1], pytree.tree_leaves((args, kwargs)))
             where = getattr(forward, "__qualname__", "forward")
             raise FrontendError(f"{where}{signature or '(...)'} cannot be called as {shown} with the example "
                                 f"inputs: {e}") from None
@@ -232,16 +233,16 @@ class InputStructure(Pickled):
         if spec != self.spec:
             self._refuse_other_values(args, kwargs)
             raise InputMismatchError(f"this module is called as {self.describe()}, got "
-                                     f"{_describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
+                                     f"{describe_call(spec, leaves)}{self._difference(spec, leaves)}: the model was "
                                      f"traced for that call; optimize again with example inputs of the new form")
         for leaf, slot, constant, place in zip(leaves, self.slots, self.constants, self.places):
             if slot is None and not _holds(leaf, constant):
                 if isinstance(constant, torch.Tensor):
-                    raise InputMismatchError(f"input {place!r} is fixed to {_values(constant)} (fixed_values=), and "
-                                             f"this module computes for those values alone; got {_values(leaf)}: "
+                    raise InputMismatchError(f"input {place!r} is fixed to {values(constant)} (fixed_values=), and "
+                                             f"this module computes for those values alone; got {values(leaf)}: "
                                              f"optimize again with example inputs that pass it")
                 raise InputMismatchError(f"argument {place} was {constant!r} when the model was traced, and this "
-                                         f"module computes what it computed then; got {_short(leaf)}: optimize "
+                                         f"module computes what it computed then; got {short(leaf)}: optimize "
                                          f"again with example inputs that pass it")
             if slot is not None and not isinstance(leaf, torch.Tensor):
                 raise InputMismatchError(f"input {place!r} must be a tensor, {not_a_tensor(leaf)}")
@@ -257,8 +258,8 @@ class InputStructure(Pickled):
             fixed = self._fixed_inputs.get(name)
             if fixed is not None and not fixed.holds(value):
                 raise InputMismatchError(
-                    f"input {name!r} was fixed at {_values(fixed.value)} where the graph was made (input_values=), "
-                    f"and this module computes for that value alone; got {_values(value)}: make a module for that "
+                    f"input {name!r} was fixed at {values(fixed.value)} where the graph was made (input_values=), "
+                    f"and this module computes for that value alone; got {values(value)}: make a module for that "
                     f"value from from_onnx(path, input_values={{{name!r}: ...}}) (or opsched optimize FILE "
                     f"--input-value {name}=...)")
 
@@ -281,11 +282,11 @@ class InputStructure(Pickled):
         """The parameters one call passes and the other leaves at their defaults, for messages."""
         if self.signature is None:
             return ""
-        args, kwargs = self.call([_Named(n) for n in self.names])
+        args, kwargs = self.call([Named(n) for n in self.names])
         mine = self.signature.bind(*args, **kwargs).arguments
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         theirs = self.signature.bind(*args, **kwargs).arguments
-        parts = [f"{name} is left at its default, traced as {_short(mine[name])}" if name in mine else
+        parts = [f"{name} is left at its default, traced as {short(mine[name])}" if name in mine else
                  f"{name} is given, left at its default when traced" for name in self.signature.parameters
                  if (name in mine) != (name in theirs)]
         parts += self._reshaped(spec)
@@ -303,7 +304,7 @@ class InputStructure(Pickled):
         theirs = dict(zip(their_kwargs.context, their_kwargs.children()))
         pairs += [(name, a, theirs[name]) for name, a in zip(mine_kwargs.context, mine_kwargs.children())
                   if name in theirs]
-        return [f"{name} holds {b.num_leaves} values, {a.num_leaves} when traced{_filled(b)}"
+        return [f"{name} holds {b.num_leaves} values, {a.num_leaves} when traced{cache_hint(b)}"
                 if a.num_leaves != b.num_leaves else f"{name} nests otherwise than when traced"
                 for name, a, b in pairs if a != b]
 
@@ -315,21 +316,13 @@ class InputStructure(Pickled):
     def describe(self) -> str:
         """The call's form, for messages, its tensors by name: ``forward(ids, mask, return_dict=False)``;
         an input fixed at a value with it (``forward(x, sr=16000)``: :class:`FixedInput`)."""
-        args, kwargs = pytree.tree_unflatten(self._leaves([_Named(n) for n in self.names]), self.spec)
+        args, kwargs = pytree.tree_unflatten(self._leaves([Named(n) for n in self.names]), self.spec)
         kwargs = {**kwargs, **self._fixed_inputs}
         leaves, spec = pytree.tree_flatten((tuple(args), kwargs))
-        return _describe_call(spec, leaves)
+        return describe_call(spec, leaves)
 
     def _leaves(self, tensors: Sequence[Any]) -> list[Any]:
         return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
-
-
-def _filled(spec: pytree.TreeSpec) -> str:
-    """A hint where an argument is a Hugging Face cache, which the model fills on its first call."""
-    if not (isinstance(spec.type, type) and spec.type.__name__.endswith("Cache")):
-        return ""
-    return (f": a {spec.type.__name__} holds its tensors once a call of the model has filled it; trace with one "
-            f"as it will be passed (call the model with it once, then cache.reset())")
 
 
 def bind_example(forward: Callable[..., Any], example: ExampleInputs, fixed: Collection[str] = ()
@@ -440,13 +433,6 @@ def _within(place: str, name: str) -> bool:
     return place == name or (place.startswith(name) and place[len(name)] in "[.")
 
 
-def _values(value: Any) -> str:
-    """A fixed tensor's values for messages: every one where they are few, else its form."""
-    if isinstance(value, torch.Tensor) and value.numel() <= 16:
-        return f"{value.tolist()} ({str(value.dtype).removeprefix('torch.')})"
-    return _short(value)
-
-
 def _place(path: tuple[Any, ...], signature: inspect.Signature | None) -> str:
     """A leaf's place in a call: the parameter it is (positional ones by the signature's names),
     then its keys within that argument."""
@@ -459,30 +445,3 @@ def _place(path: tuple[Any, ...], signature: inspect.Signature | None) -> str:
         rest_of = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
         name = named[key.idx] if key.idx < len(named) else f"{rest_of}[{key.idx - len(named)}]"
     return name + "".join(str(k) for k in rest)
-
-
-@dataclass(frozen=True)
-class _Named:
-    """A tensor in a call's description, shown by its input name."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-def _describe_call(spec: pytree.TreeSpec, leaves: Sequence[Any]) -> str:
-    args, kwargs = pytree.tree_unflatten(list(leaves), spec)
-    shown = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
-    return f"forward({', '.join(shown)})"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {'x'.join(map(str, value.shape))} {str(value.dtype).removeprefix('torch.')}>"
-    if isinstance(value, (tuple, list)):
-        inner = ", ".join(_short(v) for v in value)
-        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
-    return repr(value)
