@@ -49,7 +49,7 @@ from opsched.ir import Graph
 from opsched.module import ScheduledModule
 from opsched.report import OptimizeReport
 from opsched.schedule import Schedule, read_json, write_json
-from opsched.structure import ExampleInputs, InputStructure, bind_example
+from opsched.structure import ExampleInputs, InputStructure, bind_example, holds_value
 
 __all__ = ["InputForm", "OnnxSource", "ShapeBuckets", "ShapeBucketsReport", "Shapes", "optimize_per_shape",
            "load_per_shape", "shapes_of"]
@@ -118,9 +118,9 @@ class OnnxSource:
         if name not in self.input_values:
             return False
         fixed = np.asarray(self.input_values[name])
-        given = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
-        if given.shape != fixed.shape or not np.array_equal(given, fixed):
-            raise InputMismatchError(f"{self.path}: the example gives input {name!r} the value {given.tolist()}, "
+        if not holds_value(value, fixed.shape, fixed.tolist()):
+            given = value.tolist() if hasattr(value, "tolist") else value
+            raise InputMismatchError(f"{self.path}: the example gives input {name!r} the value {given!r}, "
                                      f"but input_values fixes it at {fixed.tolist()}")
         return True
 

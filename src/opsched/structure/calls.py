@@ -23,7 +23,7 @@ from opsched.errors import FrontendError, InputMismatchError
 from opsched.structure.shown import Named, cache_hint, describe_call, short, values
 from opsched.structure.trees import Call, Pickled, leaf_slots
 
-__all__ = ["InputStructure", "FixedInput", "ExampleInputs", "bind_example", "split_example"]
+__all__ = ["InputStructure", "FixedInput", "ExampleInputs", "bind_example", "holds_value", "split_example"]
 
 log = logging.getLogger("opsched")
 
@@ -44,17 +44,8 @@ class FixedInput:
     position: int
 
     def holds(self, given: Any) -> bool:
-        """Whether ``given`` (a tensor, an array, a number) is this value: its shape and each
-        element, whatever the type that holds them (``16000`` for an int64 ``sr``). Compared as
-        Python numbers: a call that passes it each time pays a microsecond, not a tensor op's ten."""
-        if isinstance(given, (bool, int, float)):
-            return not self._shape and given == self._numbers
-        if not (hasattr(given, "shape") and hasattr(given, "tolist")):  # neither a tensor nor an array
-            return False
-        try:
-            return tuple(given.shape) == self._shape and given.tolist() == self._numbers
-        except (TypeError, ValueError, RuntimeError):  # an object that only looks like one
-            return False
+        """Whether ``given`` (a tensor, an array, a number) is this value (:func:`holds_value`)."""
+        return holds_value(given, self._shape, self._numbers)
 
     @functools.cached_property
     def _numbers(self) -> Any:
@@ -68,8 +59,23 @@ class FixedInput:
     def __repr__(self) -> str:  # how a call's description shows it: ``forward(x, sr=16000)``
         return repr(self._numbers)
 
-    def __str__(self) -> str:
-        return f"{self.name}={self._numbers!r} ({str(self.value.dtype).removeprefix('torch.')})"
+    def __str__(self) -> str:  # how a report shows it: ``sr=16000 (int64)``
+        return f"{self.name}={values(self.value)}"
+
+
+def holds_value(given: Any, shape: tuple[int, ...], numbers: Any) -> bool:
+    """Whether ``given`` (a tensor, an array, a number) is the value of ``shape`` whose elements
+    are ``numbers`` (a number, or nested lists of them), whatever the type that holds them
+    (``16000`` for an int64 ``sr``). Compared as Python numbers: a call that passes a fixed
+    input each time pays a microsecond, not a tensor op's ten."""
+    if isinstance(given, (bool, int, float)):
+        return not shape and given == numbers
+    if not (hasattr(given, "shape") and hasattr(given, "tolist")):  # neither a tensor nor an array
+        return False
+    try:
+        return tuple(given.shape) == shape and given.tolist() == numbers
+    except (TypeError, ValueError, RuntimeError):  # an object that only looks like one
+        return False
 
 
 @dataclass(frozen=True)
