@@ -23,7 +23,7 @@ from opsched.ir.node import Node
 from opsched.ir.printer import format_graph
 from opsched.ir.schema import infer_type
 from opsched.ir.types import TensorType
-from opsched.structure.calls import FixedInput
+from opsched.structure.fixed import FixedInput
 
 __all__ = ["Graph", "GraphInput", "tensor_type", "random_inputs"]
 
