@@ -1,4 +1,4 @@
-"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 56 Hugging Face
+"""The sweep: the wide corpus (:func:`opsched.testing.corpus.wide_corpus`, 75 Hugging Face
 architectures beyond the corpus), or with ``--corpus vision`` torchvision's and timm's models
 (:func:`opsched.testing.vision.vision_corpus`, where they import), through every way a user
 brings a model, on this CPU.

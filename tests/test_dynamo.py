@@ -648,12 +648,15 @@ def test_third_party_models_compile_equal_to_eager(name: str) -> None:
 @pytest.mark.parametrize("name", list(WIDE))
 def test_the_wide_corpus_compiles_equal_to_eager_with_every_graph_scheduled(name: str) -> None:
     """``benchmarks/sweep.py``'s torch.compile column. The eager call comes first, as a user's
-    would: RWKV rescales its weights in place on its first call in eval mode."""
+    would: RWKV rescales its weights in place on its first call in eval mode. Every graph that
+    reads an input is scheduled; one that reads none runs eagerly (Dynamo breaks Encodec's graph
+    at each convolution's data-dependent padding, leaving its weight normalisations alone)."""
     model, inputs = WIDE[name].build()
     with torch.no_grad():
         expected = _leaves(model(*inputs))
         assert_close(_leaves(_compiled(model, scheduler="greedy")(*inputs)), expected, name)
-    assert all(b.schedule is not None for g in od.compiled_graphs() for b in g.buckets), od.report()
+    eager = {b.fallback for g in od.compiled_graphs() for b in g.buckets if b.schedule is None}
+    assert eager <= {"the graph reads no input tensor: it computes from its weights alone"}, od.report()
 
 
 @pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")

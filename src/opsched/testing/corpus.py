@@ -166,6 +166,13 @@ def wide_corpus() -> dict[str, CorpusModel]:
             embedding_size=64, **text)), tokens),
         CorpusModel("mpnet", "MPNetModel", lambda: hf.MPNetModel(hf.MPNetConfig(**text)), tokens),
         CorpusModel("deberta_v2", "DebertaV2Model", lambda: hf.DebertaV2Model(hf.DebertaV2Config(**text)), tokens),
+        # local (sliding-window) attention in most layers, global attention every second one
+        CorpusModel("modernbert", "ModernBertModel", lambda: hf.ModernBertModel(hf.ModernBertConfig(
+            global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2, max_position_embeddings=64, **text)), tokens),
+        # characters hashed into buckets, downsampled by a strided convolution, upsampled by repetition
+        CorpusModel("canine", "CanineModel", lambda: hf.CanineModel(hf.CanineConfig(
+            hidden_size=64, downsampling_rate=4, num_hash_buckets=64, **layers)), _tokens(32, 1000)),
         CorpusModel("funnel", "FunnelModel", lambda: hf.FunnelModel(hf.FunnelConfig(
             vocab_size=100, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1])), tokens),
         CorpusModel("t5_encoder", "T5EncoderModel", lambda: hf.T5EncoderModel(hf.T5Config(
@@ -184,6 +191,10 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("qwen2", "Qwen2Model", lambda: hf.Qwen2Model(hf.Qwen2Config(**decoder)), tokens),
         CorpusModel("mistral", "MistralModel", lambda: hf.MistralModel(hf.MistralConfig(**decoder)), tokens),
         CorpusModel("gemma", "GemmaModel", lambda: hf.GemmaModel(hf.GemmaConfig(head_dim=16, **decoder)), tokens),
+        # queries and keys normalised per head before the rotary embedding
+        CorpusModel("qwen3", "Qwen3Model", lambda: hf.Qwen3Model(hf.Qwen3Config(head_dim=16, **decoder)), tokens),
+        # attention and the MLP in parallel on one layer norm (no bias), the rotary embedding interleaved
+        CorpusModel("cohere", "CohereModel", lambda: hf.CohereModel(hf.CohereConfig(**decoder)), tokens),
         # mixtures of experts: each token routed to its top two of four experts (top-k, a one-hot
         # mask, experts gathered and their outputs scattered back), Qwen2's beside a shared expert
         CorpusModel("mixtral", "MixtralModel", lambda: hf.MixtralModel(hf.MixtralConfig(
@@ -194,6 +205,9 @@ def wide_corpus() -> dict[str, CorpusModel]:
         # logits soft-capped by tanh; local (sliding-window) and global attention layers alternating
         CorpusModel("gemma2", "Gemma2Model", lambda: hf.Gemma2Model(hf.Gemma2Config(head_dim=16, **decoder)),
                     tokens),
+        # local and global layers, each with a rotary embedding of its own base
+        CorpusModel("gemma3_text", "Gemma3TextModel", lambda: hf.Gemma3TextModel(hf.Gemma3TextConfig(
+            head_dim=16, **decoder)), tokens),
         CorpusModel("phi3", "Phi3Model", lambda: hf.Phi3Model(hf.Phi3Config(pad_token_id=0, **decoder)), tokens),
         CorpusModel("stablelm", "StableLmModel", lambda: hf.StableLmModel(hf.StableLmConfig(**decoder)), tokens),
         # attention and the MLP in parallel on the same normalised input: a branch per block
@@ -219,6 +233,13 @@ def wide_corpus() -> dict[str, CorpusModel]:
             use_cache=False)), tokens),
         CorpusModel("clip_vision", "CLIPVisionModel", lambda: hf.CLIPVisionModel(hf.CLIPVisionConfig(**vision)),
                     image()),
+        # pooled by attention: a learned probe token attends to every patch
+        CorpusModel("siglip_vision", "SiglipVisionModel",
+                    lambda: hf.SiglipVisionModel(hf.SiglipVisionConfig(**vision)), image()),
+        # learned group tokens take the image tokens by a hard (argmax) assignment, stage by stage
+        CorpusModel("groupvit_vision", "GroupViTVisionModel", lambda: hf.GroupViTVisionModel(hf.GroupViTVisionConfig(
+            image_size=64, patch_size=16, hidden_size=64, depths=[1, 1, 1], num_group_tokens=[8, 4, 0],
+            num_output_groups=[8, 4, 4], num_attention_heads=4, intermediate_size=128)), image()),
         # two towers, text and image, and two inputs of different batch sizes (two captions, one image)
         CorpusModel("clip", "CLIPModel", lambda: hf.CLIPModel(hf.CLIPConfig(
             text_config={"vocab_size": 100, "hidden_size": 64, **layers}, vision_config=vision, projection_dim=32)),
@@ -245,12 +266,30 @@ def wide_corpus() -> dict[str, CorpusModel]:
             fusion_hidden_size=32)), image()),
         CorpusModel("mobilenet_v1", "MobileNetV1Model",
                     lambda: hf.MobileNetV1Model(hf.MobileNetV1Config(image_size=64)), image()),
+        # a text detector's backbone: 3x3, 1x3 and 3x1 convolutions side by side, summed
+        CorpusModel("textnet", "TextNetModel", lambda: hf.TextNetModel(hf.TextNetConfig()), image()),
+        # stages whose blocks concatenate every layer's output, RT-DETRv2's and D-FINE's backbone
+        CorpusModel("hgnet_v2", "HGNetV2Backbone", lambda: hf.HGNetV2Backbone(hf.HGNetV2Config(
+            out_features=_STAGES)), image()),
         # weight-standardised convolutions: a batch norm in training mode on each weight
         CorpusModel("bit", "BitModel", lambda: hf.BitModel(hf.BitConfig(num_groups=8, embedding_size=16, **four)),
                     image()),
         CorpusModel("cvt", "CvtModel", lambda: hf.CvtModel(hf.CvtConfig()), image()),
         CorpusModel("pvt", "PvtModel", lambda: hf.PvtModel(hf.PvtConfig(
             image_size=64, num_attention_heads=[1, 2, 4, 8], **four)), image()),
+        # overlapping patch embeddings, and a depthwise convolution inside each MLP
+        CorpusModel("pvt_v2", "PvtV2Model", lambda: hf.PvtV2Model(hf.PvtV2Config(
+            depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 80, 128])), image()),
+        # cosine attention, relative positions from a small MLP over log-spaced offsets
+        CorpusModel("swinv2", "Swinv2Model", lambda: hf.Swinv2Model(hf.Swinv2Config(
+            image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)), image()),
+        # a plain ViT as a detection backbone: relative positions decomposed along height and width
+        CorpusModel("vitdet", "VitDetModel", lambda: hf.VitDetModel(hf.VitDetConfig(
+            pretrain_image_size=64, **vision)), image()),
+        # matting: a ViTDet backbone and a convolutional detail stream of the image and its trimap
+        CorpusModel("vitmatte", "VitMatteForImageMatting", lambda: hf.VitMatteForImageMatting(hf.VitMatteConfig(
+            backbone_config=hf.VitDetConfig(num_channels=4, pretrain_image_size=64, **vision), hidden_size=64,
+            convstream_hidden_sizes=[16, 32, 64], fusion_hidden_sizes=[64, 32, 16, 8])), image(channels=4)),
         CorpusModel("swiftformer", "SwiftFormerModel", lambda: hf.SwiftFormerModel(hf.SwiftFormerConfig(
             depths=[1, 1, 1, 1], embed_dims=[16, 32, 64, 128])), image()),
         CorpusModel("focalnet", "FocalNetModel", lambda: hf.FocalNetModel(hf.FocalNetConfig(
@@ -271,6 +310,13 @@ def wide_corpus() -> dict[str, CorpusModel]:
             backbone_config=hf.RTDetrResNetConfig(out_features=_STAGES[1:], **stages), encoder_hidden_dim=32,
             d_model=32, decoder_layers=1, num_queries=10, encoder_ffn_dim=64, decoder_ffn_dim=64,
             encoder_in_channels=[32, 64, 128], decoder_in_channels=[32, 32, 32], num_feature_levels=3)), image()),
+        # conditional spatial queries: each decoder query's reference point, embedded in sines
+        CorpusModel("conditional_detr", "ConditionalDetrModel", lambda: hf.ConditionalDetrModel(
+            hf.ConditionalDetrConfig(use_timm_backbone=False, use_pretrained_backbone=False,
+                                     backbone_config=hf.ResNetConfig(out_features=["stage4"], **stages), d_model=32,
+                                     encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                     num_queries=10)), image()),
         # depth from a DINOv2 backbone's four stages through a DPT-style neck and head
         CorpusModel("depth_anything", "DepthAnythingForDepthEstimation",
                     lambda: hf.DepthAnythingForDepthEstimation(hf.DepthAnythingConfig(
@@ -287,12 +333,27 @@ def wide_corpus() -> dict[str, CorpusModel]:
             feature_size=32, mask_feature_size=32, hidden_dim=32, encoder_feedforward_dim=64, dim_feedforward=64,
             num_queries=10, encoder_layers=1, decoder_layers=2, num_attention_heads=4,
             use_pretrained_backbone=False)), image()),
+        # a feature pyramid over a Swin backbone's four stages, and mask queries on its finest level
+        CorpusModel("maskformer", "MaskFormerModel", lambda: hf.MaskFormerModel(hf.MaskFormerConfig(
+            backbone_config=hf.SwinConfig(image_size=64, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
+                                          window_size=2, out_features=_STAGES),
+            decoder_config=hf.DetrConfig(d_model=32, decoder_layers=1, decoder_attention_heads=4,
+                                         decoder_ffn_dim=64), fpn_feature_size=32, mask_feature_size=32,
+            num_queries=10)), image()),
         # super-resolution: windowed attention, then a convolutional upsampler by pixel shuffle
         CorpusModel("swin2sr", "Swin2SRModel", lambda: hf.Swin2SRModel(hf.Swin2SRConfig(
             image_size=32, embed_dim=32, depths=[1, 1], num_heads=[2, 2], window_size=4)), image(32)),
         CorpusModel("wav2vec2", "Wav2Vec2Model", lambda: hf.Wav2Vec2Model(hf.Wav2Vec2Config(
             hidden_size=64, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, **layers)), shaped(1, 4000)),
+        # the feature encoder's output squeezed (pooled) before the transformer, upsampled after it
+        CorpusModel("sew", "SEWModel", lambda: hf.SEWModel(hf.SEWConfig(
+            hidden_size=64, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4, **layers)), shaped(1, 1600)),
+        # a neural audio codec: a convolutional encoder with an LSTM, residual vector quantisation
+        # (each code the nearest codebook entry, by argmin) and a transposed-convolution decoder
+        CorpusModel("encodec", "EncodecModel", lambda: hf.EncodecModel(hf.EncodecConfig(
+            num_filters=8, hidden_size=32, upsampling_ratios=[4, 2], codebook_size=64)), shaped(1, 1, 800)),
         CorpusModel("whisper_encoder", "WhisperForAudioClassification",
                     lambda: hf.WhisperForAudioClassification(hf.WhisperConfig(
                         d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16,
@@ -306,6 +367,12 @@ def wide_corpus() -> dict[str, CorpusModel]:
         CorpusModel("videomae", "VideoMAEModel", lambda: hf.VideoMAEModel(hf.VideoMAEConfig(
             image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=64, **layers)),
                     shaped(1, 4, 3, 32, 32)),
+        # divided space-time attention: each patch attends over time, then over space
+        CorpusModel("timesformer", "TimesformerModel", lambda: hf.TimesformerModel(hf.TimesformerConfig(
+            num_frames=2, **vision)), shaped(1, 2, 3, 64, 64)),
+        # tubelets embedded by a 3-D convolution
+        CorpusModel("vivit", "VivitModel", lambda: hf.VivitModel(hf.VivitConfig(
+            num_frames=4, tubelet_size=[2, 16, 16], **vision)), shaped(1, 4, 3, 64, 64)),
     ]
     return {e.name: e for e in entries}
 
