@@ -34,7 +34,7 @@ from _report import geomean, write_table  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.backends.lanes import LaneExecutor  # noqa: E402
-from opsched.testing.onnx_files import ONNX_FILES, OnnxFile, fetch  # noqa: E402
+from opsched.testing.onnx_files import ONNX_FILES, OnnxFile, example_feeds, fetch  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 
@@ -46,8 +46,7 @@ def measure(entry: OnnxFile, rounds: int, cache_dir: str) -> dict[str, Any]:
     start = time.perf_counter()
     module = opsched.optimize_graph(graph, cache_dir=cache_dir)
     optimize_s = time.perf_counter() - start
-    rng = np.random.default_rng(0)
-    feeds = {i.name: (rng.standard_normal(i.type.shape) * 0.1).astype(i.type.dtype) for i in graph.inputs}
+    feeds = example_feeds(entry, graph)
     tensors = {name: torch.from_numpy(v) for name, v in feeds.items()}
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     file_feeds = {**feeds, **entry.values}

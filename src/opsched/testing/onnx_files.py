@@ -21,10 +21,14 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["OnnxFile", "ONNX_FILES", "FetchError", "fetch", "default_cache"]
+if TYPE_CHECKING:
+    from opsched.ir import Graph
+
+__all__ = ["OnnxFile", "ONNX_FILES", "FetchError", "fetch", "default_cache", "example_feeds"]
 
 
 class FetchError(RuntimeError):
@@ -42,6 +46,8 @@ class OnnxFile:
     what: str  #: the model, in a few words
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     values: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: Integer inputs are drawn from ``range(integers)`` (Magika's: byte values and its padding token).
+    integers: int = 1
 
     @property
     def wheel_name(self) -> str:
@@ -54,6 +60,8 @@ _SILERO = "silero-vad==6.2.3"
 _WINDOW = {"input": (1, 512), "state": (2, 1, 128)}  # 32 ms at 16 kHz, and the LSTM's state
 _16K = {"sr": np.array(16000, np.int64)}  # the sample rate: an If on it picks the 16 kHz branch
 _OCR = "rapidocr-onnxruntime==1.4.4"
+_CAPTCHA = "ddddocr==1.6.1"
+_TEXT_LINE = {"input1": (1, 1, 64, 160)}  # a grey text line 64 pixels high, its width open in the file
 
 ONNX_FILES: tuple[OnnxFile, ...] = (
     OnnxFile("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx", "YOLOv8n detector (Ultralytics export, opset 17)",
@@ -76,7 +84,24 @@ ONNX_FILES: tuple[OnnxFile, ...] = (
              "Silero VAD v6, opset 18", _WINDOW, _16K),
     OnnxFile("silero-vad-half", _SILERO, "silero_vad/data/silero_vad_half.onnx",
              "Silero VAD v6, float16 inside", _WINDOW),
+    OnnxFile("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
+             "Magika file-type classifier (tf2onnx from Keras, opset 15)", {"bytes": (1, 2048)}, integers=257),
+    OnnxFile("ddddocr", _CAPTCHA, "ddddocr/common.onnx",
+             "ddddocr text recogniser: convolutions and an LSTM (PyTorch 1.9, opset 12)", _TEXT_LINE),
+    OnnxFile("ddddocr-det", _CAPTCHA, "ddddocr/common_det.onnx",
+             "ddddocr text detector, YOLOX-style (PyTorch 1.9, opset 11)", {"images": (1, 3, 416, 416)}),
+    OnnxFile("ddddocr-int8", _CAPTCHA, "ddddocr/common_old.onnx",
+             "ddddocr's older recogniser, dynamically quantized (onnx.quantize: ConvInteger)", _TEXT_LINE),
 )
+
+
+def example_feeds(entry: OnnxFile, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for ``graph``, ``entry``'s file imported: floats at a tenth of a standard normal
+    (audio at a speech-like amplitude, images alike), integers from ``range(entry.integers)``;
+    the inputs ``entry.values`` fixes are not among them (feed those too, as ONNX Runtime is fed)."""
+    rng = np.random.default_rng(seed)
+    return {i.name: (rng.integers(0, entry.integers, i.type.shape) if np.dtype(i.type.dtype).kind in "iu"
+                     else rng.standard_normal(i.type.shape) * 0.1).astype(i.type.dtype) for i in graph.inputs}
 
 
 def default_cache() -> Path:
