@@ -28,6 +28,7 @@ from torch import nn
 
 from opsched.errors import FrontendError
 from opsched.frontends._common import log, quieted, symbolic
+from opsched.frontends.export_in_place import made_out_of_place
 from opsched.frontends.fixed_values import WithFixedValues, scalar_buffers
 from opsched.frontends.model_source import failure_place
 from opsched.frontends.torch_export import ExportConverter
@@ -303,17 +304,17 @@ def _sizing(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> l
 
 
 def _functional(program: torch.export.ExportedProgram) -> bool:
-    """True when the program is already what ``run_decompositions({})`` would make it, which
-    saves two thirds of the import time (nasnet_large: 3.5 s traced, 5.9 s more to functionalise):
-    no call writes in place, and every call is an ATen operator, a higher-order one or a
-    ``getitem``. What else export leaves, it lowers: the calls of a ``torch.vmap`` region (a
-    graph Dynamo captured of a model that vmaps, Mamba's scan) to the ATen calls they batch."""
+    """True when the program is already what ``run_decompositions({})`` would make it, or made so
+    here, which saves half to two thirds of the import time (nasnet_large: 3.5 s traced, 5.9 s
+    more to functionalise): every call is an ATen operator, a higher-order one or a ``getitem``,
+    and none writes in place but where :func:`made_out_of_place` could rewrite it out of place.
+    What else export leaves, it lowers: the calls of a ``torch.vmap`` region (a graph Dynamo
+    captured of a model that vmaps, Mamba's scan) to the ATen calls they batch."""
     from opsched.frontends.aten_ops import getitem
 
-    return all(n.target is getitem or isinstance(n.target, torch._ops.HigherOrderOperator) or
-               (isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.is_mutable) or
-               symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
-               for n in program.graph.nodes if n.op == "call_function")
+    return all(n.target is getitem or isinstance(n.target, (torch._ops.HigherOrderOperator, torch._ops.OpOverload))
+               or symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
+               for n in program.graph.nodes if n.op == "call_function") and made_out_of_place(program)
 
 
 def _unmade_hint(reason: str, module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
