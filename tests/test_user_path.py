@@ -150,8 +150,22 @@ def test_in_place_changes_through_shared_memory_equal_eager(case: str, backend: 
         equal_on_fresh_inputs(model, module, (x,))
 
 
+class Detached(nn.Module):
+    """DeBERTa's relative positions: a constant made in forward and detached in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([0.5, 1.0, 2.0, 4.0])
+        scale.detach_()
+        return self.conv(x) * scale[:, None, None]
+
+
 @pytest.mark.parametrize(("model", "retraced"), [
     *[pytest.param(InPlace(s), False, id=s) for s in ("module", "method", "augmented", "twice")],
+    pytest.param(Detached(), False, id="detach_"),
     *[pytest.param(Aliased(c), True, id=c) for c in ("view changed, base read", "base changed, earlier view read",
                                                       "chunks", "setitem")],
 ])
@@ -171,7 +185,7 @@ def test_writes_to_unshared_tensors_import_without_functionalising_again(model: 
 
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
     model = model.eval()
-    x = torch.randn(1, model.a.in_channels if isinstance(model, InPlace) else 3, 6, 6)
+    x = torch.randn(1, 4 if isinstance(model, InPlace) else 3, 6, 6)
     graph = export_graph(model, (x,), {}, "model")
     assert bool(retraces) == retraced
     module = opsched.optimize_graph(graph, cost="analytic", scheduler="sequential", backend="torch", check=False)

@@ -5,12 +5,14 @@
 functional programs only. :meth:`~torch.export.ExportedProgram.run_decompositions` with an empty
 table makes any program functional, views and all, by tracing it again: 0.5-3.2 s for the 24 of
 95 corpus models that write in place, more than the export itself took (ResNet: 0.5 s traced, 1.2
-s more to functionalise).
+s more to functionalise). 19 of them need it no longer: ``from_torch`` took them 1.7-4.0x as long
+with it (2.7x in geomean).
 
 Most of those writes change a tensor nothing else shares memory with: one a call made fresh (a
 convolution's output, a sum), of which no view is ever taken. Such a write is its out-of-place
 form, read by every later reader of the tensor, and :func:`made_out_of_place` rewrites it so,
-in the program's own graph. A write whose tensor is an input, a weight, an output or a view, or
+in the program's own graph; a ``detach_`` (of a constant, DeBERTa's), which changes no value
+in a graph traced without grad, it drops. A write whose tensor is an input, a weight, an output or a view, or
 one of which a view is taken (``shifted[:, 1:] = ids[:, :-1]``, a copy into a slice), changes
 what other tensors read through their shared memory; where the program holds any such write,
 nothing is rewritten, and functionalisation's retrace does what it must.
@@ -30,12 +32,20 @@ def made_out_of_place(program: torch.export.ExportedProgram) -> bool:
     """Rewrite every in-place call of ``program`` (an ATen operator whose schema writes its first
     argument) as its out-of-place form, later readers of the written tensor reading its result,
     and say True; where any write may be seen through shared memory (module docstring), or has
-    no out-of-place form, leave the program as it is and say False.
+    no out-of-place form, leave the writes as they are and say False (a ``detach_`` is dropped
+    either way).
 
     An in-place call returns the tensor it wrote, so a tensor written twice has three names in
     the graph (what made it and each write): each write's result is read, after it, for all of
     them."""
     graph = program.graph
+    dropped = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.detach_.default
+               and all(u.op != "output" for u in n.users)]
+    for n in dropped:
+        n.replace_all_uses_with(n.args[0])  # a write that changes no value (autograd's bookkeeping alone)
+        graph.erase_node(n)
+    if dropped:
+        program.graph_module.recompile()
     order = {n: i for i, n in enumerate(graph.nodes)}
     writes = [n for n in graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
               and n.target._schema.is_mutable]
@@ -48,9 +58,11 @@ def made_out_of_place(program: torch.export.ExportedProgram) -> bool:
             return False
         maker = of.get(written, written)
         group = names.setdefault(maker, [maker])
-        if not _fresh(maker) or any(_shares(u) for m in group for u in m.users) \
-                or any(u.op == "output" and order[u] > order[n] for m in group for u in m.users):
-            return False  # the program's signature names the tensor an output reads
+        readers = [u for m in group for u in m.users]
+        # an output that reads an earlier name would read this write's result: the program's
+        # signature names what its outputs read
+        if not _fresh(maker) or any(_shares(u) or u.op == "output" for u in readers):
+            return False
         group.append(n)
         of[n] = maker
     for n, target in zip(writes, plain, strict=True):
