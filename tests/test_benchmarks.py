@@ -244,6 +244,18 @@ def test_concurrent_searches_compare_each_stage_with_the_same_stage_measured_alo
     assert set(data["walls"]) == {"alone", "at once", "at once, no turns"}
 
 
+def test_functionalise_times_the_retrace_and_the_rewrite_and_says_which_applied(tmp_path: Path) -> None:
+    """``benchmarks/functionalise.py``: ResNet's residual ``+=`` is rewritten out of place,
+    BART's write into a slice of its shifted tokens is left to the retrace; both equal eager."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "functionalise.py"), "--models", "resnet", "bart", "vit",
+           "--repeats", "1", "--out", str(tmp_path), "--name", "smoke"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert data["functional"] == ["vit"] and list(data["rows"]) == ["resnet", "bart"]
+    assert [r["rewritten"] for r in data["rows"].values()] == [True, False]
+    assert all(r["writes"] > 0 and r["retrace_s"] > 0 and r["max_diff"] < 1e-5 for r in data["rows"].values())
+
+
 def test_a_restart_loads_the_cold_processs_schedule_and_the_measurements_alone_search_again(tmp_path: Path) -> None:
     """``benchmarks/compile_restart.py`` (it stops where the cached process searched a graph):
     three processes on one cache directory; the cold and measured ones search, the cached one

@@ -3,10 +3,10 @@
 ``torch.export.export`` records a model's in-place calls as they are (``aten.relu_`` of
 ``nn.ReLU(inplace=True)``, ``aten.add_`` of ``x += residual``), and the ATen-level import takes
 functional programs only. :meth:`~torch.export.ExportedProgram.run_decompositions` with an empty
-table makes any program functional, views and all, by tracing it again: 0.5-3.2 s for the 24 of
-95 corpus models that write in place, more than the export itself took (ResNet: 0.5 s traced, 1.2
-s more to functionalise). 19 of them need it no longer: ``from_torch`` took them 1.7-4.0x as long
-with it (2.7x in geomean).
+table makes any program functional, views and all, by tracing it again, in more time than the
+export itself took: for the 23 of 94 corpus models whose programs write in place, 0.3-3.1 s
+against 0.1-3.0 s (``benchmarks/functionalise.py``). 19 of them need it no longer: export and
+rewrite take 2.2-3.2x less time than export and retrace (2.7x in geomean).
 
 Most of those writes change a tensor nothing else shares memory with: one a call made fresh (a
 convolution's output, a sum), of which no view is ever taken. Such a write is its out-of-place
