@@ -49,10 +49,10 @@ def writes(program: torch.export.ExportedProgram) -> int:
 def measure(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], repeats: int) -> dict[str, Any] | None:
     """The model's export, retrace and rewrite seconds (medians over ``repeats``, each on a fresh
     export); None where its program writes nothing."""
-    traced, retraced, rewritten, applied, program = [], [], [], False, None
+    traced, retraced, rewritten, applied, program, count = [], [], [], False, None, 0
     for _ in range(repeats):
         first, seconds = exported(model, inputs)
-        if not writes(first):
+        if not (count := writes(first)):
             return None
         traced.append(seconds)
         start = time.perf_counter()
@@ -66,7 +66,7 @@ def measure(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], repeats: i
     assert program is not None
     with torch.no_grad():
         got, want = tensors(program.module()(*inputs)), tensors(model(*inputs))
-    return {"writes": writes(exported(model, inputs)[0]), "export_s": statistics.median(traced),
+    return {"writes": count, "export_s": statistics.median(traced),
             "retrace_s": statistics.median(retraced), "rewrite_s": statistics.median(rewritten),
             "rewritten": applied,
             "max_diff": max((largest_difference(a, b) for a, b in zip(got, want, strict=True)), default=0.0)}

@@ -179,7 +179,7 @@ def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dr
         seen, seen_kw = pytree.tree_map_only(torch.Tensor, _unmarked, (tuple(args), kwargs))
         if draft is None:
             program = torch.export.export(module, seen, seen_kw, strict=False)
-            return program if _functional(program) else program.run_decompositions({})
+            return _functionalised(program)
         # with values fixed, torch.export's notes on the numbers read out of them (which it cannot
         # place in the model's code), and draft_export's report of each branch it took as the
         # example's numbers did, are for the log: the converter says what it refuses
@@ -191,7 +191,7 @@ def _exported(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], dr
                 for n in program.graph.nodes:  # its detach_ calls (autograd's business alone) would make it retrace
                     if n.target is torch.ops.aten.detach_.default:
                         n.target = torch.ops.aten.detach.default
-            return program if _functional(program) else program.run_decompositions({})
+            return _functionalised(program)
 
 
 @contextlib.contextmanager
@@ -303,18 +303,21 @@ def _sizing(module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> l
             and not (name.endswith("ids") or "mask" in name)]
 
 
-def _functional(program: torch.export.ExportedProgram) -> bool:
-    """True when the program is already what ``run_decompositions({})`` would make it, or made so
-    here, which saves half to two thirds of the import time (nasnet_large: 3.5 s traced, 5.9 s
-    more to functionalise): every call is an ATen operator, a higher-order one or a ``getitem``,
-    and none writes in place but where :func:`made_out_of_place` could rewrite it out of place.
-    What else export leaves, it lowers: the calls of a ``torch.vmap`` region (a graph Dynamo
+def _functionalised(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` as ``run_decompositions({})`` would make it: itself where it already is, or
+    where :func:`made_out_of_place` can rewrite its writes in its own graph, which saves half to
+    two thirds of the import time (nasnet_large: 3.5 s traced, 5.9 s more to functionalise).
+    Every call must be an ATen operator, a higher-order one or a ``getitem`` for that; what else
+    export leaves, the retrace lowers: the calls of a ``torch.vmap`` region (a graph Dynamo
     captured of a model that vmaps, Mamba's scan) to the ATen calls they batch."""
     from opsched.frontends.aten_ops import getitem
 
-    return all(n.target is getitem or isinstance(n.target, (torch._ops.HigherOrderOperator, torch._ops.OpOverload))
-               or symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
-               for n in program.graph.nodes if n.op == "call_function") and made_out_of_place(program)
+    if all(n.target is getitem or isinstance(n.target, (torch._ops.HigherOrderOperator, torch._ops.OpOverload))
+           or symbolic(n.meta.get("val"))  # arithmetic on a number read out of a tensor (u0 <= 16)
+           for n in program.graph.nodes if n.op == "call_function") and made_out_of_place(program):
+        return program
+    functional: torch.export.ExportedProgram = program.run_decompositions({})
+    return functional
 
 
 def _unmade_hint(reason: str, module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
