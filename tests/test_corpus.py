@@ -49,6 +49,20 @@ EXPORTER_GAPS: dict[tuple[str, int | None], str] = {
 CPU = host_cpu_model()
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_a_corpus_model_computes_outputs_a_wrong_result_cannot_hide_in(name: str) -> None:
+    """Every corpus model, made to look trained (``trained_looking``), returns floating outputs of
+    a size the tolerance is small beside (0.02-60 across the corpora, where MobileNetV2's were 2e-21
+    and EfficientNet's exact zeros at their initialisers': equal, within 1e-4, to anything), and
+    its batch norms' statistics are its own activations', not the initial 0 and 1."""
+    model, inputs, expected = _built(name)
+    floating = [t for t in expected if t.is_floating_point() and t.numel()]
+    assert floating and max(float(t.abs().max()) for t in floating) > 1e-2, name
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            assert not m.training and not torch.equal(m.running_var, torch.ones_like(m.running_var)), name
+
+
 @functools.cache
 def _built(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[torch.Tensor]]:
     model, inputs = CORPUS[name].build()

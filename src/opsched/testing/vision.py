@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsched.testing.corpus import CorpusModel
+from opsched.testing.corpus import CorpusModel, trained_looking
 
 __all__ = ["TIMM", "TORCHVISION", "vision_available", "vision_corpus"]
 
@@ -81,30 +81,9 @@ def _image(shape: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: (torch.randn(1, *shape),)
 
 
-def _trained_looking(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
-    """``model`` with the state a freshly built model lacks and a trained one has, so that a wrong
-    result cannot hide: the parameters its initialiser zeroes (classifier heads of ViT, Mixer
-    and ResMLP, whose outputs are then all zero; the last batch norm of each residual branch,
-    which silences the branch) drawn at random, and its batch norms' running statistics those of
-    its own activations (a training-mode pass over a random batch of two), away from 0 and 1 as
-    a trained model's are, which folding a batch norm into a convolution must then get right.
-    (Statistics drawn at random instead leave activations unnormalised: Inception V3's outputs
-    reached 6.5e12.)"""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point() and not p.any():
-                p.normal_(0.0, 0.02)
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        momenta = [m.momentum for m in norms]
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average: this pass's statistics exactly
-        if norms:
-            model.train()
-            model(torch.randn(2, *shape))
-        for m, momentum in zip(norms, momenta, strict=True):  # the model's own again (MNASNet's is 3e-4)
-            m.momentum = momentum
-    return model.eval()
+def _batch(shape: tuple[int, ...]) -> torch.Tensor:
+    """The batch whose activations set a model's batch-norm statistics: two random images."""
+    return torch.randn(2, *shape)
 
 
 def _torchvision(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
@@ -113,7 +92,7 @@ def _torchvision(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
 
         # weights=None everywhere, the backbone's too: a segmentation model's default backbone is pretrained
         extra: dict[str, Any] = {"weights_backbone": None} if name in _SEGMENTATION else {}
-        return _trained_looking(torchvision.models.get_model(name, weights=None, **extra), shape)
+        return trained_looking(torchvision.models.get_model(name, weights=None, **extra), _batch(shape))
     return make
 
 
@@ -121,7 +100,7 @@ def _timm(name: str, shape: tuple[int, ...]) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
         import timm
 
-        return _trained_looking(timm.create_model(name, pretrained=False), shape)
+        return trained_looking(timm.create_model(name, pretrained=False), _batch(shape))
     return make
 
 
