@@ -113,9 +113,11 @@ def test_in_float64_what_onnx_runtime_has_no_kernel_for_runs_with_torch(name: st
     for a, e in zip(list(got) if isinstance(got, (list, tuple)) else [got], expected, strict=True):
         assert a.dtype == e.dtype and largest_difference(a, e) <= tolerance(e, computed_in), name
 
-def _runs_equal_to_onnx_runtime(proto: onnx.ModelProto, inputs: tuple[torch.Tensor, ...], what: str) -> None:
+def _runs_equal_to_onnx_runtime(proto: onnx.ModelProto, inputs: tuple[torch.Tensor, ...], what: str,
+                                model: torch.nn.Module) -> None:
     """``proto`` imported with nothing opaque, and its sequential and greedy plans on both CPU
-    backends equal to ONNX Runtime's own session of it."""
+    backends equal to ONNX Runtime's own session of it (or as near the float64 outputs of the
+    ``model`` it was exported from as that session's are)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -126,26 +128,24 @@ def _runs_equal_to_onnx_runtime(proto: onnx.ModelProto, inputs: tuple[torch.Tens
         for scheduler in ("sequential", "greedy"):
             module = opsched.optimize_graph(graph, cost=CPU, scheduler=scheduler, backend=backend, check=False)
             got = module(*inputs)
-            got = list(got) if isinstance(got, (list, tuple)) else [got]
-            assert len(got) == len(want), f"{what} / {backend}"
-            for a, w in zip(got, want):
-                scale = max(1.0, float(np.abs(w).max()))
-                np.testing.assert_allclose(a.numpy(), w, rtol=0, atol=1e-4 * scale,
-                                           err_msg=f"{what} / {scheduler} / {backend}")
+            assert_close(list(got) if isinstance(got, (list, tuple)) else [got], [torch.from_numpy(w) for w in want],
+                         f"{what} / {scheduler} / {backend}", model=model, inputs=inputs)
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_onnx_export_imports_and_runs_equal_to_onnx_runtime(name: str) -> None:
     model, inputs, _ = _built(name)
     proto, exporter = export_onnx(model, inputs)
-    _runs_equal_to_onnx_runtime(proto, inputs, f"{name} ({exporter})")
+    _runs_equal_to_onnx_runtime(proto, inputs, f"{name} ({exporter})", model)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WIDE))
 def test_the_wide_corpus_runs_equal_through_the_torch_import_and_both_onnx_exporters(name: str) -> None:
-    """``benchmarks/sweep.py``'s models: the torch import whole and equal to eager; the dynamo
-    export, and the TorchScript one at opset 17 (older tools' files), equal to ONNX Runtime."""
+    """``benchmarks/sweep.py``'s models: the torch import whole and equal to eager (or, where
+    trained-looking batch norms amplify rounding past the tolerance, as near the model's float64
+    outputs as eager's own); the dynamo export, and the TorchScript one at opset 17 (older tools'
+    files), equal to ONNX Runtime."""
     model, inputs = WIDE[name].build()
     with torch.no_grad():
         expected = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
@@ -153,11 +153,11 @@ def test_the_wide_corpus_runs_equal_through_the_torch_import_and_both_onnx_expor
     assert [n.name for n in graph.nodes if n.op == "opaque"] == []
     module = opsched.optimize_graph(graph, cost=CPU, scheduler="greedy", backend="ort", check=False)
     got = module(*inputs)
-    assert_close(list(got) if isinstance(got, (list, tuple)) else [got], expected, name)
+    assert_close(list(got) if isinstance(got, (list, tuple)) else [got], expected, name, model=model, inputs=inputs)
     for opset in (None, 17):
         def exported_and_run(opset: int | None = opset) -> None:
             proto, exporter = export_onnx(model, inputs, opset, torchscript=opset is not None)
-            _runs_equal_to_onnx_runtime(proto, inputs, f"{name} ({exporter} at opset {opset or 'default'})")
+            _runs_equal_to_onnx_runtime(proto, inputs, f"{name} ({exporter} at opset {opset or 'default'})", model)
 
         if (name, opset) in EXPORTER_GAPS:
             with pytest.raises(Exception, match=re.escape(EXPORTER_GAPS[name, opset])):  # noqa: PT011 (matched)

@@ -650,11 +650,13 @@ def test_the_wide_corpus_compiles_equal_to_eager_with_every_graph_scheduled(name
     """``benchmarks/sweep.py``'s torch.compile column. The eager call comes first, as a user's
     would: RWKV rescales its weights in place on its first call in eval mode. Every graph that
     reads an input is scheduled; one that reads none runs eagerly (Dynamo breaks Encodec's graph
-    at each convolution's data-dependent padding, leaving its weight normalisations alone)."""
+    at each convolution's data-dependent padding, leaving its weight normalisations alone). Where
+    the outputs differ from eager's by more than the tolerance (HGNetV2's trained-looking batch
+    norms amplify rounding), they are as near its float64 outputs as eager's own."""
     model, inputs = WIDE[name].build()
     with torch.no_grad():
         expected = _leaves(model(*inputs))
-        assert_close(_leaves(_compiled(model, scheduler="greedy")(*inputs)), expected, name)
+        assert_close(_leaves(_compiled(model, scheduler="greedy")(*inputs)), expected, name, model=model, inputs=inputs)
     eager = {b.fallback for g in od.compiled_graphs() for b in g.buckets if b.schedule is None}
     assert eager <= {"the graph reads no input tensor: it computes from its weights alone"}, od.report()
 

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.utils._pytree as pytree
 
 import opsched
 import opsched.dynamo
-from opsched.check import largest_difference, tolerance
 from opsched.costing import host_cpu_model
+from opsched.testing import assert_as_true_as_eager
 from opsched.testing.corpus import export_onnx
 from opsched.testing.vision import vision_available, vision_corpus
 
@@ -39,22 +38,6 @@ def _built(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], Any, A
     with torch.no_grad():
         truth = copy.deepcopy(model).double()(*(t.double() for t in inputs))
         return model, inputs, model(*inputs), truth
-
-
-def assert_as_true_as_eager(got: Any, expected: Any, truth: Any, what: str) -> None:
-    """Each output of ``got`` is as near the float64 ``truth`` as eager's own (``expected``, in
-    ``got``'s precision) is: within twice eager's error, or the precision's tolerance of the
-    output's scale. A model with trained-looking batch norms amplifies rounding (Inception-v4's
-    eager float32 output is 4.7e-4 from float64's, of a scale of 1.1), so differences from eager
-    alone of that size would say nothing; an error of a plan shows as one far beyond eager's."""
-    leaves = [[t.detach().cpu() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
-              for v in (got, expected, truth)]
-    assert len({len(v) for v in leaves}) == 1, f"{what}: {[len(v) for v in leaves]} outputs"
-    for i, (g, e, t) in enumerate(zip(*leaves, strict=True)):
-        assert g.shape == e.shape, f"{what}[{i}]: shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-        own = largest_difference(e, t)
-        bound, error = max(tolerance(e), 2 * own), largest_difference(g, t)
-        assert error <= bound, f"{what}[{i}]: {error:.3g} from float64's output, eager's {own:.3g} (bound {bound:.3g})"
 
 
 @functools.cache
