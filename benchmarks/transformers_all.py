@@ -1,6 +1,7 @@
-"""Every architecture Hugging Face ``transformers`` registers (``AutoModel``'s mapping, about 600)
-through ``opsched.optimize``, each built from its default config shrunk by one generic rule: no
-config written for it, as a user's model comes.
+"""Every architecture Hugging Face ``transformers`` registers (``AutoModel``'s mapping, about 600,
+and the few dozen it registers with a task's auto class alone: PP-OCRv5's text detectors, ZoeDepth,
+ViTPose, UperNet) through ``opsched.optimize``, each built from its default config shrunk by one
+generic rule: no config written for it, as a user's model comes.
 
 The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (layers, widths,
 heads, experts), in it and in its sub-configs, and the few fields that must agree with those
@@ -76,6 +77,9 @@ SMALL = {**LAYERS, "hidden_size": 64, "d_model": 64, "n_embd": 64, "intermediate
          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "rotary_dim": 8, "mamba_d_head": 16,
          "mamba_headdim": 16}
 
+#: The fields that count experts: where a config holds one, it has none to shrink (:func:`_shrunk`).
+EXPERTS = ("num_experts", "num_local_experts")
+
 #: Fields a config may hold as None, meaning "work it out", which some models never do (Ministral's
 #: head width, Nemotron's key-value heads, DeepSeek-V2's experts a token): set as :data:`SMALL` has them.
 FILLED = ("head_dim", "num_key_value_heads", "num_experts_per_tok")
@@ -94,7 +98,8 @@ OUTCOMES = ("equal", "refused", "failed", "not built", "too large", "crashed")
 #: SigLIP's text tower projects to it. When a width is shrunk, the fields that held it follow, so
 #: that the model keeps its default structure (OPT no projection, BLIP-2's text its image's width).
 WIDTHS = ("hidden_size", "d_model", "n_embd")
-HELD_WIDTHS = ("encoder_hidden_size", "cross_attention_hidden_size", "word_embed_proj_dim", "projection_size")
+HELD_WIDTHS = ("encoder_hidden_size", "cross_attention_hidden_size", "word_embed_proj_dim", "projection_size",
+               "reassemble_hidden_size")
 
 #: The fields that hold a head's width (the width over the heads), which follow it as the widths
 #: do: Bros projects its boxes' embeddings to a head's width, to add them to its attention's scores.
@@ -151,10 +156,13 @@ def _shrunk(config: Any, sizes: dict[str, int]) -> None:
 
     aliases = getattr(config, "attribute_map", {})
     heads = tuple(_field(config, f) for f in ("num_attention_heads", "num_key_value_heads"))
+    layers_before = _field(config, "num_hidden_layers")
     for key, value in sizes.items():
         if aliases.get(key) == "num_stages":  # ConvNeXt's layers are stages, each with its width in a list
             continue
         held = _field(config, key)
+        if key in EXPERTS and isinstance(held, int) and held <= 1:
+            continue  # one expert is a model without experts (ViTPose's: ViTPose+ has six): none made
         if (isinstance(held, int) and not isinstance(held, bool)) or \
                 (held is None and key in FILLED and key in vars(config) and sizes is SMALL):
             # a property computed from other fields, or one that says which to set (Funnel's layers: its block sizes)
@@ -166,6 +174,7 @@ def _shrunk(config: Any, sizes: dict[str, int]) -> None:
         depths = getattr(config, key, None)
         if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
             setattr(config, key, [1] * len(depths))
+    _stages_kept(config, layers_before)
     layers, kinds = getattr(config, "num_hidden_layers", None), getattr(config, "layer_types", None)
     if isinstance(layers, int) and isinstance(kinds, list) and len(kinds) > layers:
         config.layer_types = kinds[:layers]
@@ -174,6 +183,22 @@ def _shrunk(config: Any, sizes: dict[str, int]) -> None:
     for sub in vars(config).values():
         if isinstance(sub, PretrainedConfig):
             _shrunk(sub, sizes)
+
+
+def _stages_kept(config: Any, layers_before: Any) -> None:
+    """A backbone whose stages are its layers (a ViT's: a stage's name per layer) and whose layers
+    were shrunk keeps the outputs its head reads: as many layers as it reads stages, at least, and
+    the stages it reads the last of them (ZoeDepth's BEiT read 6, 12, 18 and 24 of 24 layers: 1-4
+    of 4, where none would be read of 2)."""
+    names, indices, layers = _field(config, "stage_names"), _field(config, "out_indices"), \
+        _field(config, "num_hidden_layers")
+    if not (isinstance(names, list) and isinstance(indices, (list, tuple)) and indices and isinstance(layers, int)
+            and isinstance(layers_before, int) and len(names) == layers_before + 1 and layers < layers_before):
+        return
+    kept = max(layers, len(indices))
+    config.num_hidden_layers = kept
+    config.stage_names = ["stem", *(f"stage{i}" for i in range(1, kept + 1))]
+    config.set_output_features_output_indices(None, list(range(kept - len(indices) + 1, kept + 1)))
 
 
 def _field(config: Any, key: str) -> Any:
@@ -267,7 +292,13 @@ def as_checkpoints_name(config: Any) -> Any:
     X-MOD's default language (the first it has adapters for); and the width a vision tower projects
     its features to, its text model's where the image takes places in the text, where the default
     config holds another (Qwen3-VL's 3584 beside its text's 4096, Janus's 2048: a checkpoint's
-    config holds its own two, equal); as it is otherwise."""
+    config holds its own two, equal); and each field held as a tuple a list, as a checkpoint's
+    JSON holds it (ViTMatte's model extends a list by its default config's tuple of widths); as it
+    is otherwise."""
+    for c in _tree(config):
+        for key, value in vars(c).items():
+            if isinstance(value, tuple):
+                setattr(c, key, _listed(value))
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
     for key in ("image_token_index", "video_token_index"):
@@ -290,13 +321,46 @@ def as_checkpoints_name(config: Any) -> Any:
     return config
 
 
-def _auto_classes(config: Any) -> Any:
-    """What AutoModel's mapping holds for ``config``'s type: a class, several, or None."""
-    from transformers import AutoModel
+def _listed(value: Any) -> Any:
+    """``value`` with its tuples lists, nested ones too (what JSON makes of them)."""
+    return [_listed(v) for v in value] if isinstance(value, (tuple, list)) else value
 
+
+def _auto_classes(config: Any) -> Any:
+    """What its auto class's mapping holds for ``config``'s type: a class, several, or None."""
+    auto = auto_class(config)
     with contextlib.suppress(KeyError):
-        return AutoModel._model_mapping[type(config)]
+        return auto._model_mapping[type(config)] if auto is not None else None
     return None
+
+
+@functools.cache
+def _autos() -> tuple[Any, ...]:
+    """transformers' auto classes, in the order an architecture is built by: ``AutoModel``, each
+    task's (by name), ``AutoBackbone`` (a backbone is built by a task's class where one holds it)."""
+    import transformers
+
+    tasks = sorted(n for n in dir(transformers) if n.startswith("AutoModelFor"))
+    return tuple(getattr(transformers, n) for n in ["AutoModel", *tasks, "AutoBackbone"])
+
+
+def auto_class(config: Any) -> Any:
+    """The auto class that builds ``config``'s model: the first of :func:`_autos` whose mapping
+    holds its type (``AutoModel``'s, save for an architecture registered with a task alone:
+    PP-OCRv5's detector with ``AutoModelForObjectDetection``); None where none does."""
+    return next((auto for auto in _autos() if type(config) in auto._model_mapping), None)
+
+
+def architectures() -> list[str]:
+    """Every model type an auto class builds: ``AutoModel``'s (as its mapping names them), then
+    those a task's class alone builds, each once."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    found = dict.fromkeys(MODEL_MAPPING_NAMES)
+    for auto in _autos()[1:]:
+        found.update((c.model_type, None) for c in auto._model_mapping if c.model_type in CONFIG_MAPPING)
+    return list(found)
 
 
 def _size(config: Any, key: str, default: int) -> int:
@@ -723,7 +787,6 @@ def first_line(e: BaseException, most: int = 400) -> str:
 def check(architecture: str, max_params: float) -> dict[str, Any]:
     """One architecture built, called and optimized: its row."""
     import torch
-    from transformers import AutoModel
 
     import opsched
     from opsched.check import draws_random, largest_difference
@@ -736,13 +799,14 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         try:
             torch.manual_seed(0)
             config = as_checkpoints_name(shrunk(timm_free(default_config(architecture)), sizes))
+            auto = auto_class(config)
             with torch.device("meta"):
-                row["class"] = type(meta := AutoModel.from_config(config)).__name__
+                row["class"] = type(meta := auto.from_config(config)).__name__
             row["params_m"] = sum(p.numel() for p in meta.parameters()) / 1e6
             if row["params_m"] > max_params:
                 reasons.append(f"{row['params_m']:.0f}M parameters")
                 continue
-            model = AutoModel.from_config(config).eval()
+            model = auto.from_config(config).eval()
             for form, inputs in candidate_inputs(model, config).items():
                 row["form"] = form
                 try:
@@ -753,6 +817,9 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
             else:
                 continue
             row.update(config=label, inputs=sorted(inputs))
+            # trained-looking weights: at its initialiser's, a CNN's activations shrink at every layer
+            # (MobileNetV2's outputs were 4e-27 from eager's, where all of them were under 1e-20)
+            want = _called_trained_looking(model, inputs)
             break
         except Exception as e:  # noqa: BLE001 (a config the generic rule cannot shrink: recorded, not opsched's)
             reasons.append(first_line(e))
@@ -790,7 +857,8 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
         return {**row, "outcome": "failed", "error": first_line(e), "where": traceback.format_exc()[-2000:]}
     a, b = tensors(got), tensors(want)
     row.update(seconds=time.perf_counter() - start, operators=len(module.graph.nodes),
-               opaque=sum(n.op == "opaque" for n in module.graph.nodes), outputs=len(b))
+               opaque=sum(n.op == "opaque" for n in module.graph.nodes), outputs=len(b),
+               scale=max((float(t.abs().max()) for t in b if t.is_floating_point() and t.numel()), default=0.0))
     if len(a) != len(b):
         return {**row, "outcome": "failed", "error": f"{len(a)} output tensors against the model's {len(b)}"}
     row["max_diff"] = max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
@@ -818,6 +886,19 @@ def called(model: Any, config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[s
             if not named:
                 raise
             inputs = {**inputs, **named}
+
+
+def _called_trained_looking(model: Any, inputs: dict[str, Any]) -> Any:
+    """``model`` made to look trained (:func:`opsched.testing.corpus.trained_looking`: its zeroed
+    parameters drawn, its batch norms' statistics those of its activations on ``inputs``), and
+    what it returns for ``inputs`` then."""
+    import torch
+
+    from opsched.testing.corpus import trained_looking
+
+    with torch.no_grad():
+        trained_looking(model, **inputs)
+        return model(**inputs)
 
 
 def masks_asked(error: str, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -972,9 +1053,7 @@ def main() -> None:
     if args.worker:
         worker(args.models, args.max_params)
         return
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
-
-    todo = list(args.models or MODEL_MAPPING_NAMES)
+    todo = list(args.models or architectures())
     chunks = [todo[i:i + args.chunk] for i in range(0, len(todo), args.chunk)]
     rows: list[dict[str, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

@@ -397,6 +397,38 @@ def test_the_generic_rule_keeps_the_fields_tied_to_the_widths_it_sets() -> None:
     assert small("bert").hidden_size == 64  # nothing held elsewhere: as it was
 
 
+def test_the_sweep_builds_what_a_task_alone_registers_and_the_stages_its_heads_read() -> None:
+    """``transformers_all`` takes the architectures transformers registers with a task's auto
+    class alone (PP-OCRv5's detector, ZoeDepth), after AutoModel's, each built by that class; a
+    ViT backbone whose layers the rule shrinks keeps the stages its head reads (ZoeDepth's BEiT
+    read 4 of 24 layers: it keeps 4, and reads them all); a model with one expert (ViTPose's) is
+    not given four; and a config's tuples are lists, as a checkpoint's JSON holds them."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModel, AutoModelForDepthEstimation, AutoModelForObjectDetection
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    sweep = _transformers_all()
+    names = sweep.architectures()
+    assert names[:len(MODEL_MAPPING_NAMES)] == list(MODEL_MAPPING_NAMES) and len(set(names)) == len(names)
+    assert {"pp_ocrv5_mobile_det", "zoedepth", "vitpose", "upernet"} <= set(names[len(MODEL_MAPPING_NAMES):])
+
+    def small(name: str) -> Any:
+        return sweep.as_checkpoints_name(sweep.shrunk(CONFIG_MAPPING[name](), sweep.SMALL))
+
+    assert sweep.auto_class(small("bert")) is AutoModel
+    assert sweep.auto_class(small("pp_ocrv5_mobile_det")) is AutoModelForObjectDetection
+    zoe = small("zoedepth")
+    assert sweep.auto_class(zoe) is AutoModelForDepthEstimation
+    beit = zoe.backbone_config  # 24 layers, stages 6, 12, 18 and 24 read before
+    assert (beit.num_hidden_layers, beit.out_indices, beit.out_features) == \
+        (4, [1, 2, 3, 4], ["stage1", "stage2", "stage3", "stage4"])
+    pose = small("vitpose_backbone")  # reads its last layer: of 2, the second
+    assert (pose.num_hidden_layers, pose.out_indices, pose.num_experts) == (2, [2], 1)
+    assert small("mixtral").num_local_experts == 4
+    assert isinstance(small("vitmatte").fusion_hidden_sizes, list)
+
+
 def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
     """``transformers_all.candidate_inputs`` for Qwen2.5-VL's vision tower (built, called in eager
     PyTorch, not optimized): its first candidate is what its processor makes, a row per patch of
