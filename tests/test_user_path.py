@@ -360,6 +360,36 @@ def test_the_check_holds_a_result_against_float64_where_the_model_itself_rounds_
         verify_against(_Off(), graph, torch.device("cpu"), model, call, (x,))
 
 
+class _Picks(nn.Module):
+    """Keeps the 2 largest of its scores, as RT-DETR keeps its queries."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, x.topk(2, dim=1).indices)
+
+
+class _Swapped(nn.Module):
+    """What a plan makes of :class:`_Picks` where two scores tie within its rounding: the two in the other order."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Picks()(x).flip(1)
+
+
+def test_a_failed_check_of_a_model_that_picks_by_order_says_ties_may_be_taken_otherwise() -> None:
+    """A plan that took two tied scores in the other order (RT-DETR's on fresh random inputs, two
+    pairs of its 300 queries swapped, every score within 1.2e-6 of eager's) fails the check, which
+    names the ``topk`` it may come from; a model that picks nothing by order gets no such words."""
+    from opsched.check import ordering, verify_against
+    from opsched.structure import InputStructure
+
+    model, x = _Picks().eval(), torch.randn(1, 8, generator=torch.Generator().manual_seed(0))
+    graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
+    assert "aten::topk.default" in ordering(graph) and ordering(opsched.from_torch(_Off(), x)) == ""
+    with pytest.raises(ExecutionError, match=r"the difference is opsched's, or it picks values by their "
+                                             r"order \('topk\w*' \(aten::topk.default\)\) and its plan takes "
+                                             r"values that tie"):
+        verify_against(_Swapped(), graph, torch.device("cpu"), model, call, (x,))
+
+
 class _OtherwiseTraced(nn.Module):
     """Computes otherwise while traced, as transformers' PaliGemma builds its attention mask."""
 
