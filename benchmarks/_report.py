@@ -43,9 +43,10 @@ def each_model(models: Iterable[str], run: Callable[[str], tuple[list[object], d
 #: The corpora of third-party models a benchmark may take (``--corpus``): what each is, in a
 #: results page's words.
 CORPORA = {
-    "corpus": "Hugging Face `transformers` models built from shrunk configs (random weights; `opsched.testing.corpus`)",
+    "corpus": "Hugging Face `transformers` models built from shrunk configs (random weights made to look trained; "
+              "`opsched.testing.corpus`)",
     "wide": "Hugging Face `transformers` architectures beyond the corpus (`opsched.testing.corpus.wide_corpus`, "
-            "random weights, shrunk configs)",
+            "random weights made to look trained, shrunk configs)",
     "vision": "torchvision's and timm's own model definitions, whole (`opsched.testing.vision.vision_corpus`, "
               "random weights made to look trained, each at its library's input size)",
 }
