@@ -6,7 +6,11 @@ generic rule: no config written for it, as a user's model comes.
 The rule (:data:`SMALL`) sets whichever of the usual size fields a config has (layers, widths,
 heads, experts), in it and in its sub-configs, and the few fields that must agree with those
 (a state-space model's heads, a rotary part's width); where the model then cannot be built or
-called, the layer counts alone are shrunk (:data:`LAYERS`). Random weights, batch 1, the model's
+called, the layer counts alone are shrunk (:data:`LAYERS`), and where it still cannot, the rule's
+sizes are set with the config's tuples made lists, as a checkpoint's JSON holds them (:func:`listed`:
+ViTMatte's). Random weights made to look trained
+(:func:`opsched.testing.corpus.trained_looking`: zeroed parameters drawn, batch norms' statistics
+of the model's own activations on its inputs), batch 1, the model's
 main input (16 tokens, an image at its config's size or a sub-config's, 8000 audio samples, 3000 mel frames) and
 each further input its ``forward`` requires, made by its name, or that it names in refusing to run
 without it (Bros's boxes, LXMERT's regions); for an encoder-decoder 8
@@ -228,6 +232,10 @@ def _follow(config: Any, heads: tuple[Any, ...]) -> None:
         config.head_dim = int(rotary / share)
     if isinstance(rotary, int) and isinstance(plain, int) and isinstance(_field(config, "qk_head_dim"), int):
         config.qk_head_dim = rotary + plain  # LongCat-Flash keeps the sum as a field of its own
+    experts = next((e for key in EXPERTS if isinstance(e := _field(config, key), int)), None)
+    if experts is not None and isinstance(_field(config, "num_experts_per_tok"), int) and \
+            config.num_experts_per_tok > experts:
+        config.num_experts_per_tok = experts  # HunYuan-MoE's one expert: its top 1, not 2
     hidden = _field(config, "hidden_size")
     for count, width, expand in SSM_HEADS:
         if all(isinstance(_field(config, f), int) for f in (count, width, expand)) and isinstance(hidden, int):
@@ -292,13 +300,7 @@ def as_checkpoints_name(config: Any) -> Any:
     X-MOD's default language (the first it has adapters for); and the width a vision tower projects
     its features to, its text model's where the image takes places in the text, where the default
     config holds another (Qwen3-VL's 3584 beside its text's 4096, Janus's 2048: a checkpoint's
-    config holds its own two, equal); and each field held as a tuple a list, as a checkpoint's
-    JSON holds it (ViTMatte's model extends a list by its default config's tuple of widths); as it
-    is otherwise."""
-    for c in _tree(config):
-        for key, value in vars(c).items():
-            if isinstance(value, tuple):
-                setattr(c, key, _listed(value))
+    config holds its own two, equal); as it is otherwise."""
     text = getattr(config, "text_config", None)
     vocabulary = _field(text, "vocab_size") if text is not None else None
     for key in ("image_token_index", "video_token_index"):
@@ -318,6 +320,18 @@ def as_checkpoints_name(config: Any) -> Any:
         # AutoModel picks among several classes by the architectures a checkpoint names (Funnel's
         # full model or its base), and fails where none are named: the first, as the mapping has it
         config.architectures = [classes[0].__name__]
+    return config
+
+
+def listed(config: Any) -> Any:
+    """``config`` with each field it and its sub-configs hold as a tuple a list, as a checkpoint's
+    JSON holds it where the config's own ``__init__`` keeps what it is given: ViTMatte's model
+    extends a list by its default config's tuple of widths, and cannot be built from it (Reformer's,
+    which adds a tuple to its own, can only from the tuple: a fallback, not the rule)."""
+    for c in _tree(config):
+        for key, value in vars(c).items():
+            if isinstance(value, tuple):
+                setattr(c, key, _listed(value))
     return config
 
 
@@ -795,10 +809,11 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
 
     row: dict[str, Any] = {"model": architecture}
     reasons = []
-    for label, sizes in (("small", SMALL), ("layers", LAYERS)):
+    for label, sizes, lists in (("small", SMALL, False), ("layers", LAYERS, False), ("small, lists", SMALL, True)):
         try:
             torch.manual_seed(0)
             config = as_checkpoints_name(shrunk(timm_free(default_config(architecture)), sizes))
+            config = listed(config) if lists else config
             auto = auto_class(config)
             with torch.device("meta"):
                 row["class"] = type(meta := auto.from_config(config)).__name__

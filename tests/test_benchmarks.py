@@ -402,7 +402,8 @@ def test_the_sweep_builds_what_a_task_alone_registers_and_the_stages_its_heads_r
     class alone (PP-OCRv5's detector, ZoeDepth), after AutoModel's, each built by that class; a
     ViT backbone whose layers the rule shrinks keeps the stages its head reads (ZoeDepth's BEiT
     read 4 of 24 layers: it keeps 4, and reads them all); a model with one expert (ViTPose's) is
-    not given four; and a config's tuples are lists, as a checkpoint's JSON holds them."""
+    not given four, nor a token more experts than there are; and where the rule's config cannot be
+    built, its tuples are made lists, as a checkpoint's JSON holds them (ViTMatte's)."""
     pytest.importorskip("transformers")
     from transformers import AutoModel, AutoModelForDepthEstimation, AutoModelForObjectDetection
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -426,7 +427,10 @@ def test_the_sweep_builds_what_a_task_alone_registers_and_the_stages_its_heads_r
     pose = small("vitpose_backbone")  # reads its last layer: of 2, the second
     assert (pose.num_hidden_layers, pose.out_indices, pose.num_experts) == (2, [2], 1)
     assert small("mixtral").num_local_experts == 4
-    assert isinstance(small("vitmatte").fusion_hidden_sizes, list)
+    hunyuan = small("hunyuan_v1_moe")  # one expert, its top one
+    assert (hunyuan.num_experts, hunyuan.num_experts_per_tok) == (1, 1)
+    assert isinstance(small("reformer").axial_pos_shape, tuple)  # its model adds it to a tuple
+    assert isinstance(sweep.listed(small("vitmatte")).fusion_hidden_sizes, list)  # its model extends a list by it
 
 
 def test_a_vision_tower_is_given_an_images_patches_and_its_grid() -> None:
