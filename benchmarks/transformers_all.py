@@ -9,7 +9,7 @@ heads, experts), in it and in its sub-configs, and the few fields that must agre
 called, the layer counts alone are shrunk (:data:`LAYERS`), and where it still cannot, the rule's
 sizes are set with the config's tuples made lists, as a checkpoint's JSON holds them (:func:`listed`:
 ViTMatte's). Random weights made to look trained
-(:func:`opsched.testing.corpus.trained_looking`: zeroed parameters drawn, batch norms' statistics
+(:func:`opsched.testing.weights.trained_looking`: zeroed parameters drawn, batch norms' statistics
 of the model's own activations on its inputs), batch 1, the model's
 main input (16 tokens, an image at its config's size or a sub-config's, 8000 audio samples, 3000 mel frames) and
 each further input its ``forward`` requires, made by its name, or that it names in refusing to run
@@ -904,12 +904,12 @@ def called(model: Any, config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[s
 
 
 def _called_trained_looking(model: Any, inputs: dict[str, Any]) -> Any:
-    """``model`` made to look trained (:func:`opsched.testing.corpus.trained_looking`: its zeroed
+    """``model`` made to look trained (:func:`opsched.testing.weights.trained_looking`: its zeroed
     parameters drawn, its batch norms' statistics those of its activations on ``inputs``), and
     what it returns for ``inputs`` then."""
     import torch
 
-    from opsched.testing.corpus import trained_looking
+    from opsched.testing.weights import trained_looking
 
     with torch.no_grad():
         trained_looking(model, **inputs)

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from opsched.testing.corpus import CorpusModel, trained_looking
+from opsched.testing.corpus import CorpusModel
+from opsched.testing.weights import trained_looking
 
 __all__ = ["TIMM", "TORCHVISION", "vision_available", "vision_corpus"]
 
