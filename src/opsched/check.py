@@ -16,7 +16,7 @@ from opsched.progress import Progress
 from opsched.structure import InputStructure
 
 __all__ = ["TOLERANCES", "TF32_TOLERANCE", "tf32_in_use", "tolerance", "largest_difference", "placed_inputs",
-           "placed_model", "fresh_inputs", "verify_against", "draws_random"]
+           "placed_model", "fresh_inputs", "verify_against", "draws_random", "as_true", "ordering"]
 
 log = logging.getLogger("opsched")
 
@@ -188,7 +188,7 @@ def _in_float64(model: nn.Module, call: InputStructure, xs: Sequence[torch.Tenso
         return None
 
 
-def _as_true(actual: torch.Tensor, expected: torch.Tensor, truth: object, tol: float) -> tuple[bool, str]:
+def as_true(actual: torch.Tensor, expected: torch.Tensor, truth: object, tol: float) -> tuple[bool, str]:
     """Whether ``actual``, apart from ``expected`` (the model's) by more than ``tol``, is as near
     the float64 ``truth`` as ``expected`` is (within twice its error, or ``tol``): a model whose
     weights amplify rounding (trained batch norms of small variance, folded into convolutions)
@@ -275,7 +275,7 @@ def verify_against(module: nn.Module, graph: Graph, device: torch.device, model:
                 if a.shape == e.shape and a.dtype == e.dtype and leaf is not None and e.is_floating_point() \
                         and e.dtype != torch.float64 and not any(map(draws_random, graph.nodes)):  # a draw: no arbiter
                     truth = truth if truth is not None else _in_float64(model, call, xs) or []
-                    fine, arbiter = _as_true(a, e, truth[leaf] if leaf < len(truth) else None, tol)
+                    fine, arbiter = as_true(a, e, truth[leaf] if leaf < len(truth) else None, tol)
                     if fine:
                         log.info("on %s, the scheduled module's %s is %.3g from the model's, beyond the tolerance "
                                  "%.3g, and as near the model's float64 output as the model%s", which, what, err, tol,
