@@ -10,7 +10,7 @@ gives it the state a trained model has; the corpora (:mod:`opsched.testing.corpu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -22,41 +22,54 @@ def trained_looking(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     """``model`` (in eval mode) with the state a freshly built model lacks and a trained one has,
     so that a wrong result cannot hide behind outputs of nothing: the parameters its initialiser
     zeroes drawn at random (biases; classifier heads of ViT, Mixer and ResMLP, whose outputs are
-    then all zero; the last batch norm of each residual branch, which silences the branch), and its
-    batch norms' running statistics those of its own activations in the call
-    ``model(*args, **kwargs)`` (each batch norm in training mode for that call, the rest of the
-    model in eval mode: no dropout; one that sees a single value per channel, as at batch 1 after
-    pooling, kept at its initial statistics), away from 0 and 1 as a trained model's are, which
-    folding a batch norm into a convolution must then get right.
+    then all zero; the last batch norm of each residual branch, which silences the branch), and the
+    running statistics of its batch norms, frozen ones too (:func:`_normalises`), those of its own
+    activations in the call ``model(*args, **kwargs)``, each norm's taken from its input before it
+    runs, so that the norms after it see activations already normalised (in eval mode: no dropout;
+    a norm that sees a single value per channel, as at batch 1 after pooling, kept at its initial
+    statistics), away from 0 and 1 as a trained model's are, which folding a batch norm into a
+    convolution must then get right.
 
     Left as their initialisers make them, convolutions whose weights are drawn small and batch
     norms that do not normalise shrink the activations at every layer: the corpus's MobileNetV2
     returned outputs of 2e-21, EfficientNet's and MobileViTV2's exact zeros, equal to anything
     within a tolerance. (Statistics drawn at random instead leave activations unnormalised:
-    torchvision's Inception V3's outputs reached 6.5e12.)"""
+    torchvision's Inception V3's outputs reached 6.5e12. Frozen batch norms left at mean 0 and
+    variance 1 did that to the backbones of transformers' detectors: D-FINE's encoder normalised
+    inputs of variance 1e-25, and its float32 outputs were 410 from its float64 ones, of a scale
+    of 410.)"""
     with torch.no_grad():
         for p in model.parameters():
             if p.is_floating_point() and not p.any():
                 p.normal_(0.0, 0.02)
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        momenta = [m.momentum for m in norms]
         model.eval()
-        hooks = [m.register_forward_pre_hook(_gathers) for m in norms]
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average: this pass's statistics exactly
+        hooks = [m.register_forward_pre_hook(_takes_statistics) for m in model.modules() if _normalises(m)]
         try:
-            if norms:
+            if hooks:
                 model(*args, **kwargs)
         finally:
-            for m, momentum, hook in zip(norms, momenta, hooks, strict=True):
-                m.momentum = momentum  # the model's own again (MNASNet's is 3e-4)
+            for hook in hooks:
                 hook.remove()
     return model.eval()
 
 
-def _gathers(norm: nn.Module, args: tuple[Any, ...]) -> None:
-    """A batch norm's mode for a call of :func:`trained_looking`'s pass: training (gathering its
-    statistics), unless it sees a single value per channel, of which training mode refuses to take any."""
+def _normalises(module: nn.Module) -> bool:
+    """Whether ``module`` normalises by running statistics it holds: a batch norm tracking them,
+    or a frozen one (the buffers ``running_mean`` and ``running_var`` of torchvision's
+    ``FrozenBatchNorm2d`` and of the detection models of transformers, DETR's to D-FINE's)."""
+    return all(isinstance(getattr(module, name, None), torch.Tensor) for name in ("running_mean", "running_var"))
+
+
+def _takes_statistics(norm: nn.Module, args: tuple[Any, ...]) -> None:
+    """Before ``norm`` runs in :func:`trained_looking`'s pass: its running statistics those of the
+    input it is given, per channel (dimension 1), the variance unbiased as training mode's
+    running estimate is; unchanged where it sees a single value per channel (at batch 1 after
+    pooling: no variance to take) or its input's channels are not its own. Called more than once
+    in the pass, a norm keeps its last call's."""
     x = args[0]
-    norm.train(x.dim() > 1 and x.numel() > x.shape[1])
+    mean, var = cast(torch.Tensor, norm.running_mean), cast(torch.Tensor, norm.running_var)  # _normalises
+    if x.dim() < 2 or x.shape[1] != mean.numel() or x.numel() == x.shape[1]:
+        return
+    dims = [0, *range(2, x.dim())]
+    mean.copy_(x.mean(dims))
+    var.copy_(x.var(dims))
