@@ -539,11 +539,9 @@ def test_a_plan_kept_on_torchs_kernels_loads_on_them(tmp_path) -> None:  # type:
     """A schedule whose lanes name a backend runs there under backend="auto", so the plan that won
     optimize()'s race on torch's kernels saves and loads as it was kept; an ONNX file's graph
     (whose generic nodes torch runs as one-node sessions) and an analytic search race no such plan."""
-    from opsched.contenders import on_backend
-
     model, inputs = get_model("squeezenet1_1"), example_inputs("squeezenet1_1")
     graph = opsched.from_torch(model, inputs)
-    kept = on_backend(schedule(graph, "sequential", CPU), "torch")
+    kept = schedule(graph, "sequential", CPU).on_backend("torch")
     module = opsched.ScheduledModule(graph, kept)
     assert module.backend.name == "torch"
     module.save(tmp_path / "kept.json")

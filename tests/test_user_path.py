@@ -390,6 +390,58 @@ def test_a_failed_check_of_a_model_that_picks_by_order_says_ties_may_be_taken_ot
         verify_against(_Swapped(), graph, torch.device("cpu"), model, call, (x,))
 
 
+class _Imprecise:
+    """A backend's executor whose kernels compute the plan ``by`` off: as ONNX Runtime's computed
+    MobileViTV2 (1.3e-4 from its float64 outputs, where eager's float32 was 6e-6)."""
+
+    def __init__(self, executor: object, by: float) -> None:
+        self.executor, self.by = executor, by
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t + self.by for t in self.executor(inputs)]  # type: ignore[operator]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.executor, name)
+
+
+class _Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).relu() + self.b(x).sigmoid()
+
+
+def _kernels_off(monkeypatch: pytest.MonkeyPatch, backend: type, by: float) -> None:
+    prepare = backend.prepare
+    monkeypatch.setattr(backend, "prepare", lambda self, *args: _Imprecise(prepare(self, *args), by))
+
+
+def test_a_plan_onnx_runtimes_kernels_compute_beyond_the_check_is_kept_on_torchs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """With the backend left to choose, a plan whose ONNX Runtime kernels fail the check runs on
+    torch's kernels where those pass it, and says so; asked for ONNX Runtime's, or where torch's
+    fail too, optimize() raises ONNX Runtime's failure."""
+    from opsched.backends.ort import OrtBackend
+    from opsched.backends.torch_cpu import TorchCpuBackend
+
+    model, x = _Branches().eval(), torch.randn(1, 8, 16, 16, generator=torch.Generator().manual_seed(0))
+    _kernels_off(monkeypatch, OrtBackend, 0.01)
+    with caplog.at_level(logging.WARNING, logger="opsched.api"):
+        module = opsched.optimize(model, x, cost="analytic")
+    assert module.backend.name == "torch" and {lane.backend for lane in module.schedule.lanes} == {"torch"}
+    assert "on ort's kernels failed the check (on the example inputs, the scheduled module's output 0" in caplog.text
+    equal_on_fresh_inputs(model, module, (x,))
+    module.save(tmp_path / "kept.json")
+    assert opsched.load(model, tmp_path / "kept.json", x).backend.name == "torch"
+    with pytest.raises(ExecutionError, match=r"largest difference 0.01\b"):
+        opsched.optimize(model, x, cost="analytic", backend="ort")
+    _kernels_off(monkeypatch, TorchCpuBackend, 0.5)
+    with pytest.raises(ExecutionError, match=r"largest difference 0.01\b"):
+        opsched.optimize(model, x, cost="analytic")
+
+
 class _OtherwiseTraced(nn.Module):
     """Computes otherwise while traced, as transformers' PaliGemma builds its attention mask."""
 

@@ -28,7 +28,7 @@ from opsched.schedule import Schedule, graph_batch
 from opsched.schedulers import schedule
 from opsched.structure import InputStructure, OutputStructure
 
-__all__ = ["TORCH_KERNELS", "ONE_CORE", "baselines", "contenders", "within_budget", "distinct", "on_backend"]
+__all__ = ["TORCH_KERNELS", "ONE_CORE", "baselines", "contenders", "within_budget", "distinct", "torch_runs_it"]
 
 #: The backend whose plan races the others on a CPU: eager PyTorch's kernels, op by op.
 TORCH_KERNELS = "torch"
@@ -69,14 +69,13 @@ def contenders(graph: Graph, made: Mapping[str, Schedule], request: Request, bac
     modules = {name: module(s, backend, graphs) for name, s in made.items()}
     for named in request.also_on:
         other = resolve_backend(named, dev, graph.dtypes)
-        modules.update((f"{name} on {other.name}", module(on_backend(s, other.name), other, graphs))
+        modules.update((f"{name} on {other.name}", module(s.on_backend(other.name), other, graphs))
                        for name, s in made.items())
-    if checked and request.backend == "auto" and backend.name != TORCH_KERNELS and _torch_runs_it(graph, dev):
+    if checked and request.backend == "auto" and backend.name != TORCH_KERNELS and torch_runs_it(graph, dev):
         # where ONNX Runtime's kernels lose to torch's (FNet's ONNX file, its FFTs on torch, runs at
         # 0.76-0.87x of eager at BERT's width: docs/results/fourier.md), the sequential plan on torch's
         # kernels keeps up with eager
-        modules[f"sequential on {TORCH_KERNELS}"] = module(on_backend(made["sequential"], TORCH_KERNELS),
-                                                           TORCH_KERNELS)
+        modules[f"sequential on {TORCH_KERNELS}"] = module(made["sequential"].on_backend(TORCH_KERNELS), TORCH_KERNELS)
     if checked and backend.threads_by_cores and torch.get_num_threads() > 1:
         # a small model's one session runs fastest on one core, with no intra-op thread to wake for each
         # kernel (on two cores, benchmarks/call_overhead.py: the corpus's BERT, GPT-2, ViT and ResNet kept so,
@@ -117,12 +116,7 @@ def distinct(modules: Mapping[str, ScheduledModule]) -> tuple[dict[str, Schedule
     return {name: m for name, m in modules.items() if name not in same}, same
 
 
-def on_backend(sched: Schedule, backend: str) -> Schedule:
-    """``sched`` with every lane on ``backend``: what its module, saved and loaded, runs on."""
-    return dataclasses.replace(sched, lanes=tuple(dataclasses.replace(lane, backend=backend) for lane in sched.lanes))
-
-
-def _torch_runs_it(graph: Graph, device: torch.device) -> bool:
+def torch_runs_it(graph: Graph, device: torch.device) -> bool:
     """Whether torch's kernels run ``graph`` as eager PyTorch would: on a CPU, a graph of torch's
     operators (it runs an ONNX file's generic nodes as one-node ONNX Runtime sessions)."""
     return device.type == "cpu" and not any(n.op.startswith("onnx.") for n in graph.nodes)

@@ -194,6 +194,16 @@ class ScheduledModule(nn.Module):
         types = self.graph.types
         return self.plan.peak_bytes([types[name].nbytes for name in self.plan.slot_names])
 
+    def on_backend(self, backend: str | Backend) -> ScheduledModule:
+        """This module's plan run on ``backend``'s kernels (``"torch"``, ``"ort"``, ...) instead:
+        the same schedule, its lanes naming the new backend, the graph and weights shared."""
+        be = resolve_backend(backend, self.run.device, self.graph.dtypes) if isinstance(backend, str) else backend
+        state = {k: dict(v) if isinstance(v, dict) else v for k, v in self._state().items()}  # nn.Module's own
+        state.update(backend=be, schedule=self.schedule.on_backend(be.name))
+        moved = type(self).__new__(type(self))
+        moved.__setstate__(state)
+        return moved
+
     def __getstate__(self) -> dict[str, Any]:
         """Everything but the executor (ONNX Runtime sessions, threads, CUDA graphs, none of which
         pickle): a module saved whole (``torch.save``) binds its plan to the backend's kernels

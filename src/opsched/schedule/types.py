@@ -245,6 +245,11 @@ class Schedule:
                                     batch=graph_batch(graph), inputs=input_types(graph), estimated_ms=None)
         return moved.validate(graph)
 
+    def on_backend(self, backend: str) -> Schedule:
+        """This schedule with every lane on ``backend``'s kernels: what a module of it, saved and
+        loaded, runs on (a module of a schedule whose lanes name a backend runs there)."""
+        return dataclasses.replace(self, lanes=tuple(dataclasses.replace(lane, backend=backend) for lane in self.lanes))
+
     def validate(self, graph: Graph) -> Schedule:
         """Check that this schedule fits ``graph`` and is executable; return ``self``.
 
