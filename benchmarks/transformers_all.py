@@ -9,8 +9,8 @@ heads, experts), in it and in its sub-configs, and the few fields that must agre
 called, the layer counts alone are shrunk (:data:`LAYERS`), and where it still cannot, the rule's
 sizes are set with the config's tuples made lists, as a checkpoint's JSON holds them (:func:`listed`:
 ViTMatte's). Random weights made to look trained
-(:func:`opsched.testing.weights.trained_looking`: zeroed parameters drawn, batch norms' statistics
-of the model's own activations on its inputs), batch 1, the model's
+(:func:`opsched.testing.weights.trained_looking`: zeroed parameters drawn, batch norms' statistics,
+frozen ones' too, of the model's own activations on its inputs), batch 1, the model's
 main input (16 tokens, an image at its config's size or a sub-config's, 8000 audio samples, 3000 mel frames) and
 each further input its ``forward`` requires, made by its name, or that it names in refusing to run
 without it (Bros's boxes, LXMERT's regions); for an encoder-decoder 8
@@ -26,10 +26,14 @@ the canvas its config sizes. A timm
 backbone (DETR's) is made transformers' own of the same family where timm is not installed.
 Models past ``--max-params`` (counted on the meta device) are not built.
 ``optimize`` runs with the analytic cost model and its own check against the model, and the
-largest difference of its outputs from eager's is recorded.
+largest difference of its outputs from eager's is recorded; where that is beyond float32's
+tolerance, so that the check held the outputs against the model run in float64, how far
+opsched's and eager's are each from float64's (:func:`against_float64`).
 
 Each outcome is whose it is:
-*equal*: optimize() ran and matched eager; *refused*: opsched raised its own error, named
+*equal*: optimize() ran and matched eager (within float32's tolerance, or as near the model run
+in float64 as eager itself: *undecided* where eager is that far by a tenth of the outputs' scale,
+float32 keeping nothing of them to hold a plan to); *refused*: opsched raised its own error, named
 (:class:`opsched.errors.OpschedError`: a model it cannot hold, said why); *failed*: any other
 exception from opsched, or outputs that differ (a bug of ours); *not built*: the generic rule
 could not build or call the model in eager PyTorch (not opsched's: the rule's limit); *too large*;
@@ -803,7 +807,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     import torch
 
     import opsched
-    from opsched.check import draws_random, largest_difference
+    from opsched.check import draws_random, largest_difference, tolerance
     from opsched.errors import OpschedError
     from opsched.testing import tensors
 
@@ -880,7 +884,38 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     drawn = [n.name for n in module.graph.nodes if draws_random(n)]
     if drawn:  # its difference from eager is its own draws' (Informer's sampled keys): the check's tolerance let it by
         row["draws"] = drawn
+    elif any(largest_difference(x, y) > tolerance(y) for x, y in zip(a, b)):
+        row["float64"] = against_float64(model, inputs, a, b)
     return {**row, "outcome": "equal"}
+
+
+def against_float64(model: Any, inputs: dict[str, Any], got: list[Any], want: list[Any]) -> dict[str, float] | None:
+    """How far opsched's outputs ``got`` and eager's ``want`` each are from the model's run in
+    float64 (the largest difference over the outputs), for a row that optimize()'s check passed
+    against float64 (:func:`opsched.check.as_true`) because its outputs differ from eager's by
+    more than float32's tolerance: where eager itself is as far as the outputs are large (D-FINE's
+    detections, picked by top-k among scores that float32 orders otherwise), that pass says
+    nothing, and the page says so; None where the model does not run in float64 (or returns
+    no output there of eager's shape)."""
+    import copy
+
+    import torch
+
+    from opsched.check import largest_difference
+    from opsched.testing import tensors
+
+    try:
+        with torch.no_grad():
+            truth = tensors(copy.deepcopy(model).double()(
+                **{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                   for k, v in inputs.items()}))
+    except Exception:  # noqa: BLE001 (an op without a float64 kernel: nothing to hold them against)
+        return None
+    floating = [(x, y, t) for x, y, t in zip(got, want, truth) if y.is_floating_point() and t.shape == y.shape]
+    if not floating:
+        return None
+    return {"opsched": max((largest_difference(x, t) for x, _, t in floating), default=0.0),
+            "eager": max((largest_difference(y, t) for _, y, t in floating), default=0.0)}
 
 
 def called(model: Any, config: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -1021,13 +1056,17 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
              "| " + " | ".join(str(tally[o]) for o in OUTCOMES) + " |", ""]
     if equal:
         drawing = [r for r in equal if r.get("draws")]
-        worst = max(equal, key=lambda r: (not r.get("draws"), r["max_diff"]))  # one that draws none, where any
+        within = [r for r in equal if "float64" not in r]
+        worst = max(within, key=lambda r: (not r.get("draws"), r["max_diff"]))  # one that draws none, where any
         slow = sorted(equal, key=lambda r: -r["seconds"])[:5]
-        lines += [f"Of the {len(equal)} equal: the largest difference from eager {worst['max_diff']:.1e} "
-                  f"({worst['model']}) of those that draw no random numbers"
+        lines += [f"Of the {len(equal)} equal: {len(within)} within float32's tolerance of eager's outputs, the "
+                  f"largest difference {worst['max_diff']:.1e} ({worst['model']}) of those that draw no random numbers"
                   + "".join(f", and {r['max_diff']:.1e} for {r['model']}, which draws them ({len(r['draws'])} "
                             f"call{'s' * (len(r['draws']) > 1)}), so that its difference is its draws' own"
                             for r in drawing) + "; "
+                  f"{len(equal) - len(within)} beyond it, and as near the model run in float64 as eager's own "
+                  f"outputs are (optimize()'s check, `opsched.check.as_true`): "
+                  + ", ".join(judged(r) for r in equal if "float64" in r) + "; "
                   f"{sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
                   f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; "
                   f"{sum({'pixel_values', 'input_ids'} <= set(r['inputs']) for r in equal)} text-and-image models "
@@ -1052,6 +1091,19 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     md, js = write(args.name, "\n".join(lines), {"rows": rows, "tally": dict(tally)}, args.out)
     print(dict(tally))
     print(f"wrote {md} and {js}")
+
+
+def judged(row: dict[str, Any]) -> str:
+    """An equal row that optimize()'s check held against the model run in float64, as the page
+    names it: how far opsched's outputs are from eager's and from float64's, and eager's own from
+    float64's; "undecided" where eager's are as far as the outputs are large, so that float32
+    computes nothing the check could hold a plan to."""
+    far = row.get("float64")
+    if far is None:
+        return f"{row['model']} ({row['max_diff']:.2g} from eager; the model does not run in float64)"
+    undecided = ", undecided" if far["eager"] >= 0.1 * row["scale"] else ""
+    return (f"{row['model']} ({row['max_diff']:.2g} from eager, of a scale of {row['scale']:.2g}; from float64 "
+            f"{far['opsched']:.2g}, eager {far['eager']:.2g}{undecided})")
 
 
 def main() -> None:

@@ -669,20 +669,32 @@ def test_the_sweep_gives_a_model_the_inputs_its_errors_name() -> None:
         sweep.called(Regions(), config, {"input_ids": torch.ones(1, 20, dtype=torch.long)})
 
 
-def test_the_sweeps_largest_difference_leaves_out_a_model_that_draws_random_numbers(tmp_path: Path) -> None:
+def test_the_sweeps_largest_difference_leaves_out_models_that_draw_and_names_those_held_against_float64(
+        tmp_path: Path) -> None:
     """A model that draws random numbers in eval (Informer samples its attention's keys) passes the
     check where its draws happen to differ little: the report's largest difference is of the
-    models that draw none, and the one that draws is named apart, with its calls that draw."""
+    models that draw none, and the one that draws is named apart, with its calls that draw. Those
+    the check passed against float64 (beyond float32's tolerance of eager) are named apart too,
+    with how far each side is from float64, and undecided where eager is as far as its outputs
+    are large (D-FINE's detections)."""
     import argparse
 
     equal = {"outcome": "equal", "opaque": 0, "operators": 10, "inputs": ["input_ids"], "form": "as made",
              "seconds": 1.0}
-    rows = [{**equal, "model": "bert", "max_diff": 1e-6},
-            {**equal, "model": "informer", "max_diff": 2.9e-4, "draws": ["randint", "randint_1"]}]
+    rows = [{**equal, "model": "bert", "max_diff": 1e-6, "scale": 3.0},
+            {**equal, "model": "informer", "max_diff": 2.9e-4, "draws": ["randint", "randint_1"]},
+            {**equal, "model": "hgnet_v2", "max_diff": 9.3e-4, "scale": 4.2,
+             "float64": {"opsched": 5.4e-4, "eager": 6.5e-4}},
+            {**equal, "model": "d_fine", "max_diff": 5.6, "scale": 5.5, "float64": {"opsched": 6.0, "eager": 5.9}},
+            {**equal, "model": "other", "max_diff": 0.1, "scale": 1.0, "float64": None}]
     _transformers_all().report(rows, argparse.Namespace(name="drawn", out=tmp_path))
     text = (tmp_path / "drawn.md").read_text()
-    assert ("the largest difference from eager 1.0e-06 (bert) of those that draw no random numbers, and 2.9e-04 "
-            "for informer, which draws them (2 calls)") in text
+    assert ("Of the 5 equal: 2 within float32's tolerance of eager's outputs, the largest difference 1.0e-06 (bert) "
+            "of those that draw no random numbers, and 2.9e-04 for informer, which draws them (2 calls), so that its "
+            "difference is its draws' own; 3 beyond it, and as near the model run in float64 as eager's own outputs "
+            "are (optimize()'s check, `opsched.check.as_true`): hgnet_v2 (0.00093 from eager, of a scale of 4.2; "
+            "from float64 0.00054, eager 0.00065), d_fine (5.6 from eager, of a scale of 5.5; from float64 6, eager "
+            "5.9, undecided), other (0.1 from eager; the model does not run in float64); ") in text
 
 
 def test_the_sweeps_short_errors_keep_the_line_a_refusal_names() -> None:
@@ -713,3 +725,24 @@ def test_the_sweep_passes_the_masks_a_refusal_asks_for() -> None:
     assert torch.equal(masks["decoder_attention_mask"], torch.ones(1, 3, dtype=torch.long))
     other = "torch.export cannot trace FSMTModel: GuardOnDataDependentSymNode: ..."
     assert masks_asked(other, {"input_ids": ids}) == {}
+
+
+def test_the_sweep_holds_both_sides_against_the_model_run_in_float64() -> None:
+    """How far opsched's and eager's outputs each are from the model's in float64: eager's within
+    float32's rounding, a plan 0.01 off by 0.01; None for a model with no float64 kernels."""
+    import torch
+
+    sweep = _transformers_all()
+    model, x = torch.nn.Linear(64, 64).eval(), torch.randn(4, 64)
+    with torch.no_grad():
+        want = [model(x)]
+    far = sweep.against_float64(model, {"input": x}, [want[0] + 0.01], want)
+    assert far["eager"] < 1e-5 and abs(far["opsched"] - 0.01) < 1e-5
+
+    class Float32Only(torch.nn.Module):
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            if input.dtype == torch.float64:
+                raise NotImplementedError("no float64 kernel")  # as an op without one raises
+            return input
+
+    assert sweep.against_float64(Float32Only(), {"input": x}, want, want) is None
