@@ -42,7 +42,7 @@ from opsched.cost import ProfileStore  # noqa: E402
 from opsched.costing import measured_cost  # noqa: E402
 from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
-from opsched.testing.corpus import export_onnx  # noqa: E402
+from opsched.testing.export import export_onnx  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 

@@ -44,7 +44,7 @@ from _report import geomean, write  # noqa: E402
 
 import opsched  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
-from opsched.testing.corpus import export_onnx  # noqa: E402
+from opsched.testing.export import export_onnx  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 #: FNet sizes, ``HIDDENxTOKENS``: the corpus's, powers of two only, FNet-base's width.

@@ -48,7 +48,8 @@ from opsched.module import ScheduledModule  # noqa: E402
 from opsched.schedulers import schedule  # noqa: E402
 from opsched.schedulers.graphturbo import GraphTurboOptions, graphturbo_groups  # noqa: E402
 from opsched.schedulers.memory import Group, bind, breadth_first, depth_first, instance_dag, simulate  # noqa: E402
-from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
+from opsched.testing.corpus import corpus  # noqa: E402
+from opsched.testing.export import export_onnx  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 MIB = 2**20

@@ -40,7 +40,8 @@ from _report import RESULTS, geomean, write_table  # noqa: E402
 import opsched  # noqa: E402
 from opsched.models import example_inputs, get_model, list_models  # noqa: E402
 from opsched.schedulers import UnitGraph  # noqa: E402
-from opsched.testing.corpus import corpus, export_onnx  # noqa: E402
+from opsched.testing.corpus import corpus  # noqa: E402
+from opsched.testing.export import export_onnx  # noqa: E402
 from opsched.timing import interleave, paired_ratio  # noqa: E402
 
 #: Corpus transformers, quantized dynamically; zoo CNNs, statically (QDQ).

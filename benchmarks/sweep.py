@@ -42,7 +42,7 @@ from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
 from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.testing import tensors  # noqa: E402
-from opsched.testing.corpus import export_onnx  # noqa: E402
+from opsched.testing.export import export_onnx  # noqa: E402
 
 
 def torch_path(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], budget_s: float) -> dict[str, Any]:

@@ -19,7 +19,8 @@ import opsched
 from opsched.check import largest_difference, tolerance
 from opsched.costing import host_cpu_model
 from opsched.testing import assert_close
-from opsched.testing.corpus import corpus, corpus_available, export_onnx, wide_corpus
+from opsched.testing.corpus import corpus, corpus_available, wide_corpus
+from opsched.testing.export import export_onnx
 
 pytestmark = pytest.mark.skipif(not corpus_available(), reason="needs Hugging Face transformers")
 

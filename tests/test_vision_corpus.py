@@ -21,7 +21,7 @@ import opsched
 import opsched.dynamo
 from opsched.costing import host_cpu_model
 from opsched.testing import assert_as_true_as_eager
-from opsched.testing.corpus import export_onnx
+from opsched.testing.export import export_onnx
 from opsched.testing.vision import vision_available, vision_corpus
 
 pytestmark = pytest.mark.skipif(not vision_available(), reason="needs torchvision (and timm for its models)")

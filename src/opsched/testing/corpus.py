@@ -13,22 +13,17 @@ takes seconds on a CPU; the architecture (its operators and branches) is the lib
 
 from __future__ import annotations
 
-import io
-import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from opsched.testing.export import quiet
 from opsched.testing.weights import trained_looking
 
-if TYPE_CHECKING:
-    import onnx
-
-__all__ = ["CorpusModel", "ExportFailed", "corpus", "wide_corpus", "corpus_available", "export_onnx"]
+__all__ = ["CorpusModel", "corpus", "wide_corpus", "corpus_available"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +40,7 @@ class CorpusModel:
         """The model, made to look trained (:func:`trained_looking`, its batch norms' statistics
         of a batch of its example inputs and seven more drawn alike), and its example inputs."""
         torch.manual_seed(seed)
-        with _quiet():
+        with quiet():
             model = self.make().eval()
         inputs = self.inputs()
         batch = tuple(torch.cat(parts) for parts in zip(inputs, *(self.inputs() for _ in range(CALIBRATION - 1))))
@@ -386,75 +381,3 @@ def wide_corpus() -> dict[str, CorpusModel]:
             num_frames=4, tubelet_size=[2, 16, 16], **vision)), shaped(1, 4, 3, 64, 64)),
     ]
     return {e.name: e for e in entries}
-
-
-def export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], opset: int | None = None, *,
-                torchscript: bool = False) -> tuple[onnx.ModelProto, str]:
-    """``model`` exported as users export it: ``torch.onnx.export`` with its default (dynamo)
-    exporter, else the TorchScript one (which some models need: Swin's decompositions fail in
-    the first), at the exporter's default opset or ``opset``; with ``torchscript``, the
-    TorchScript one alone (the files of older tools: ``input.1`` names, opsets before 14).
-    Returns the model and which exporter made it. Where every exporter tried fails, raises
-    :class:`ExportFailed` with each one's reason (the innermost cause of the dynamo exporter's
-    error, which names the operator it had no ONNX function for)."""
-    import onnx
-
-    dynamo_failure = ""
-    with _quiet():
-        if not torchscript:
-            try:
-                program = torch.onnx.export(model, inputs, dynamo=True, verbose=False, opset_version=opset)
-                assert program is not None
-                return program.model_proto, "dynamo"
-            except Exception as e:  # noqa: BLE001 (the exporter raises many types; the reasons are reported)
-                dynamo_failure = f"the dynamo exporter: {_innermost_line(e)}; "
-        buf = io.BytesIO()
-        # called with positional inputs only: the TorchScript exporter would fill in every
-        # default argument positionally, which Hugging Face forward wrappers refuse
-        # the wrapper in the model's mode: the exporter leaves the wrapper, and so the model, in the
-        # wrapper's mode, and a new module is in training mode
-        wrapper = _Positional(model).train(model.training)
-        try:
-            torch.onnx.export(wrapper, inputs, buf, dynamo=False,  # type: ignore[arg-type]  # a file
-                              opset_version=opset)
-        except Exception as e:  # noqa: BLE001 (as above)
-            raise ExportFailed(f"torch.onnx cannot export {type(model).__name__}: {dynamo_failure}the TorchScript "
-                               f"exporter: {_innermost_line(e)}") from e
-        return onnx.load_model_from_string(buf.getvalue()), "torchscript"
-
-
-class ExportFailed(RuntimeError):
-    """``torch.onnx`` could not export a model by any exporter :func:`export_onnx` tried."""
-
-
-def _innermost_line(e: BaseException) -> str:
-    """The first line of the innermost cause of ``e`` (the exporters wrap the reason in
-    errors about which step failed)."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
-
-class _Positional(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        return self.model(*inputs)
-
-
-class _quiet:
-    """Silence transformers' construction chatter (random-init notices) for the build only."""
-
-    def __enter__(self) -> None:
-        self._level = logging.getLogger("transformers").level
-        logging.getLogger("transformers").setLevel(logging.ERROR)
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()
-        warnings.simplefilter("ignore")
-
-    def __exit__(self, *exc: Any) -> None:
-        self._warnings.__exit__(*exc)
-        logging.getLogger("transformers").setLevel(self._level)
