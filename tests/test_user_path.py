@@ -421,12 +421,13 @@ def _kernels_off(monkeypatch: pytest.MonkeyPatch, backend: type, by: float) -> N
 def test_a_plan_onnx_runtimes_kernels_compute_beyond_the_check_is_kept_on_torchs(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     """With the backend left to choose, a plan whose ONNX Runtime kernels fail the check runs on
-    torch's kernels where those pass it, and says so; asked for ONNX Runtime's, or where torch's
-    fail too, optimize() raises ONNX Runtime's failure."""
+    torch's kernels where those pass it, and says so, in optimize() and in a checked load(); asked
+    for ONNX Runtime's, or where torch's fail too, each raises ONNX Runtime's failure."""
     from opsched.backends.ort import OrtBackend
     from opsched.backends.torch_cpu import TorchCpuBackend
 
     model, x = _Branches().eval(), torch.randn(1, 8, 16, 16, generator=torch.Generator().manual_seed(0))
+    opsched.optimize(model, x, **ANALYTIC).save(tmp_path / "on_ort.json")
     _kernels_off(monkeypatch, OrtBackend, 0.01)
     with caplog.at_level(logging.WARNING, logger="opsched.api"):
         module = opsched.optimize(model, x, cost="analytic")
@@ -437,6 +438,10 @@ def test_a_plan_onnx_runtimes_kernels_compute_beyond_the_check_is_kept_on_torchs
     assert opsched.load(model, tmp_path / "kept.json", x).backend.name == "torch"
     with pytest.raises(ExecutionError, match=r"largest difference 0.01\b"):
         opsched.optimize(model, x, cost="analytic", backend="ort")
+    assert opsched.load(model, tmp_path / "on_ort.json", x).backend.name == "ort"  # unchecked: as saved
+    assert opsched.load(model, tmp_path / "on_ort.json", x, verify=True).backend.name == "torch"
+    with pytest.raises(ExecutionError, match=r"largest difference 0.01\b"):
+        opsched.load(model, tmp_path / "on_ort.json", x, backend="ort", verify=True)
     _kernels_off(monkeypatch, TorchCpuBackend, 0.5)
     with pytest.raises(ExecutionError, match=r"largest difference 0.01\b"):
         opsched.optimize(model, x, cost="analytic")

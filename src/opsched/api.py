@@ -203,25 +203,26 @@ def optimize(model: Model, example_inputs: ExampleInputs | None = None, *,
                            inputs=call, outputs=structure, progress=phases(progress), memory_budget=memory_budget)
         module.outcome = dataclasses.replace(module.outcome, seconds=time.perf_counter() - start)
         if verify:
-            module = _verified(module, model, call, inputs, request, phases(progress)("checking"))
+            module = _verified(module, model, call, inputs, request.backend, request.dtype,
+                               phases(progress)("checking"))
     return module
 
 
 def _verified(module: ScheduledModule, model: nn.Module, call: InputStructure, inputs: tuple[torch.Tensor, ...],
-              request: Request, progress: Progress) -> ScheduledModule:
+              backend: str, dtype: str | None, progress: Progress | None = None) -> ScheduledModule:
     """``module``, checked against ``model`` (:func:`verify_against`); or, where the backend was
     left to choose (``"auto"``) and ONNX Runtime's kernels compute the model further from it than
     the check allows, the same plan on torch's kernels, checked in turn, with a warning: MobileViTV2
     on ONNX Runtime was 1.3e-4 from its float64 outputs, where eager's float32 was 6e-6. The first
     error is raised where torch's kernels fail the check too."""
     def check(m: ScheduledModule) -> None:
-        verify_against(m, m.graph, m.device, model, call, inputs, progress, request.dtype)
+        verify_against(m, m.graph, m.device, model, call, inputs, progress, dtype)
 
     try:
         check(module)
         return module
     except ExecutionError as e:
-        if request.backend != "auto" or module.backend.name == TORCH_KERNELS or not torch_runs_it(module.graph,
+        if backend != "auto" or module.backend.name == TORCH_KERNELS or not torch_runs_it(module.graph,
                                                                                                    module.device):
             raise
         fallback = module.on_backend(TORCH_KERNELS)
@@ -352,7 +353,8 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
     shapes it was made at (Inception V3's batch-128 schedule ran batch 1 at 1.20x the time of
     batch 1's own on the H100 preset: ``docs/results/specialization.md``). A schedule of
     another model is still refused, naming the first operator it lacks or misorders.
-    ``verify`` checks the module against the model as :func:`optimize` does. ``device``, by default
+    ``verify`` checks the module against the model as :func:`optimize` does (with ``backend="auto"``,
+    a plan on ONNX Runtime's kernels that fails the check runs on torch's where they pass it). ``device``, by default
     where the model is, and ``fixed_values`` (as the schedule was made with) are :func:`optimize`'s.
     """
     dev = check_device(home_device(model, example_inputs) if device is None else device)
@@ -375,7 +377,7 @@ def load(model: Model, path: str | os.PathLike[str] | Schedule, example_inputs: 
         module = ScheduledModule(graph, sched, backend=backend, device=dev, graphs=graphs, channels_last=channels_last,
                                  inputs=call, outputs=structure)
         if verify:
-            verify_against(module, graph, dev, model, call, inputs, dtype=None if dtype is None else dtype_name(dtype))
+            module = _verified(module, model, call, inputs, backend, None if dtype is None else dtype_name(dtype))
     _warn_if_moved(sched, dev, path)
     return module
 
