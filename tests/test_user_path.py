@@ -360,6 +360,27 @@ def test_the_check_holds_a_result_against_float64_where_the_model_itself_rounds_
         verify_against(_Off(), graph, torch.device("cpu"), model, call, (x,))
 
 
+def test_a_pass_against_float64_where_the_model_keeps_nothing_of_its_output_in_float32_is_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Where the model's own float32 output is a tenth of its scale or more from its float64 one
+    (random detectors: D-FINE's, 5.9 at a scale of 5.5), the float64 arbiter passes a module as
+    far: the check passes it, and warns that float32 kept nothing to check it by."""
+    from opsched.check import verify_against
+    from opsched.structure import InputStructure
+
+    model, x = _Shifted(1e8).eval(), torch.randn(1, 4096, generator=torch.Generator().manual_seed(0))
+    graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
+    with caplog.at_level(logging.INFO, logger="opsched"):
+        verify_against(_Shifted(3e7), graph, torch.device("cpu"), model, call, (x,))
+    assert "the model's own output 0 is " in caplog.text and "it keeps nothing in float32 to check the module by" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="opsched"):  # a model that keeps its output: no such words
+        verify_against(_Shifted(3e3), opsched.from_torch(_Shifted(1e4).eval(), x), torch.device("cpu"),
+                       _Shifted(1e4).eval(), call, (x,))
+    assert "keeps nothing" not in caplog.text and "as near the model's float64 output as the model" in caplog.text
+
+
 class _Picks(nn.Module):
     """Keeps the 2 largest of its scores, as RT-DETR keeps its queries."""
 
