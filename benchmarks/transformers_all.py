@@ -27,13 +27,15 @@ backbone (DETR's) is made transformers' own of the same family where timm is not
 Models past ``--max-params`` (counted on the meta device) are not built.
 ``optimize`` runs with the analytic cost model and its own check against the model, and the
 largest difference of its outputs from eager's is recorded; where that is beyond float32's
-tolerance, so that the check held the outputs against the model run in float64, how far
-opsched's and eager's are each from float64's (:func:`against_float64`).
+tolerance, what the check passed them by: eager's outputs with values that tie taken in another
+order (RT-DETR's queries), which positions moved, or the model run in float64, how far opsched's
+and eager's are each from it (:func:`beyond_tolerance`).
 
 Each outcome is whose it is:
-*equal*: optimize() ran and matched eager (within float32's tolerance, or as near the model run
-in float64 as eager itself: *undecided* where eager is that far by a tenth of the outputs' scale,
-float32 keeping nothing of them to hold a plan to); *refused*: opsched raised its own error, named
+*equal*: optimize() ran and matched eager (within float32's tolerance, or up to tied values
+taken in another order, or as near the model run in float64 as eager itself: *undecided* where
+eager is that far by a tenth of the outputs' scale, float32 keeping nothing of them to hold a
+plan to); *refused*: opsched raised its own error, named
 (:class:`opsched.errors.OpschedError`: a model it cannot hold, said why); *failed*: any other
 exception from opsched, or outputs that differ (a bug of ours); *not built*: the generic rule
 could not build or call the model in eager PyTorch (not opsched's: the rule's limit); *too large*;
@@ -807,7 +809,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     import torch
 
     import opsched
-    from opsched.check import draws_random, largest_difference, tolerance
+    from opsched.check import draws_random, largest_difference
     from opsched.errors import OpschedError
     from opsched.testing import tensors
 
@@ -884,9 +886,24 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     drawn = [n.name for n in module.graph.nodes if draws_random(n)]
     if drawn:  # its difference from eager is its own draws' (Informer's sampled keys): the check's tolerance let it by
         row["draws"] = drawn
-    elif any(largest_difference(x, y) > tolerance(y) for x, y in zip(a, b)):
-        row["float64"] = against_float64(model, inputs, a, b)
+    else:
+        row.update(beyond_tolerance(model, inputs, a, b))
     return {**row, "outcome": "equal"}
+
+
+def beyond_tolerance(model: Any, inputs: dict[str, Any], got: list[Any], want: list[Any]) -> dict[str, Any]:
+    """What optimize()'s check passed outputs ``got`` by where they are beyond float32's tolerance
+    of eager's ``want``: as eager's with values that tie taken in another order (``reordered``:
+    RT-DETR's queries, :func:`opsched.check.reordering`), else as near the model run in float64
+    as eager's (``float64``: :func:`against_float64`); nothing where they are within it."""
+    from opsched.check import largest_difference, reordering, tolerance
+
+    if all(largest_difference(x, y) <= tolerance(y) for x, y in zip(got, want)):
+        return {}
+    tied = reordering([(x, y, tolerance(y)) for x, y in zip(got, want)])
+    if tied is not None:
+        return {"reordered": tied.describe()}
+    return {"float64": against_float64(model, inputs, got, want)}
 
 
 def against_float64(model: Any, inputs: dict[str, Any], got: list[Any], want: list[Any]) -> dict[str, float] | None:
@@ -1055,18 +1072,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
              "| " + " | ".join(OUTCOMES) + " |", "|" + "---:|" * len(OUTCOMES),
              "| " + " | ".join(str(tally[o]) for o in OUTCOMES) + " |", ""]
     if equal:
-        drawing = [r for r in equal if r.get("draws")]
-        within = [r for r in equal if "float64" not in r]
-        worst = max(within, key=lambda r: (not r.get("draws"), r["max_diff"]))  # one that draws none, where any
         slow = sorted(equal, key=lambda r: -r["seconds"])[:5]
-        lines += [f"Of the {len(equal)} equal: {len(within)} within float32's tolerance of eager's outputs, the "
-                  f"largest difference {worst['max_diff']:.1e} ({worst['model']}) of those that draw no random numbers"
-                  + "".join(f", and {r['max_diff']:.1e} for {r['model']}, which draws them ({len(r['draws'])} "
-                            f"call{'s' * (len(r['draws']) > 1)}), so that its difference is its draws' own"
-                            for r in drawing) + "; "
-                  f"{len(equal) - len(within)} beyond it, and as near the model run in float64 as eager's own "
-                  f"outputs are (optimize()'s check, `opsched.check.as_true`): "
-                  + ", ".join(judged(r) for r in equal if "float64" in r) + "; "
+        lines += [f"Of the {len(equal)} equal: {passed_how(equal)}; "
                   f"{sum(r['opaque'] > 0 for r in equal)} with opaque nodes; operators "
                   f"{min(r['operators'] for r in equal)}-{max(r['operators'] for r in equal)}; "
                   f"{sum({'pixel_values', 'input_ids'} <= set(r['inputs']) for r in equal)} text-and-image models "
@@ -1093,15 +1100,42 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"wrote {md} and {js}")
 
 
+def passed_how(equal: list[dict[str, Any]]) -> str:
+    """How the ``equal`` rows passed, as the page says it: within float32's tolerance of eager
+    (the largest difference of those that draw no random numbers, and each that draws apart, its
+    difference its draws' own), as eager's outputs with tied values in another order, or as near
+    the model run in float64 as eager (:func:`judged`)."""
+    within = [r for r in equal if "float64" not in r and "reordered" not in r]
+    tied = [r for r in equal if "reordered" in r]
+    held = [r for r in equal if "float64" in r]
+    parts = [f"{len(within)} within float32's tolerance of eager's outputs"]
+    if within:
+        worst = max(within, key=lambda r: (not r.get("draws"), r["max_diff"]))  # one that draws none, where any
+        parts[0] += (f", the largest difference {worst['max_diff']:.1e} ({worst['model']}) of those that draw no "
+                     f"random numbers" + "".join(
+                         f", and {r['max_diff']:.1e} for {r['model']}, which draws them ({len(r['draws'])} "
+                         f"call{'s' * (len(r['draws']) > 1)}), so that its difference is its draws' own"
+                         for r in within if r.get("draws")))
+    if tied:
+        parts.append(f"{len(tied)} eager's outputs with values that tie taken in another order (`opsched.check."
+                     f"reordering`): " + ", ".join(f"{r['model']} ({r['reordered']})" for r in tied))
+    if held:
+        parts.append(f"{len(held)} beyond float32's tolerance, and as near the model run in float64 as eager's own "
+                     f"outputs are (`opsched.check.as_true`): " + ", ".join(map(judged, held)))
+    return "; ".join(parts)
+
+
 def judged(row: dict[str, Any]) -> str:
     """An equal row that optimize()'s check held against the model run in float64, as the page
     names it: how far opsched's outputs are from eager's and from float64's, and eager's own from
-    float64's; "undecided" where eager's are as far as the outputs are large, so that float32
-    computes nothing the check could hold a plan to."""
+    float64's; "undecided" where eager's are :data:`opsched.check.UNDECIDED` of the outputs' scale
+    from float64's or more, so that float32 computes nothing the check could hold a plan to."""
+    from opsched.check import UNDECIDED
+
     far = row.get("float64")
     if far is None:
         return f"{row['model']} ({row['max_diff']:.2g} from eager; the model does not run in float64)"
-    undecided = ", undecided" if far["eager"] >= 0.1 * row["scale"] else ""
+    undecided = ", undecided" if far["eager"] >= UNDECIDED * row["scale"] else ""
     return (f"{row['model']} ({row['max_diff']:.2g} from eager, of a scale of {row['scale']:.2g}; from float64 "
             f"{far['opsched']:.2g}, eager {far['eager']:.2g}{undecided})")
 

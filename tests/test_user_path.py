@@ -382,33 +382,73 @@ def test_a_pass_against_float64_where_the_model_keeps_nothing_of_its_output_in_f
 
 
 class _Picks(nn.Module):
-    """Keeps the 2 largest of its scores, as RT-DETR keeps its queries."""
+    """Keeps the ``k`` largest of its scores and what each query computes of its own, as RT-DETR
+    keeps its queries: two outputs, the queries along another dimension in each."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.gather(1, x.topk(2, dim=1).indices)
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = x.gather(1, x.topk(self.k, dim=1).indices)
+        return picked, torch.stack([picked.sin(), picked.cos()])
 
 
-class _Swapped(nn.Module):
-    """What a plan makes of :class:`_Picks` where two scores tie within its rounding: the two in the other order."""
+class _Reordered(nn.Module):
+    """What a plan makes of :class:`_Picks` where scores tie within its rounding: the picked
+    queries at ``positions`` taken in the order ``order``, in every output."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Picks()(x).flip(1)
+    def __init__(self, k: int, positions: list[int], order: list[int]) -> None:
+        super().__init__()
+        self.k, self.positions, self.order = k, positions, order
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = x.gather(1, x.topk(self.k, dim=1).indices)
+        picked[:, self.positions] = picked[:, self.order]
+        return picked, torch.stack([picked.sin(), picked.cos()])
 
 
-def test_a_failed_check_of_a_model_that_picks_by_order_says_ties_may_be_taken_otherwise() -> None:
-    """A plan that took two tied scores in the other order (RT-DETR's on fresh random inputs, two
-    pairs of its 300 queries swapped, every score within 1.2e-6 of eager's) fails the check, which
-    names the ``topk`` it may come from; a model that picks nothing by order gets no such words."""
+def test_a_plan_that_takes_tied_values_in_another_order_passes_and_any_other_order_fails(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A plan that took two neighbours of a ranking in the other order (RT-DETR's, on fresh
+    random inputs, queries 99 and 100 of its 300 swapped in its logits, boxes and decoder states,
+    every score within 1.2e-6 of eager's) computes the model in another order of what ties: the
+    check passes it and says which positions moved. Positions that are not neighbours, or a run
+    longer than ties make, fail it, and the failure names the ``topk`` that may explain it; a
+    model that picks nothing by order gets no such words."""
     from opsched.check import ordering, verify_against
     from opsched.structure import InputStructure
 
-    model, x = _Picks().eval(), torch.randn(1, 8, generator=torch.Generator().manual_seed(0))
+    model, x = _Picks(8).eval(), torch.randn(1, 12, generator=torch.Generator().manual_seed(0))
     graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
     assert "aten::topk.default" in ordering(graph) and ordering(opsched.from_torch(_Off(), x)) == ""
-    with pytest.raises(ExecutionError, match=r"the difference is opsched's, or it picks values by their "
-                                             r"order \('topk\w*' \(aten::topk.default\)\) and its plan takes "
-                                             r"values that tie"):
-        verify_against(_Swapped(), graph, torch.device("cpu"), model, call, (x,))
+    with caplog.at_level(logging.WARNING, logger="opsched"):
+        verify_against(_Reordered(8, [2, 3], [3, 2]), graph, torch.device("cpu"), model, call, (x,))
+    assert "the scheduled module's output 0, output 1 are the model's with positions of a dimension of 8 in " \
+           "another order (2 holds 3's, 3 holds 2's): the model picks values by their order ('topk" in caplog.text
+    verify_against(_Reordered(8, [4, 5, 6, 7], [7, 4, 5, 6]), graph, torch.device("cpu"), model, call, (x,))
+    for far in (_Reordered(8, [0, 5], [5, 0]), _Reordered(8, [0, 1, 2, 3, 4], [4, 0, 1, 2, 3])):
+        with pytest.raises(ExecutionError, match=r"the difference is opsched's, or it picks values by their "
+                                                 r"order \('topk\w*' \(aten::topk.default\)\) and its plan takes "
+                                                 r"values that tie"):
+            verify_against(far, graph, torch.device("cpu"), model, call, (x,))
+
+
+def test_a_reordering_explains_every_output_that_differs_or_none() -> None:
+    """One permutation along a dimension of one size, wherever it lies in each output, of
+    neighbours only, each position then within the tolerance: or no reordering at all."""
+    from opsched.check import Reordering, reordering
+
+    queries = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    swapped = queries[[0, 2, 1, 3, 4, 5]]
+    states = torch.stack([queries.T, queries.T])  # the queries along dimension 2
+    assert reordering([(queries, queries, 1e-6)]) is None  # nothing differs
+    assert reordering([(swapped, queries, 1e-6), (states, states, 1e-6), (swapped.T, queries.T, 1e-6)]) == \
+        Reordering(6, ((1, 2), (2, 1)), (0, 2))
+    assert reordering([(swapped, queries, 1e-6), (queries[[0, 1, 2, 4, 3, 5]].T, queries.T, 1e-6)]) is None  # two
+    assert reordering([(swapped + 1e-3, queries, 1e-6)]) is None  # beyond the tolerance once reordered
+    assert reordering([(queries[[5, 1, 2, 3, 4, 0]], queries, 1e-6)]) is None  # not neighbours
+    assert reordering([(swapped, queries.double(), 1e-6)]) is None  # another dtype: no reordering makes it equal
 
 
 class _Imprecise:
