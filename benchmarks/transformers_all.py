@@ -809,7 +809,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     import torch
 
     import opsched
-    from opsched.check import draws_random, largest_difference
+    from opsched.check import draws_random, largest_difference, scale
     from opsched.errors import OpschedError
     from opsched.testing import tensors
 
@@ -879,7 +879,7 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     a, b = tensors(got), tensors(want)
     row.update(seconds=time.perf_counter() - start, operators=len(module.graph.nodes),
                opaque=sum(n.op == "opaque" for n in module.graph.nodes), outputs=len(b),
-               scale=max((float(t.abs().max()) for t in b if t.is_floating_point() and t.numel()), default=0.0))
+               scale=max((scale(t) for t in b if t.is_floating_point()), default=0.0))
     if len(a) != len(b):
         return {**row, "outcome": "failed", "error": f"{len(a)} output tensors against the model's {len(b)}"}
     row["max_diff"] = max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)

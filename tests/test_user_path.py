@@ -381,6 +381,40 @@ def test_a_pass_against_float64_where_the_model_keeps_nothing_of_its_output_in_f
     assert "keeps nothing" not in caplog.text and "as near the model's float64 output as the model" in caplog.text
 
 
+class _Masked(nn.Module):
+    """Masks half its logits with -inf, as GroundingDINO's attention masks its text; ``off`` shifts the rest."""
+
+    def __init__(self, off: float = 0.0, nan: bool = False) -> None:
+        super().__init__()
+        self.off, self.nan = off, nan
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = x.sin() + self.off
+        if self.nan:
+            logits = logits * float("nan")
+        return logits.masked_fill(torch.arange(x.shape[-1]) % 2 == 0, float("-inf"))
+
+
+def test_a_module_that_returns_nan_fails_the_check_and_infinities_the_model_returns_set_no_tolerance() -> None:
+    """NaN compares false with everything, so a difference of NaN passed any tolerance: a module
+    returning NaN passed the check. Now a NaN or infinity on one side only is infinitely far, the
+    same on both sides 0 apart, and a tolerance is of the finite values' scale, not an infinity's."""
+    from opsched.check import largest_difference, tolerance, verify_against
+    from opsched.structure import InputStructure
+
+    inf, nan = float("inf"), float("nan")
+    assert largest_difference(torch.tensor([1.0, nan, inf, -inf]), torch.tensor([1.0, nan, inf, -inf])) == 0.0
+    assert largest_difference(torch.tensor([nan]), torch.tensor([1.0])) == inf
+    assert largest_difference(torch.tensor([inf]), torch.tensor([-inf])) == inf
+    assert tolerance(torch.tensor([-inf, 3.0])) == pytest.approx(3e-4)
+    model, x = _Masked().eval(), torch.randn(1, 8, generator=torch.Generator().manual_seed(0))
+    graph, call = opsched.from_torch(model, x), InputStructure.positional(["x"])
+    verify_against(_Masked(), graph, torch.device("cpu"), model, call, (x,))
+    for wrong in (_Masked(off=0.01), _Masked(nan=True)):
+        with pytest.raises(ExecutionError, match="output 0 differs from the model's"):
+            verify_against(wrong, graph, torch.device("cpu"), model, call, (x,))
+
+
 class _Picks(nn.Module):
     """Keeps the ``k`` largest of its scores and what each query computes of its own, as RT-DETR
     keeps its queries: two outputs, the queries along another dimension in each."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from opsched.ir import Graph, Node
 from opsched.progress import Progress
 from opsched.structure import InputStructure
 
-__all__ = ["TOLERANCES", "TF32_TOLERANCE", "UNDECIDED", "MOST_TIED", "tf32_in_use", "tolerance",
+__all__ = ["TOLERANCES", "TF32_TOLERANCE", "UNDECIDED", "MOST_TIED", "tf32_in_use", "tolerance", "scale",
            "largest_difference", "placed_inputs", "placed_model", "fresh_inputs", "verify_against", "draws_random",
            "as_true", "ordering", "Reordering", "reordering"]
 
@@ -58,17 +59,29 @@ def tolerance(reference: torch.Tensor, computed_in: Collection[str] = ()) -> flo
     else:
         rel = TOLERANCES.get(reference.dtype, 1e-4)
     rel = max([rel, *(TOLERANCES.get(getattr(torch, d), 0.0) for d in computed_in)])
-    scale = float(reference.abs().max()) if reference.numel() else 0.0
-    return rel * max(1.0, scale)
+    return rel * max(1.0, scale(reference))
+
+
+def scale(reference: torch.Tensor) -> float:
+    """The largest finite magnitude in ``reference`` (0 where it holds none): an attention's
+    masked logits of -inf (GroundingDINO's) set no tolerance of infinity for the rest."""
+    finite = reference[torch.isfinite(reference)] if reference.is_floating_point() or reference.is_complex() \
+        else reference
+    return float(finite.abs().max()) if finite.numel() else 0.0
 
 
 def largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``max|actual - expected|`` in double precision (complex values as complex: both parts
-    count), 0 for empty tensors; NaN where either holds one."""
+    count), 0 for empty tensors: values that are equal, infinities of one sign and NaNs on both
+    sides among them, 0 apart; a NaN or an infinity on one side only, infinitely far (a module
+    that returns NaN is as far from its model as can be, not, as NaN compares, within any
+    tolerance)."""
     if not expected.numel():
         return 0.0
     wide = torch.complex128 if actual.is_complex() or expected.is_complex() else torch.float64
-    return float((actual.to(wide) - expected.to(wide)).abs().max())
+    a, e = actual.to(wide), expected.to(wide)
+    apart = torch.where((a == e) | (torch.isnan(a) & torch.isnan(e)), 0.0, (a - e).abs())
+    return float(torch.nan_to_num(apart, nan=math.inf, posinf=math.inf).max())
 
 
 def placed_inputs(graph: Graph, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -306,12 +319,13 @@ def as_true(actual: torch.Tensor, expected: torch.Tensor, truth: object, tol: fl
     the float64 ``truth`` as ``expected`` is (within twice its error, or ``tol``): a model whose
     weights amplify rounding (trained batch norms of small variance, folded into convolutions)
     sets two float32 computations apart by more than the precision's tolerance though neither is
-    wrong; and what the comparison found, for a message."""
+    wrong; and what the comparison found, for a message. A module infinitely far from the truth
+    (a NaN where it holds none) is not as near it as anything."""
     if not (isinstance(truth, torch.Tensor) and truth.shape == expected.shape):
         return False, ""
     own, off = largest_difference(expected, truth), largest_difference(actual, truth)
-    return off <= max(tol, 2 * own), f"; against the model run in float64, the module is {off:.3g} off and the " \
-                                     f"model itself {own:.3g}"
+    said = f"; against the model run in float64, the module is {off:.3g} off and the model itself {own:.3g}"
+    return math.isfinite(off) and off <= max(tol, 2 * own), said
 
 
 def _kind(value: object) -> str:
@@ -340,11 +354,11 @@ def _passed_against_float64(which: str, what: str, err: float, tol: float, expec
     """Say that an output beyond the tolerance passed as near the float64 ``truth`` as the
     model's own: a warning where the model's is :data:`UNDECIDED` of its scale from it or more,
     float32 keeping nothing of it to check by."""
-    own, scale = largest_difference(expected, truth), float(expected.abs().max())
-    if own >= UNDECIDED * scale:
+    own, size = largest_difference(expected, truth), scale(expected)
+    if own >= UNDECIDED * size:
         log.warning("on %s, the model's own %s is %.3g from its float64 output, of a scale of %.3g: it keeps nothing "
                     "in %s to check the module by (%.3g from the model's), which passes as near float64 as the model",
-                    which, what, own, scale, str(expected.dtype).removeprefix("torch."), err)
+                    which, what, own, size, str(expected.dtype).removeprefix("torch."), err)
     else:
         log.info("on %s, the scheduled module's %s is %.3g from the model's, beyond the tolerance %.3g, and as near "
                  "the model's float64 output as the model%s", which, what, err, tol, arbiter)
