@@ -7,9 +7,10 @@ nodes), the import's time, ``optimize_graph`` with its defaults (measured cost, 
 store: a first run's time), the largest difference from ONNX Runtime's session over every
 output, and then, interleaved in one process in a fresh order each round (50 ms of sleep and
 one untimed call before five timed ones, their median the round's sample): ONNX Runtime's own
-session of the file with its default options, fed the inputs fixed at a value too, against the
-module ``optimize_graph`` returns. The ratio is the median of per-round ratios, > 1 where
-opsched's module is faster.
+session of the file with its default options, fed the inputs fixed at a value too, the same
+session called as a PyTorch program calls it (torch tensors in, as NumPy arrays, and out),
+and the module ``optimize_graph`` returns. Each ratio is the median of per-round ratios, > 1
+where opsched's module is faster.
 
     python benchmarks/onnx_files.py                     # every file (downloads 5 wheels once)
     python benchmarks/onnx_files.py --files yolov8n silero-vad --rounds 21
@@ -54,8 +55,12 @@ def measure(entry: OnnxFile, rounds: int, cache_dir: str) -> dict[str, Any]:
     got = module(**tensors)
     diff = max(float(np.abs(g.numpy().astype(np.float64) - w).max())
                for g, w in zip(got if isinstance(got, tuple) else (got,), want))
-    times = interleave({"ort": lambda: session.run(None, file_feeds), "opsched": lambda: module(**tensors)},
-                       rounds, warmup=1, settle_s=0.05, block=5)
+    def ort_from_torch() -> list[torch.Tensor]:  # as a PyTorch program calls the session: tensors in and out
+        fed = {**{name: t.numpy() for name, t in tensors.items()}, **entry.values}
+        return [torch.from_numpy(out) for out in session.run(None, fed)]
+
+    times = interleave({"ort": lambda: session.run(None, file_feeds), "ort from torch": ort_from_torch,
+                        "opsched": lambda: module(**tensors)}, rounds, warmup=1, settle_s=0.05, block=5)
     executor = module.executor
     race = module.outcome.race
     return {"file": entry.name, "what": entry.what, "onnx nodes": len(onnx.load(str(path)).graph.node),
@@ -64,7 +69,9 @@ def measure(entry: OnnxFile, rounds: int, cache_dir: str) -> dict[str, Any]:
             "kept": race.kept if race is not None else module.schedule.scheduler,
             "sessions": executor.sessions if isinstance(executor, LaneExecutor) else 0,
             "ort ms": float(np.median(times["ort"])), "opsched ms": float(np.median(times["opsched"])),
-            "speedup": paired_ratio(times["ort"], times["opsched"])}
+            "ort from torch ms": float(np.median(times["ort from torch"])),
+            "speedup": paired_ratio(times["ort"], times["opsched"]),
+            "from torch": paired_ratio(times["ort from torch"], times["opsched"])}
 
 
 def main() -> None:
@@ -80,11 +87,13 @@ def main() -> None:
         for entry in entries:
             results.append(measure(entry, args.rounds, args.cache_dir or fresh))
             r = results[-1]
-            print(f"{entry.name}: ORT {r['ort ms']:.3f} ms, opsched {r['opsched ms']:.3f} ms "
-                  f"({r['speedup']:.2f}x), max diff {r['max diff']:.1e}", flush=True)
+            print(f"{entry.name}: ORT {r['ort ms']:.3f} ms, from torch {r['ort from torch ms']:.3f} ms, opsched "
+                  f"{r['opsched ms']:.3f} ms ({r['speedup']:.2f}x, {r['from torch']:.2f}x), max diff "
+                  f"{r['max diff']:.1e}", flush=True)
     rows = [[r["file"], r["what"], r["onnx nodes"], f"{r['operators']} ({r['generic']})", f"{r['import s']:.2f}",
              f"{r['optimize s']:.1f}", f"{r['max diff']:.1e}", r["kept"], r["sessions"], f"{r['ort ms']:.3f}",
-             f"{r['opsched ms']:.3f}", f"{r['speedup']:.2f}x"] for r in results]
+             f"{r['ort from torch ms']:.3f}", f"{r['opsched ms']:.3f}", f"{r['speedup']:.2f}x",
+             f"{r['from torch']:.2f}x"] for r in results]
     write_table(args.name, [
         "# Published ONNX files on this CPU",
         "",
@@ -95,10 +104,14 @@ def main() -> None:
         "largest difference from ONNX Runtime's session of the file, over every output. *kept*: the plan the race "
         "kept; *sessions*: the ONNX Runtime sessions it runs. Latency: medians over interleaved rounds in one "
         "process; *speedup*: the median of per-round ratios, ONNX Runtime's own session (default options) over "
-        "opsched's module, > 1 where opsched's is faster.",
+        "opsched's module, > 1 where opsched's is faster. *ORT from torch*: the same session called as a PyTorch "
+        "program calls it, fed its inputs from torch tensors (`Tensor.numpy()`) and its outputs wrapped as tensors "
+        "(`torch.from_numpy`), with no other work; *vs from torch*: that over opsched's module, which takes and "
+        "returns torch tensors too.",
     ], ["file", "model", "ONNX nodes", "operators (generic)", "import s", "optimize s", "max diff", "kept",
-        "sessions", "ORT ms", "opsched ms", "speedup"], rows,
-        {"speedup": geomean(r["speedup"] for r in results)}, {"results": results, "rounds": args.rounds})
+        "sessions", "ORT ms", "ORT from torch ms", "opsched ms", "speedup", "vs from torch"], rows,
+        {"speedup": geomean(r["speedup"] for r in results), "vs from torch": geomean(r["from torch"] for r in results)},
+        {"results": results, "rounds": args.rounds})
 
 
 if __name__ == "__main__":
