@@ -415,6 +415,22 @@ def test_a_module_that_returns_nan_fails_the_check_and_infinities_the_model_retu
             verify_against(wrong, graph, torch.device("cpu"), model, call, (x,))
 
 
+def test_fresh_inputs_keep_an_additive_masks_infinities_and_draw_the_rest_within_its_range() -> None:
+    """A mask of 0 and -inf has no mean or spread (NaN), and drawn by them every fresh value was
+    NaN, which a model returned as NaN: the check then failed a module that masks as the model's
+    mask says. Its infinities are kept where they are, its finite values drawn within their range."""
+    from opsched.check import fresh_inputs
+
+    causal = nn.Transformer.generate_square_subsequent_mask(6)
+    biased = causal + torch.linspace(-1.0, 1.0, 6)
+    (fresh_causal, fresh_biased) = fresh_inputs((causal, biased))
+    assert torch.equal(fresh_causal, causal)  # its finite values all 0: their range holds nothing else
+    masked = torch.isinf(biased)
+    assert torch.equal(torch.isinf(fresh_biased), masked) and not torch.isnan(fresh_biased).any()
+    assert (fresh_biased[~masked] >= -1.0).all() and (fresh_biased[~masked] <= 1.0).all()
+    assert not torch.equal(fresh_biased, biased)
+
+
 class _Picks(nn.Module):
     """Keeps the ``k`` largest of its scores and what each query computes of its own, as RT-DETR
     keeps its queries: two outputs, the queries along another dimension in each."""

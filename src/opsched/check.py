@@ -100,7 +100,8 @@ def placed_model(model: nn.Module, device: torch.device, dtype: str | None, move
 def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1, integers: bool = True) -> tuple[torch.Tensor, ...]:
     """Random inputs like ``inputs`` (shapes, dtypes, devices) but not equal to them: floats drawn
     around the examples' mean and spread, integers and booleans within the examples' range (token
-    ids stay valid ids), or, without ``integers``, the examples' own integers and booleans."""
+    ids stay valid ids), or, without ``integers``, the examples' own integers and booleans; floats
+    that hold an infinity or a NaN, an additive mask's, as :func:`_fresh_mask` draws them."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for t in inputs:
@@ -108,6 +109,8 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1, integers: bool =
             fresh = t
         elif t.is_complex():
             fresh = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            fresh = _fresh_mask(t.detach().cpu().float(), gen)
         elif t.is_floating_point():
             ref = t.detach().float()
             scale = float(ref.std()) if ref.numel() > 1 else 1.0
@@ -119,6 +122,15 @@ def fresh_inputs(inputs: Sequence[torch.Tensor], seed: int = 1, integers: bool =
             fresh = torch.randint(lo, hi + 1, t.shape, generator=gen)
         out.append(fresh.to(t.device, t.dtype))
     return tuple(out)
+
+
+def _fresh_mask(mask: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """An additive mask like ``mask`` (-inf where it masks, as torch.nn's causal mask holds it):
+    its infinities and NaNs where they are, the rest drawn within its finite values' range. Its
+    mean and spread are NaN, and drawn by them every value was NaN, which the model returned."""
+    finite = torch.isfinite(mask)
+    lo, hi = (float(mask[finite].min()), float(mask[finite].max())) if bool(finite.any()) else (0.0, 0.0)
+    return torch.where(finite, lo + (hi - lo) * torch.rand(mask.shape, generator=gen), mask)
 
 
 def _why_apart(graph: Graph) -> str:
