@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from _report import RESULTS, corpus_models, geomean, write_table  # noqa: E402
 
 from opsched._text import first_line  # noqa: E402
-from opsched.check import largest_difference  # noqa: E402
+from opsched.compare import largest_difference  # noqa: E402
 from opsched.frontends.export_in_place import made_out_of_place  # noqa: E402
 from opsched.testing import tensors  # noqa: E402
 

@@ -38,8 +38,8 @@ from _report import CORPORA, corpus_models, write  # noqa: E402
 import opsched  # noqa: E402
 import opsched.dynamo  # noqa: E402
 from opsched._text import first_line  # noqa: E402
-from opsched.check import largest_difference  # noqa: E402
 from opsched.cli.table import format_table  # noqa: E402
+from opsched.compare import largest_difference  # noqa: E402
 from opsched.costing import host_cpu_model  # noqa: E402
 from opsched.testing import tensors  # noqa: E402
 from opsched.testing.export import export_onnx  # noqa: E402

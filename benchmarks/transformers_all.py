@@ -809,7 +809,8 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
     import torch
 
     import opsched
-    from opsched.check import draws_random, largest_difference, scale
+    from opsched.check import draws_random
+    from opsched.compare import largest_difference, scale
     from opsched.errors import OpschedError
     from opsched.testing import tensors
 
@@ -894,9 +895,9 @@ def check(architecture: str, max_params: float) -> dict[str, Any]:
 def beyond_tolerance(model: Any, inputs: dict[str, Any], got: list[Any], want: list[Any]) -> dict[str, Any]:
     """What optimize()'s check passed outputs ``got`` by where they are beyond float32's tolerance
     of eager's ``want``: as eager's with values that tie taken in another order (``reordered``:
-    RT-DETR's queries, :func:`opsched.check.reordering`), else as near the model run in float64
+    RT-DETR's queries, :func:`opsched.compare.reordering`), else as near the model run in float64
     as eager's (``float64``: :func:`against_float64`); nothing where they are within it."""
-    from opsched.check import largest_difference, reordering, tolerance
+    from opsched.compare import largest_difference, reordering, tolerance
 
     if all(largest_difference(x, y) <= tolerance(y) for x, y in zip(got, want)):
         return {}
@@ -909,7 +910,7 @@ def beyond_tolerance(model: Any, inputs: dict[str, Any], got: list[Any], want: l
 def against_float64(model: Any, inputs: dict[str, Any], got: list[Any], want: list[Any]) -> dict[str, float] | None:
     """How far opsched's outputs ``got`` and eager's ``want`` each are from the model's run in
     float64 (the largest difference over the outputs), for a row that optimize()'s check passed
-    against float64 (:func:`opsched.check.as_true`) because its outputs differ from eager's by
+    against float64 (:func:`opsched.compare.as_true`) because its outputs differ from eager's by
     more than float32's tolerance: where eager itself is as far as the outputs are large (D-FINE's
     detections, picked by top-k among scores that float32 orders otherwise), that pass says
     nothing, and the page says so; None where the model does not run in float64 (or returns
@@ -918,7 +919,7 @@ def against_float64(model: Any, inputs: dict[str, Any], got: list[Any], want: li
 
     import torch
 
-    from opsched.check import largest_difference
+    from opsched.compare import largest_difference
     from opsched.testing import tensors
 
     try:
@@ -990,7 +991,7 @@ def through_compile(model: Any, inputs: dict[str, Any], want: Any) -> dict[str, 
     import torch
 
     import opsched.dynamo
-    from opsched.check import largest_difference
+    from opsched.compare import largest_difference
     from opsched.testing import tensors
 
     torch._dynamo.reset()
@@ -1117,20 +1118,20 @@ def passed_how(equal: list[dict[str, Any]]) -> str:
                          f"call{'s' * (len(r['draws']) > 1)}), so that its difference is its draws' own"
                          for r in within if r.get("draws")))
     if tied:
-        parts.append(f"{len(tied)} eager's outputs with values that tie taken in another order (`opsched.check."
+        parts.append(f"{len(tied)} eager's outputs with values that tie taken in another order (`opsched.compare."
                      f"reordering`): " + ", ".join(f"{r['model']} ({r['reordered']})" for r in tied))
     if held:
         parts.append(f"{len(held)} beyond float32's tolerance, and as near the model run in float64 as eager's own "
-                     f"outputs are (`opsched.check.as_true`): " + ", ".join(map(judged, held)))
+                     f"outputs are (`opsched.compare.as_true`): " + ", ".join(map(judged, held)))
     return "; ".join(parts)
 
 
 def judged(row: dict[str, Any]) -> str:
     """An equal row that optimize()'s check held against the model run in float64, as the page
     names it: how far opsched's outputs are from eager's and from float64's, and eager's own from
-    float64's; "undecided" where eager's are :data:`opsched.check.UNDECIDED` of the outputs' scale
+    float64's; "undecided" where eager's are :data:`opsched.compare.UNDECIDED` of the outputs' scale
     from float64's or more, so that float32 computes nothing the check could hold a plan to."""
-    from opsched.check import UNDECIDED
+    from opsched.compare import UNDECIDED
 
     far = row.get("float64")
     if far is None:

@@ -26,8 +26,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "schedulers",
     "runtime",
     "backends",
-    "api contenders costing request race report check module viz testing cli dynamo dynamo_admission dynamo_options "
-    "dynamo_report schedule_cache "
+    "api contenders costing request race report check compare module viz testing cli dynamo dynamo_admission "
+    "dynamo_options dynamo_report schedule_cache "
     "buckets "
     "__init__ __main__",
 ))

@@ -694,9 +694,9 @@ def test_the_sweeps_largest_difference_leaves_out_models_that_draw_and_names_tho
     assert ("Of the 6 equal: 2 within float32's tolerance of eager's outputs, the largest difference 1.0e-06 (bert) "
             "of those that draw no random numbers, and 2.9e-04 for informer, which draws them (2 calls), so that its "
             "difference is its draws' own; 1 eager's outputs with values that tie taken in another order "
-            "(`opsched.check.reordering`): rt_detr (positions of a dimension of 300 in another order (99 holds "
+            "(`opsched.compare.reordering`): rt_detr (positions of a dimension of 300 in another order (99 holds "
             "100's, 100 holds 99's)); 3 beyond float32's tolerance, and as near the model run in float64 as eager's "
-            "own outputs are (`opsched.check.as_true`): hgnet_v2 (0.00093 from eager, of a scale of 4.2; from "
+            "own outputs are (`opsched.compare.as_true`): hgnet_v2 (0.00093 from eager, of a scale of 4.2; from "
             "float64 0.00054, eager 0.00065), d_fine (5.6 from eager, of a scale of 5.5; from float64 6, eager 5.9, "
             "undecided), other (0.1 from eager; the model does not run in float64); ") in text
 

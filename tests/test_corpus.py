@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import opsched
-from opsched.check import largest_difference, tolerance
+from opsched.compare import largest_difference, tolerance
 from opsched.costing import host_cpu_model
 from opsched.testing import assert_close
 from opsched.testing.corpus import corpus, corpus_available, wide_corpus

@@ -344,7 +344,8 @@ def test_the_check_holds_a_result_against_float64_where_the_model_itself_rounds_
     """A model that rounds badly in float32 (trained batch norms of small variance do, folded into
     convolutions) and a module that rounds otherwise differ by more than float32's tolerance:
     the check passes a module as near the float64 truth as the model, and still fails one further."""
-    from opsched.check import largest_difference, tolerance, verify_against
+    from opsched.check import verify_against
+    from opsched.compare import largest_difference, tolerance
     from opsched.structure import InputStructure
 
     model, x = _Shifted(1e4).eval(), torch.randn(1, 4096, generator=torch.Generator().manual_seed(0))
@@ -399,7 +400,8 @@ def test_a_module_that_returns_nan_fails_the_check_and_infinities_the_model_retu
     """NaN compares false with everything, so a difference of NaN passed any tolerance: a module
     returning NaN passed the check. Now a NaN or infinity on one side only is infinitely far, the
     same on both sides 0 apart, and a tolerance is of the finite values' scale, not an infinity's."""
-    from opsched.check import largest_difference, tolerance, verify_against
+    from opsched.check import verify_against
+    from opsched.compare import largest_difference, tolerance
     from opsched.structure import InputStructure
 
     inf, nan = float("inf"), float("nan")
@@ -487,7 +489,7 @@ def test_a_plan_that_takes_tied_values_in_another_order_passes_and_any_other_ord
 def test_a_reordering_explains_every_output_that_differs_or_none() -> None:
     """One permutation along a dimension of one size, wherever it lies in each output, of
     neighbours only, each position then within the tolerance: or no reordering at all."""
-    from opsched.check import Reordering, reordering
+    from opsched.compare import Reordering, reordering
 
     queries = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
     swapped = queries[[0, 2, 1, 3, 4, 5]]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from opsched.check import TF32_TOLERANCE, TOLERANCES, as_true, largest_difference, tf32_in_use, tolerance
+from opsched.compare import TF32_TOLERANCE, TOLERANCES, as_true, largest_difference, tf32_in_use, tolerance
 from opsched.ir import Graph, GraphBuilder
 from opsched.runtime.stream_program import Launch, Op, Record, Release, StreamProgram, Wait
 
