@@ -222,8 +222,8 @@ def _verified(module: ScheduledModule, model: nn.Module, call: InputStructure, i
         check(module)
         return module
     except ExecutionError as e:
-        if backend != "auto" or module.backend.name == TORCH_KERNELS or not torch_runs_it(module.graph,
-                                                                                                   module.device):
+        may_move = backend == "auto" and module.backend.name != TORCH_KERNELS
+        if not (may_move and torch_runs_it(module.graph, module.device)):
             raise
         fallback = module.on_backend(TORCH_KERNELS)
         try:
